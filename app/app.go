@@ -1,0 +1,332 @@
+package app
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/handlers/charge"
+	"github.com/ferry-dev/ferry/handlers/mail"
+	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/orders"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// ErrMigrationsPending is returned by New when the schema is behind the
+// binary and Options.Migrate is off: run `ferry migrate up` first.
+var ErrMigrationsPending = errors.New("database migrations are pending: run `ferry migrate up` (or start with --migrate)")
+
+// Deps is what a route table may use to build its handlers.
+type Deps struct {
+	Config Config
+	Logger *slog.Logger
+}
+
+// Options are the application's extension points.
+type Options struct {
+	// Routes builds the route table: every consumer handler. Default
+	// ExampleRoutes (the orders example's charge and mail handlers).
+	Routes func(Deps) ([]handlers.Route, error)
+	// Chain edits the router-wide middleware chain, for instance
+	// c.InsertAfter(middleware.LinkCorrelation, myLoggingLink) or c.Append(...).
+	Chain func(middleware.Chain) (middleware.Chain, error)
+	// Migrate applies pending migrations at start instead of refusing to start.
+	Migrate bool
+	// Logger receives every log line. Default: NewLogger(cfg, os.Stderr).
+	Logger *slog.Logger
+}
+
+// ExampleRoutes is the route table of the orders example: the application's
+// contents page. An application of your own returns its own list here.
+func ExampleRoutes(d Deps) ([]handlers.Route, error) {
+	payments, err := charge.NewHTTPClient(d.Config.PaymentURL)
+	if err != nil {
+		return nil, fmt.Errorf("FERRY_PAYMENT_URL: %w", err)
+	}
+	smtp, err := mail.NewSMTPSender(d.Config.SMTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("FERRY_SMTP_ADDR: %w", err)
+	}
+	return []handlers.Route{
+		charge.Route(payments, d.Logger),          // stripe.charge → payment provider (ordered per order)
+		mail.Route(smtp, d.Config.Mail, d.Logger), // mail.send → SMTP
+	}, nil
+}
+
+// App is a wired Ferry application.
+type App struct {
+	cfg    Config
+	opts   Options
+	logger *slog.Logger
+
+	Pool        *pgxpool.Pool
+	DB          *sql.DB
+	Outbox      *pgoutbox.Outbox
+	Orders      *orders.Service
+	Topology    *rabbit.Topology
+	Relay       *pgoutbox.Relay
+	Ledger      *pgledger.Ledger
+	Idempotency *middleware.Idempotency
+	Routes      []handlers.Route
+
+	pubConn   *wamqp.ConnectionWrapper
+	publisher *wamqp.Publisher
+}
+
+// New connects to PostgreSQL and RabbitMQ, checks the schema, declares the
+// broker topology of the route table and wires every component. It fails
+// fast, with the address, when a server is unreachable.
+func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration: %w", err)
+	}
+	if opts.Logger == nil {
+		opts.Logger, err = NewLogger(cfg, nil)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if opts.Routes == nil {
+		opts.Routes = ExampleRoutes
+	}
+	a := &App{cfg: cfg, opts: opts, logger: opts.Logger}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+
+	a.Pool, err = pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry", MaxConns: cfg.DatabaseMaxConns})
+	if err != nil {
+		return nil, err
+	}
+	a.DB = pgconn.SQLDB(a.Pool)
+	if err := a.checkSchema(ctx); err != nil {
+		return nil, err
+	}
+
+	a.Outbox = pgoutbox.New(pgoutbox.SchemaAdapter{}, a.logger)
+	if a.Orders, err = orders.NewService(a.DB, a.Outbox, a.logger); err != nil {
+		return nil, err
+	}
+	if a.Ledger, err = pgledger.New(a.Pool, pgledger.Config{}, a.logger); err != nil {
+		return nil, err
+	}
+	if a.Idempotency, err = middleware.NewIdempotency(a.Ledger, a.logger); err != nil {
+		return nil, err
+	}
+
+	if a.Routes, err = opts.Routes(Deps{Config: cfg, Logger: a.logger}); err != nil {
+		return nil, fmt.Errorf("building routes: %w", err)
+	}
+	if err := handlers.ValidateRoutes(a.Routes); err != nil {
+		return nil, fmt.Errorf("invalid route table: %w", err)
+	}
+
+	if a.Topology, err = rabbit.NewTopology(cfg.AMQP); err != nil {
+		return nil, fmt.Errorf("FERRY_AMQP_*: %w", err)
+	}
+	if a.pubConn, err = rabbit.Dial(cfg.AMQP, "ferry-publisher", a.watermillLogger()); err != nil {
+		return nil, err
+	}
+	if err := a.Topology.Declare(a.pubConn.Connection(), a.bindings()...); err != nil {
+		return nil, fmt.Errorf("declaring RabbitMQ topology: %w", err)
+	}
+	if a.publisher, err = wamqp.NewPublisherWithConnection(a.Topology.PublisherConfig(), a.watermillLogger(), a.pubConn); err != nil {
+		return nil, fmt.Errorf("creating RabbitMQ publisher: %w", err)
+	}
+	if a.Relay, err = pgoutbox.NewRelay(a.Pool, a.publisher, cfg.Relay, a.logger); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *App) checkSchema(ctx context.Context) error {
+	if a.cfg.DatabaseSchema != "" && a.opts.Migrate {
+		if err := pgconn.CreateSchema(ctx, a.Pool, a.cfg.DatabaseSchema); err != nil {
+			return err
+		}
+	}
+	pending, err := migrations.Pending(ctx, a.DB)
+	if err != nil {
+		return err
+	}
+	if !pending {
+		return nil
+	}
+	if !a.opts.Migrate {
+		return ErrMigrationsPending
+	}
+	n, err := migrations.Up(ctx, a.DB)
+	if err != nil {
+		return err
+	}
+	a.logger.Info("applied database migrations", "count", n, "schema", a.cfg.DatabaseSchema)
+	return nil
+}
+
+// bindings is the broker topology of the route table, plus the poison queue.
+func (a *App) bindings() []rabbit.Binding {
+	b := []rabbit.Binding{{Topic: a.cfg.PoisonTopic, Queue: a.cfg.PoisonTopic}}
+	for _, r := range a.Routes {
+		b = append(b, rabbit.Binding{Topic: r.Topic, Queue: r.Name})
+	}
+	return b
+}
+
+// watermillLogger bridges to slog once; Watermill's Info lines (handler
+// started, connection opened) are Debug here, its errors stay errors.
+func (a *App) watermillLogger() watermill.LoggerAdapter {
+	return watermill.NewSlogLoggerWithLevelMapping(a.logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+}
+
+// Publisher is the confirmed AMQP publisher the relay and the poison queue use.
+func (a *App) Publisher() message.Publisher { return a.publisher }
+
+// Components selects what Run runs.
+type Components struct {
+	Relay     bool
+	Consumers bool
+	HTTP      bool
+}
+
+// All runs every component in one process.
+var All = Components{Relay: true, Consumers: true, HTTP: true}
+
+// NewRouter builds the consumer router: the middleware chain (edited by
+// Options.Chain) around every route of the table, each consuming its own
+// queue over one shared connection.
+func (a *App) NewRouter() (*message.Router, error) {
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: a.cfg.ShutdownTimeout}, a.watermillLogger())
+	if err != nil {
+		return nil, err
+	}
+	chain, err := middleware.DefaultChain(middleware.ChainConfig{
+		Poison:      middleware.PoisonConfig{Publisher: a.publisher, Topic: a.cfg.PoisonTopic},
+		Retry:       a.cfg.Retry,
+		Idempotency: a.Idempotency,
+		Logger:      a.logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if a.opts.Chain != nil {
+		if chain, err = a.opts.Chain(chain); err != nil {
+			return nil, fmt.Errorf("editing middleware chain: %w", err)
+		}
+	}
+	router.AddMiddleware(chain.Middlewares()...)
+	for _, r := range a.Routes {
+		sub, err := wamqp.NewSubscriber(a.Topology.SubscriberConfig(r.Name), a.watermillLogger())
+		if err != nil {
+			return nil, fmt.Errorf("subscribing %s to %s: %w", r.Name, r.Topic, err)
+		}
+		h := router.AddConsumerHandler(r.Name, r.Topic, sub, r.Handler)
+		h.AddMiddleware(r.Middleware...)
+	}
+	return router, nil
+}
+
+// Run runs the selected components until ctx is done or one fails.
+// ready, if not nil, is closed once the consumers (if any) are consuming and
+// the HTTP API (if any) is listening.
+func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) error {
+	g, ctx := errgroup.WithContext(ctx)
+	var waits []<-chan struct{}
+
+	if what.Relay {
+		g.Go(func() error { return a.Relay.Run(ctx) })
+	}
+	if what.Consumers {
+		router, err := a.NewRouter()
+		if err != nil {
+			return err
+		}
+		waits = append(waits, router.Running())
+		g.Go(func() error {
+			if err := router.Run(ctx); err != nil {
+				return fmt.Errorf("consumer router: %w", err)
+			}
+			return nil
+		})
+	}
+	if what.HTTP {
+		ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("FERRY_HTTP_ADDR: listening on %s: %w", a.cfg.HTTPAddr, err)
+		}
+		srv := &http.Server{Handler: a.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
+		a.logger.Info("HTTP API listening", "addr", ln.Addr().String())
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("HTTP API: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+	}
+	if ready != nil {
+		go func() {
+			for _, w := range waits {
+				select {
+				case <-w:
+				case <-ctx.Done():
+					return
+				}
+			}
+			close(ready)
+		}()
+	}
+	return g.Wait()
+}
+
+// HTTPHandler is the HTTP API: POST /orders and GET /healthz.
+func (a *App) HTTPHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", orders.Handler(a.Orders, a.logger))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// Close releases every connection. It is safe after a failed New.
+func (a *App) Close() error {
+	var errs []error
+	if a.publisher != nil {
+		errs = append(errs, a.publisher.Close())
+	}
+	if a.pubConn != nil {
+		errs = append(errs, a.pubConn.Close())
+	}
+	if a.DB != nil {
+		errs = append(errs, a.DB.Close())
+	}
+	if a.Pool != nil {
+		a.Pool.Close()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,224 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ferry-dev/ferry/handlers/mail"
+	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// Defaults of Config not owned by a component package.
+const (
+	DefaultDatabaseURL     = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	DefaultHTTPAddr        = "127.0.0.1:8080"
+	DefaultPaymentURL      = "http://127.0.0.1:12111"
+	DefaultSMTPAddr        = "127.0.0.1:2525"
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultLogLevel        = "info"
+	DefaultLogFormat       = "auto"
+)
+
+// Config is the whole application's configuration. Load it with
+// ConfigFromEnv; every field has an environment variable (see EnvVars).
+type Config struct {
+	// DatabaseURL is the PostgreSQL URL. FERRY_DATABASE_URL.
+	DatabaseURL string
+	// DatabaseSchema puts Ferry's tables in this schema (search_path). FERRY_DATABASE_SCHEMA.
+	DatabaseSchema string
+	// DatabaseMaxConns is the pool size (0: pgx's default). FERRY_DATABASE_MAX_CONNS.
+	DatabaseMaxConns int32
+	// AMQP configures RabbitMQ. FERRY_AMQP_*.
+	AMQP rabbit.Config
+	// Relay configures the outbox relay. FERRY_RELAY_*.
+	Relay pgoutbox.RelayConfig
+	// Retry configures the consumers' in-process retries. FERRY_RETRY_*.
+	Retry middleware.RetryConfig
+	// PoisonTopic is where failed messages go. FERRY_POISON_TOPIC.
+	PoisonTopic string
+	// HTTPAddr is where the create_order HTTP API listens. FERRY_HTTP_ADDR.
+	HTTPAddr string
+	// PaymentURL is the payment provider's base URL. FERRY_PAYMENT_URL.
+	PaymentURL string
+	// SMTPAddr is the SMTP server (host:port). FERRY_SMTP_ADDR.
+	SMTPAddr string
+	// Mail configures the mail handler. FERRY_MAIL_FROM, FERRY_MAIL_RECIPIENT_DOMAIN.
+	Mail mail.Config
+	// ShutdownTimeout bounds a graceful stop. FERRY_SHUTDOWN_TIMEOUT.
+	ShutdownTimeout time.Duration
+	// LogLevel is debug, info, warn or error. FERRY_LOG_LEVEL.
+	LogLevel string
+	// LogFormat is json, text or auto (text on a terminal). FERRY_LOG_FORMAT.
+	LogFormat string
+}
+
+// EnvVar documents one environment variable.
+type EnvVar struct {
+	Name, Default, Doc string
+	set                func(c *Config, v string) error
+}
+
+// EnvVars lists every variable ConfigFromEnv reads, with its default; the
+// README's configuration table is this list.
+func EnvVars() []EnvVar {
+	return []EnvVar{
+		{"FERRY_DATABASE_URL", DefaultDatabaseURL, "PostgreSQL URL", func(c *Config, v string) error { c.DatabaseURL = v; return nil }},
+		{"FERRY_DATABASE_SCHEMA", "(search_path of the URL)", "schema for Ferry's tables", func(c *Config, v string) error { c.DatabaseSchema = v; return nil }},
+		{"FERRY_DATABASE_MAX_CONNS", "max(4, CPUs)", "database pool size", func(c *Config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 32)
+			c.DatabaseMaxConns = int32(n)
+			return err
+		}},
+		{"FERRY_AMQP_URL", rabbit.DefaultURL, "RabbitMQ URL, vhost included", func(c *Config, v string) error { c.AMQP.URL = v; return nil }},
+		{"FERRY_AMQP_NAMESPACE", "(none)", "prefix of every exchange and queue name", func(c *Config, v string) error { c.AMQP.Namespace = v; return nil }},
+		{"FERRY_AMQP_QUEUE_TYPE", rabbit.QueueTypeQuorum, "quorum or classic", func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
+		{"FERRY_AMQP_PREFETCH", strconv.Itoa(rabbit.DefaultPrefetch), "unacked messages per consumer", intVar(func(c *Config) *int { return &c.AMQP.Prefetch })},
+		{"FERRY_AMQP_PUBLISH_CHANNELS", strconv.Itoa(rabbit.DefaultPublishChannels), "publisher channel pool size", intVar(func(c *Config) *int { return &c.AMQP.PublishChannels })},
+		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize })},
+		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},
+		{"FERRY_RELAY_BACKOFF_INITIAL", "30s", "relay retry delay after the first failure", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Initial })},
+		{"FERRY_RELAY_BACKOFF_MAX", "15m", "relay retry delay cap", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Max })},
+		{"FERRY_RETRY_MAX", strconv.Itoa(middleware.DefaultRetryMaxRetries), "in-process handler retries before the poison queue (-1: none)", intVar(func(c *Config) *int { return &c.Retry.MaxRetries })},
+		{"FERRY_RETRY_INITIAL_INTERVAL", middleware.DefaultRetryInitialInterval.String(), "wait before the first handler retry", durationVar(func(c *Config) *time.Duration { return &c.Retry.InitialInterval })},
+		{"FERRY_RETRY_MAX_INTERVAL", middleware.DefaultRetryMaxInterval.String(), "cap of the wait between handler retries", durationVar(func(c *Config) *time.Duration { return &c.Retry.MaxInterval })},
+		{"FERRY_POISON_TOPIC", middleware.DefaultPoisonTopic, "topic (and queue) of poisoned messages", func(c *Config, v string) error { c.PoisonTopic = v; return nil }},
+		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "create_order HTTP API listen address", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
+		{"FERRY_PAYMENT_URL", DefaultPaymentURL, "payment provider base URL", func(c *Config, v string) error { c.PaymentURL = v; return nil }},
+		{"FERRY_SMTP_ADDR", DefaultSMTPAddr, "SMTP server host:port", func(c *Config, v string) error { c.SMTPAddr = v; return nil }},
+		{"FERRY_MAIL_FROM", mail.DefaultFrom, "sender of order mails", func(c *Config, v string) error { c.Mail.From = v; return nil }},
+		{"FERRY_MAIL_RECIPIENT_DOMAIN", mail.DefaultRecipientDomain, "domain appended to user ids for mail", func(c *Config, v string) error { c.Mail.RecipientDomain = v; return nil }},
+		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+		{"FERRY_LOG_LEVEL", DefaultLogLevel, "debug, info, warn or error", func(c *Config, v string) error { c.LogLevel = v; return nil }},
+		{"FERRY_LOG_FORMAT", DefaultLogFormat, "json, text or auto (text on a terminal)", func(c *Config, v string) error { c.LogFormat = v; return nil }},
+	}
+}
+
+func intVar(field func(*Config) *int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		*field(c) = n
+		return err
+	}
+}
+
+func durationVar(field func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		*field(c) = d
+		return err
+	}
+}
+
+// ConfigFromEnv reads every FERRY_* variable (see EnvVars) over the
+// defaults and validates the result, reporting every bad variable at once.
+func ConfigFromEnv() (Config, error) {
+	return ConfigFromLookup(os.LookupEnv)
+}
+
+// ConfigFromLookup is ConfigFromEnv with another source of variables.
+func ConfigFromLookup(lookup func(string) (string, bool)) (Config, error) {
+	var (
+		c    Config
+		errs []error
+	)
+	for _, ev := range EnvVars() {
+		v, ok := lookup(ev.Name)
+		if !ok || v == "" {
+			continue
+		}
+		if err := ev.set(&c, strings.TrimSpace(v)); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", ev.Name, v, unwrapNum(err)))
+		}
+	}
+	c = c.WithDefaults()
+	// Bad values and bad combinations are reported together: one run of the
+	// binary should tell an operator everything to fix.
+	errs = append(errs, c.Validate())
+	return c, errors.Join(errs...)
+}
+
+func unwrapNum(err error) error {
+	var ne *strconv.NumError
+	if errors.As(err, &ne) {
+		return fmt.Errorf("not a whole number")
+	}
+	return err
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.DatabaseURL == "" {
+		c.DatabaseURL = DefaultDatabaseURL
+	}
+	c.AMQP = c.AMQP.WithDefaults()
+	c.Relay = c.Relay.WithDefaults()
+	c.Retry = c.Retry.WithDefaults()
+	if c.PoisonTopic == "" {
+		c.PoisonTopic = middleware.DefaultPoisonTopic
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = DefaultHTTPAddr
+	}
+	if c.PaymentURL == "" {
+		c.PaymentURL = DefaultPaymentURL
+	}
+	if c.SMTPAddr == "" {
+		c.SMTPAddr = DefaultSMTPAddr
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = DefaultLogLevel
+	}
+	if c.LogFormat == "" {
+		c.LogFormat = DefaultLogFormat
+	}
+	return c
+}
+
+// Validate reports every problem of c at once, naming the variable to fix.
+func (c Config) Validate() error {
+	var errs []error
+	add := func(env string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", env, err))
+		}
+	}
+	if !strings.HasPrefix(c.DatabaseURL, "postgres://") && !strings.HasPrefix(c.DatabaseURL, "postgresql://") {
+		add("FERRY_DATABASE_URL", errors.New("must be a postgres:// URL"))
+	}
+	if c.DatabaseMaxConns < 0 {
+		add("FERRY_DATABASE_MAX_CONNS", errors.New("must not be negative"))
+	}
+	add("FERRY_AMQP_*", c.AMQP.Validate())
+	add("FERRY_RELAY_*", c.Relay.Validate())
+	add("FERRY_RETRY_*", c.Retry.Validate())
+	if c.ShutdownTimeout <= 0 {
+		add("FERRY_SHUTDOWN_TIMEOUT", errors.New("must be positive"))
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		add("FERRY_LOG_LEVEL", err)
+	}
+	switch c.LogFormat {
+	case "json", "text", "auto":
+	default:
+		add("FERRY_LOG_FORMAT", fmt.Errorf("must be json, text or auto, got %q", c.LogFormat))
+	}
+	return errors.Join(errs...)
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("must be debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}

@@ -1,0 +1,35 @@
+package app
+
+import (
+	"io"
+	"log/slog"
+	"os"
+)
+
+// NewLogger returns the slog logger cfg asks for, writing to w (default
+// stderr): JSON for machines, text when FERRY_LOG_FORMAT=text or, with
+// "auto", when w is a terminal.
+func NewLogger(cfg Config, w io.Writer) (*slog.Logger, error) {
+	cfg = cfg.WithDefaults()
+	if w == nil {
+		w = os.Stderr
+	}
+	level, err := parseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	format := cfg.LogFormat
+	if format == "auto" {
+		format = "json"
+		if f, ok := w.(*os.File); ok {
+			if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+				format = "text"
+			}
+		}
+	}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewJSONHandler(w, opts)), nil
+}

@@ -1,0 +1,134 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+)
+
+// Names of the links of the default chain, for Chain.InsertBefore/InsertAfter.
+const (
+	LinkCorrelation = "correlation"
+	LinkPoison      = "poison"
+	LinkRetry       = "retry"
+	LinkRecoverer   = "recoverer"
+	LinkIdempotency = "idempotency"
+)
+
+// Link is one named middleware of a chain.
+type Link struct {
+	Name       string
+	Middleware message.HandlerMiddleware
+}
+
+// Chain is an ordered list of middleware, outermost first: the first link
+// sees a message first and its result last. It is a value; the editing
+// methods return a new Chain.
+type Chain []Link
+
+// Names returns the link names in order.
+func (c Chain) Names() []string {
+	names := make([]string, len(c))
+	for i, l := range c {
+		names[i] = l.Name
+	}
+	return names
+}
+
+// Middlewares returns the middleware in order, for message.Router.AddMiddleware.
+func (c Chain) Middlewares() []message.HandlerMiddleware {
+	m := make([]message.HandlerMiddleware, len(c))
+	for i, l := range c {
+		m[i] = l.Middleware
+	}
+	return m
+}
+
+// Append adds links innermost, right around the handlers.
+func (c Chain) Append(links ...Link) (Chain, error) {
+	return c.insertAt(len(c), links)
+}
+
+// InsertBefore adds links just outside the link named name.
+func (c Chain) InsertBefore(name string, links ...Link) (Chain, error) {
+	i := slices.IndexFunc(c, func(l Link) bool { return l.Name == name })
+	if i < 0 {
+		return nil, fmt.Errorf("middleware chain has no link %q (links: %v)", name, c.Names())
+	}
+	return c.insertAt(i, links)
+}
+
+// InsertAfter adds links just inside the link named name.
+func (c Chain) InsertAfter(name string, links ...Link) (Chain, error) {
+	i := slices.IndexFunc(c, func(l Link) bool { return l.Name == name })
+	if i < 0 {
+		return nil, fmt.Errorf("middleware chain has no link %q (links: %v)", name, c.Names())
+	}
+	return c.insertAt(i+1, links)
+}
+
+func (c Chain) insertAt(i int, links []Link) (Chain, error) {
+	for _, l := range links {
+		if l.Name == "" || l.Middleware == nil {
+			return nil, errors.New("a middleware link needs a name and a middleware")
+		}
+		if slices.ContainsFunc(c, func(x Link) bool { return x.Name == l.Name }) {
+			return nil, fmt.Errorf("middleware chain already has a link %q", l.Name)
+		}
+	}
+	return slices.Insert(slices.Clone(c), i, links...), nil
+}
+
+// ChainConfig is what the default chain needs.
+type ChainConfig struct {
+	// Poison configures where messages that keep failing go. Required.
+	Poison PoisonConfig
+	// Retry configures the quick in-process retries.
+	Retry RetryConfig
+	// Idempotency is the ledger guard. Required.
+	Idempotency *Idempotency
+	// Logger receives the chain's log lines. Default: discard.
+	Logger *slog.Logger
+}
+
+// DefaultChain returns Ferry's consumer chain, outermost first. This is the
+// one place its order is decided; every link says why it sits where it does.
+func DefaultChain(cfg ChainConfig) (Chain, error) {
+	if cfg.Idempotency == nil {
+		return nil, errors.New("middleware: DefaultChain needs an Idempotency guard")
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	poison, err := cfg.Poison.Middleware(logger)
+	if err != nil {
+		return nil, err
+	}
+	retry, err := cfg.Retry.Middleware(logger)
+	if err != nil {
+		return nil, err
+	}
+	return Chain{
+		// Outermost, so that everything below, the poison queue included,
+		// logs and forwards the same correlation id.
+		{LinkCorrelation, Correlation},
+		// Outside Retry: only the error left after the last retry is
+		// poisoned. (Inside Retry it would poison on the first failure.) It
+		// acks a message only once the poison queue's publish was confirmed.
+		{LinkPoison, poison},
+		// Quick retries for transient failures; Permanent errors skip them.
+		{LinkRetry, retry},
+		// Inside Retry, so a panic becomes an error that is retried and then
+		// poisoned instead of killing the process.
+		{LinkRecoverer, wmw.Recoverer},
+		// Innermost: each attempt is its own ledger transaction around the
+		// handler, so a failed attempt leaves no ledger row and a duplicate
+		// delivery is acked without running the effect.
+		{LinkIdempotency, cfg.Idempotency.Middleware},
+	}, nil
+}

@@ -1,0 +1,37 @@
+package middleware
+
+import (
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// Correlation takes the message's correlation id, or makes one when it has
+// none, and puts it (with the trace context and tenant) in the message's
+// context, where pipeline.NewEvent finds it for every event the handler
+// publishes through the outbox. Messages the handler returns get it too.
+func Correlation(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		id := msg.Metadata.Get(pipeline.MetaCorrelationID)
+		if id == "" {
+			id = watermill.NewUUID()
+			msg.Metadata.Set(pipeline.MetaCorrelationID, id)
+		}
+		ctx := pipeline.ContextWithCorrelationID(msg.Context(), id)
+		if tp := msg.Metadata.Get(pipeline.MetaTraceParent); tp != "" {
+			ctx = pipeline.ContextWithTraceParent(ctx, tp)
+		}
+		if tenant := msg.Metadata.Get(pipeline.MetaTenantID); tenant != "" {
+			ctx = pipeline.ContextWithTenantID(ctx, tenant)
+		}
+		msg.SetContext(ctx)
+
+		produced, err := h(msg)
+		for _, p := range produced {
+			wmw.SetCorrelationID(id, p)
+		}
+		return produced, err
+	}
+}

@@ -1,0 +1,74 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// Ledger is what the idempotency guard needs from a durable ledger
+// (pgledger.Ledger is Ferry's). Once runs fn unless consumer has already
+// processed messageID, with the check, fn and the record in one transaction.
+type Ledger interface {
+	Once(ctx context.Context, consumer, messageID string, fn func(ctx context.Context) error) (ran bool, err error)
+}
+
+// Idempotency guards handlers with a Ledger, keyed by handler name and
+// message id (the outbox id, stable across redeliveries).
+type Idempotency struct {
+	ledger     Ledger
+	logger     *slog.Logger
+	duplicates atomic.Int64
+}
+
+// NewIdempotency returns a guard over ledger.
+func NewIdempotency(ledger Ledger, logger *slog.Logger) (*Idempotency, error) {
+	if ledger == nil {
+		return nil, errors.New("middleware: NewIdempotency needs a ledger")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Idempotency{ledger: ledger, logger: logger}, nil
+}
+
+// Duplicates returns how many deliveries were acked without running their
+// handler because the ledger had them already.
+func (i *Idempotency) Duplicates() int64 { return i.duplicates.Load() }
+
+// Middleware runs the handler inside the ledger's transaction: the
+// handler's context carries it (pgledger.TxFromContext) for the handler's
+// own writes. A message without an id cannot be deduplicated and is
+// refused as Permanent, so it goes to the poison queue with that reason.
+func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if msg.UUID == "" {
+			return nil, pipeline.Permanent(errors.New("message has no id: it cannot be deduplicated"))
+		}
+		outer := msg.Context()
+		consumer := message.HandlerNameFromCtx(outer)
+		var produced []*message.Message
+		ran, err := i.ledger.Once(outer, consumer, msg.UUID, func(ctx context.Context) error {
+			msg.SetContext(ctx)
+			defer msg.SetContext(outer)
+			var err error
+			produced, err = h(msg)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if !ran {
+			i.duplicates.Add(1)
+			i.logger.Info("duplicate delivery suppressed",
+				"message_id", msg.UUID, "handler", consumer,
+				"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID))
+		}
+		return produced, nil
+	}
+}

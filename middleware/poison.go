@@ -1,0 +1,91 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// DefaultPoisonTopic is where messages that keep failing go.
+const DefaultPoisonTopic = "ferry.poison"
+
+// Metadata keys a poisoned message carries, besides Watermill's
+// (wmw.ReasonForPoisonedKey, PoisonedTopicKey, PoisonedHandlerKey,
+// PoisonedSubscriberKey).
+const (
+	// MetaPoisonedAt is when the message was poisoned (RFC 3339).
+	MetaPoisonedAt = "poisoned_at"
+	// MetaPoisonPermanent is "true" when the error was marked Permanent
+	// (not retried), "false" when retries ran out.
+	MetaPoisonPermanent = "poison_permanent"
+)
+
+// PoisonConfig configures the poison queue.
+type PoisonConfig struct {
+	// Publisher publishes poisoned messages; it must confirm (Ferry's AMQP
+	// publisher does), since the message is acked once Publish returns. Required.
+	Publisher message.Publisher
+	// Topic is the poison queue's topic. Default "ferry.poison".
+	Topic string
+}
+
+// Middleware returns the poison queue middleware (Watermill's PoisonQueue),
+// which publishes a message whose handler still fails to the poison topic,
+// with the reason, original topic and handler, and then acks it. If that
+// publish fails the error stands and the message is nacked: it is never
+// acked as done without being somewhere.
+//
+// A handler stopped by shutdown (context.Canceled) is not poisoned: the
+// message is nacked and comes back to the next consumer.
+func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware, error) {
+	if c.Publisher == nil {
+		return nil, errors.New("middleware: PoisonConfig.Publisher is required")
+	}
+	if c.Topic == "" {
+		c.Topic = DefaultPoisonTopic
+	}
+	pq, err := wmw.PoisonQueueWithFilter(c.Publisher, c.Topic, func(err error) bool {
+		return !errors.Is(err, context.Canceled)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			var handlerErr error
+			poisoned := pq(func(msg *message.Message) ([]*message.Message, error) {
+				produced, err := h(msg)
+				handlerErr = err
+				if err != nil && !errors.Is(err, context.Canceled) {
+					msg.Metadata.Set(MetaPoisonedAt, time.Now().UTC().Format(time.RFC3339Nano))
+					msg.Metadata.Set(MetaPoisonPermanent, boolText(pipeline.IsPermanent(err)))
+				}
+				return produced, err
+			})
+			produced, err := poisoned(msg)
+			if handlerErr != nil && err == nil {
+				logger.Warn("message moved to poison queue",
+					"message_id", msg.UUID, "handler", message.HandlerNameFromCtx(msg.Context()),
+					"topic", message.SubscribeTopicFromCtx(msg.Context()), "poison_topic", c.Topic,
+					"aggregate_id", msg.Metadata.Get(pipeline.MetaAggregateID),
+					"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID),
+					"trace_id", msg.Metadata.Get(pipeline.MetaTraceID),
+					"reason", handlerErr.Error())
+			}
+			return produced, err
+		}
+	}, nil
+}
+
+func boolText(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}

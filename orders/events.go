@@ -1,0 +1,61 @@
+package orders
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Topics of the events create_order publishes.
+const (
+	TopicChargeRequested = "stripe.charge"
+	TopicMailRequested   = "mail.send"
+)
+
+// ChargeRequested asks for the order's amount to be charged (topic stripe.charge).
+type ChargeRequested struct {
+	OrderID  int64  `json:"order_id"`
+	UserID   string `json:"user_id"`
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+}
+
+// Validate checks the fields a charge cannot do without.
+func (e ChargeRequested) Validate() error {
+	var errs []error
+	if e.OrderID <= 0 {
+		errs = append(errs, errors.New("order_id is missing"))
+	}
+	if e.UserID == "" {
+		errs = append(errs, errors.New("user_id is missing"))
+	}
+	if e.Amount <= 0 || e.Amount > MaxAmount {
+		errs = append(errs, fmt.Errorf("amount %d is out of range", e.Amount))
+	}
+	if !validCurrency(e.Currency) {
+		errs = append(errs, fmt.Errorf("currency %q is not supported", e.Currency))
+	}
+	return errors.Join(errs...)
+}
+
+// MailRequested asks for the order confirmation mail (topic mail.send).
+type MailRequested struct {
+	OrderID int64  `json:"order_id"`
+	UserID  string `json:"user_id"`
+	Subject string `json:"subject"`
+	Body    string `json:"body"`
+}
+
+// Validate checks the fields a mail cannot do without.
+func (e MailRequested) Validate() error {
+	var errs []error
+	if e.OrderID <= 0 {
+		errs = append(errs, errors.New("order_id is missing"))
+	}
+	if e.UserID == "" {
+		errs = append(errs, errors.New("user_id is missing"))
+	}
+	if e.Subject == "" {
+		errs = append(errs, errors.New("subject is missing"))
+	}
+	return errors.Join(errs...)
+}

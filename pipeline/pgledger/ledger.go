@@ -1,0 +1,127 @@
+// Package pgledger is the consumers' durable idempotency ledger in
+// PostgreSQL (the processed_messages table).
+//
+// Once runs a handler inside a transaction that first inserts the
+// (consumer, message id) row. The primary key makes a second, concurrent
+// delivery of the same message wait for the first: if the first commits,
+// the second sees the row and skips the effect; if it rolls back, the
+// second runs it. The handler's own database writes join the same
+// transaction (TxFromContext), so "effect recorded" and "message recorded"
+// cannot disagree.
+//
+// An external call made by the handler (a card charge) cannot join the
+// transaction; it is made inside it, with the message id as its
+// idempotency key, so the rare redelivery after a lost commit is
+// deduplicated by the provider.
+package pgledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultTable is the ledger table created by Ferry's migrations.
+const DefaultTable = "processed_messages"
+
+// Config configures a Ledger.
+type Config struct {
+	// Table is the ledger table's name. Default "processed_messages".
+	Table string
+}
+
+// Ledger records which messages each consumer has processed.
+// It is safe for concurrent use.
+type Ledger struct {
+	pool      *pgxpool.Pool
+	logger    *slog.Logger
+	insertSQL string
+	existsSQL string
+}
+
+// New returns a Ledger over pool.
+func New(pool *pgxpool.Pool, cfg Config, logger *slog.Logger) (*Ledger, error) {
+	if pool == nil {
+		return nil, errors.New("pgledger: New needs a pool")
+	}
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	t := pgx.Identifier{cfg.Table}.Sanitize()
+	return &Ledger{
+		pool:      pool,
+		logger:    logger,
+		insertSQL: `INSERT INTO ` + t + ` (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		existsSQL: `SELECT processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
+	}, nil
+}
+
+type txKey struct{}
+
+// TxFromContext returns the ledger transaction a handler runs in, for the
+// handler's own writes, or nil outside Once.
+func TxFromContext(ctx context.Context) pgx.Tx {
+	tx, _ := ctx.Value(txKey{}).(pgx.Tx)
+	return tx
+}
+
+// Once runs fn unless consumer has already processed messageID. ran reports
+// whether fn was called. fn's error rolls back the ledger row with fn's own
+// writes, so a later delivery tries again; a commit error is returned too,
+// since the effect is then not recorded.
+func (l *Ledger) Once(ctx context.Context, consumer, messageID string, fn func(ctx context.Context) error) (ran bool, err error) {
+	if consumer == "" || messageID == "" {
+		return false, errors.New("pgledger: consumer and message id must not be empty")
+	}
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("beginning ledger transaction: %w", err)
+	}
+	committed := false
+	defer func() {
+		// Also on panic: the handler's panic unwinds through here, and the
+		// row it claimed must not outlive it.
+		if !committed {
+			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = tx.Rollback(rbCtx)
+		}
+	}()
+
+	tag, err := tx.Exec(ctx, l.insertSQL, consumer, messageID)
+	if err != nil {
+		return false, fmt.Errorf("recording message %s for %s in ledger: %w", messageID, consumer, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return false, nil // processed before (or by a concurrent delivery that committed)
+	}
+	if err := fn(context.WithValue(ctx, txKey{}, tx)); err != nil {
+		return true, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return true, fmt.Errorf("committing ledger entry for message %s (%s): %w", messageID, consumer, err)
+	}
+	committed = true
+	return true, nil
+}
+
+// Processed reports whether consumer has processed messageID.
+func (l *Ledger) Processed(ctx context.Context, consumer, messageID string) (bool, error) {
+	var at time.Time
+	err := l.pool.QueryRow(ctx, l.existsSQL, consumer, messageID).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking up message %s for %s: %w", messageID, consumer, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,182 @@
+// Package pipelinetest holds test helpers for code built on Ferry, in the
+// spirit of river's rivertest: each test gets its own PostgreSQL schema
+// (migrated) and its own RabbitMQ namespace, against the real servers, and
+// both are removed when the test ends.
+//
+// The servers are found through FERRY_TEST_DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable) and
+// FERRY_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/). When one
+// is unreachable the test fails with a message saying so; only with
+// `go test -short` are such tests skipped.
+package pipelinetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// Default server addresses of the test helpers.
+const (
+	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+)
+
+// DatabaseURL is the PostgreSQL server tests use.
+func DatabaseURL() string {
+	if u := os.Getenv("FERRY_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultDatabaseURL
+}
+
+// AMQPURL is the RabbitMQ server tests use.
+func AMQPURL() string {
+	if u := os.Getenv("FERRY_TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return DefaultAMQPURL
+}
+
+// UniqueName returns prefix followed by random hex, safe as a schema or
+// queue name.
+func UniqueName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+func skipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
+	}
+}
+
+// Schema creates a fresh, migrated schema and returns its name; it is
+// dropped when the test ends.
+func Schema(t testing.TB) string {
+	t.Helper()
+	skipShort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgconn.Open(ctx, pgconn.Config{URL: DatabaseURL(), ApplicationName: "ferry-test-admin"})
+	if err != nil {
+		t.Fatalf("PostgreSQL is needed for this test: %v (start it: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", err)
+	}
+	defer admin.Close()
+	schema := UniqueName("ferry_test_")
+	if err := pgconn.CreateSchema(ctx, admin, schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgconn.Open(ctx, pgconn.Config{URL: DatabaseURL(), ApplicationName: "ferry-test-admin"})
+		if err != nil {
+			t.Errorf("dropping test schema %s: %v", schema, err)
+			return
+		}
+		defer admin.Close()
+		if err := pgconn.DropSchema(ctx, admin, schema); err != nil {
+			t.Errorf("dropping test schema: %v", err)
+		}
+	})
+	pool := open(t, schema, "ferry-test-migrate")
+	defer pool.Close()
+	db := pgconn.SQLDB(pool)
+	defer db.Close()
+	if _, err := migrations.Up(ctx, db); err != nil {
+		t.Fatalf("migrating test schema %s: %v", schema, err)
+	}
+	return schema
+}
+
+func open(t testing.TB, schema, appName string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgconn.Open(ctx, pgconn.Config{URL: DatabaseURL(), Schema: schema, ApplicationName: appName})
+	if err != nil {
+		t.Fatalf("PostgreSQL is needed for this test: %v", err)
+	}
+	return pool
+}
+
+// Pool returns a pool on schema (see Schema), closed when the test ends.
+// appName shows in pg_stat_activity, which lets a test terminate exactly
+// the connections of one component.
+func Pool(t testing.TB, schema, appName string) *pgxpool.Pool {
+	t.Helper()
+	pool := open(t, schema, appName)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Postgres is Schema plus Pool: a pool on a fresh, migrated schema.
+func Postgres(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return Pool(t, Schema(t), "ferry-test")
+}
+
+// Rabbit returns a RabbitMQ configuration with a namespace of its own, after
+// checking that the broker answers. Tear down what the test declares with
+// Topology.Teardown (TeardownTopology does it at cleanup).
+func Rabbit(t testing.TB) rabbit.Config {
+	t.Helper()
+	skipShort(t)
+	conn, err := amqp.DialConfig(AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		t.Fatalf("RabbitMQ is needed for this test: cannot reach %s: %v (start it: rabbitmq-server -detached)", AMQPURL(), err)
+	}
+	_ = conn.Close()
+	return rabbit.Config{URL: AMQPURL(), Namespace: UniqueName("ferrytest.") + "."}
+}
+
+// TeardownTopology deletes, when the test ends, every exchange and queue topo declared.
+func TeardownTopology(t testing.TB, topo *rabbit.Topology) {
+	t.Helper()
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(topo.Config().URL)
+		if err != nil {
+			t.Errorf("tearing down RabbitMQ topology: %v", err)
+			return
+		}
+		defer conn.Close()
+		if err := topo.Teardown(conn); err != nil {
+			t.Errorf("tearing down RabbitMQ topology: %v", err)
+		}
+	})
+}
+
+// RequireDrained waits until pool's outbox has no undispatched row that is
+// due, failing the test after timeout.
+func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var pending int
+	for {
+		err := pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND available_at <= now()`).Scan(&pending)
+		if err != nil {
+			t.Fatalf("counting pending outbox rows: %v", err)
+		}
+		if pending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outbox not drained after %s: %d row(s) still due", timeout, pending)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,123 @@
+package rabbit
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Defaults and bounds of Config.
+const (
+	DefaultURL             = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultPublishChannels = 4
+	DefaultPrefetch        = 16
+	DefaultDialTimeout     = 5 * time.Second
+	QueueTypeQuorum        = "quorum"
+	QueueTypeClassic       = "classic"
+	MaxNamespaceLength     = 64
+)
+
+// Config configures Ferry's RabbitMQ connections and topology.
+type Config struct {
+	// URL is the AMQP URL, including the vhost. Default amqp://guest:guest@127.0.0.1:5672/.
+	URL string
+	// Namespace prefixes every exchange and queue name ("staging." say).
+	// Default "" (no prefix).
+	Namespace string
+	// QueueType is "quorum" (replicated, the default) or "classic".
+	QueueType string
+	// PublishChannels is the publisher's channel pool size. Default 4.
+	PublishChannels int
+	// Prefetch is how many unacknowledged messages a consumer may hold. Default 16.
+	Prefetch int
+	// DialTimeout bounds connecting to the broker. Default 5s.
+	DialTimeout time.Duration
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.QueueType == "" {
+		c.QueueType = QueueTypeQuorum
+	}
+	if c.PublishChannels == 0 {
+		c.PublishChannels = DefaultPublishChannels
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	return c
+}
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	var errs []error
+	if u, err := url.Parse(c.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+		errs = append(errs, fmt.Errorf("rabbit Config.URL must be an amqp:// or amqps:// URL with a host, got %q", redact(c.URL)))
+	}
+	if len(c.Namespace) > MaxNamespaceLength {
+		errs = append(errs, fmt.Errorf("rabbit Config.Namespace must be at most %d bytes", MaxNamespaceLength))
+	}
+	if c.QueueType != QueueTypeQuorum && c.QueueType != QueueTypeClassic {
+		errs = append(errs, fmt.Errorf("rabbit Config.QueueType must be %q or %q, got %q", QueueTypeQuorum, QueueTypeClassic, c.QueueType))
+	}
+	if c.PublishChannels < 1 {
+		errs = append(errs, errors.New("rabbit Config.PublishChannels must be at least 1"))
+	}
+	if c.Prefetch < 1 {
+		errs = append(errs, errors.New("rabbit Config.Prefetch must be at least 1"))
+	}
+	if c.DialTimeout <= 0 {
+		errs = append(errs, errors.New("rabbit Config.DialTimeout must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// redact hides the password of an AMQP URL for error messages and logs.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<unparseable URL>"
+	}
+	return u.Redacted()
+}
+
+// connectionConfig is how every Ferry connection dials: a bounded dial, a
+// heartbeat, reconnection with backoff, and a name that shows in the
+// broker's connection list (rabbitmqctl list_connections client_properties),
+// which is how an operator tells the relay's connection from a consumer's.
+func connectionConfig(cfg Config, name string) wamqp.ConnectionConfig {
+	return wamqp.ConnectionConfig{
+		AmqpURI: cfg.URL,
+		AmqpConfig: &amqp.Config{
+			Heartbeat:  10 * time.Second,
+			Locale:     "en_US",
+			Dial:       amqp.DefaultDial(cfg.DialTimeout),
+			Properties: amqp.Table{"connection_name": name},
+		},
+		Reconnect: wamqp.DefaultReconnectConfig(),
+	}
+}
+
+// Dial opens a connection, named name, that reconnects by itself.
+func Dial(cfg Config, name string, logger watermill.LoggerAdapter) (*wamqp.ConnectionWrapper, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	conn, err := wamqp.NewConnection(connectionConfig(cfg, name), logger)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %w", redact(cfg.URL), err)
+	}
+	return conn, nil
+}

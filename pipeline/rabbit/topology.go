@@ -1,0 +1,257 @@
+package rabbit
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Names of the broker objects Ferry itself owns (before the namespace).
+const (
+	// UnroutedName is the alternate exchange of every topic exchange, and the
+	// queue that keeps what no consumer queue was bound to take.
+	UnroutedName = "ferry.unrouted"
+)
+
+// Binding says that queue (a handler's) receives topic's events.
+type Binding struct {
+	Topic string
+	Queue string
+}
+
+// Topology names, declares and (for tests and demos) deletes Ferry's broker
+// objects. It is Watermill's TopologyBuilder for publishers and subscribers
+// built from its configs, so every declaration of one object carries the
+// same arguments: RabbitMQ refuses a redeclaration that differs.
+type Topology struct {
+	cfg Config
+
+	mu        sync.Mutex
+	exchanges []string
+	queues    []string
+	// unroutedDeclared saves three round trips per exchange declaration.
+	unroutedDeclared bool
+}
+
+// NewTopology returns the topology of cfg.
+func NewTopology(cfg Config) (*Topology, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Topology{cfg: cfg}, nil
+}
+
+// Config returns the configuration the topology was built with (defaults applied).
+func (t *Topology) Config() Config { return t.cfg }
+
+// ExchangeName is the exchange a topic's events are published to.
+func (t *Topology) ExchangeName(topic string) string { return t.cfg.Namespace + topic }
+
+// QueueName is the queue a handler consumes from.
+func (t *Topology) QueueName(handler string) string { return t.cfg.Namespace + handler }
+
+// PublisherConfig is the watermill-amqp configuration for publishing: to the
+// topic's exchange, persistent, waiting for the broker's confirm of every
+// message (Publish returns only once RabbitMQ has taken responsibility).
+func (t *Topology) PublisherConfig() wamqp.Config {
+	c := t.baseConfig()
+	c.Publish = wamqp.PublishConfig{
+		GenerateRoutingKey: func(string) string { return "" },
+		ConfirmDelivery:    true,
+		ChannelPoolSize:    t.cfg.PublishChannels,
+	}
+	return c
+}
+
+// SubscriberConfig is the watermill-amqp configuration for the consumer of
+// one handler: its own queue, bound to the topic's exchange, and its own
+// named connection (wamqp.NewSubscriber dials it).
+func (t *Topology) SubscriberConfig(handler string) wamqp.Config {
+	c := t.baseConfig()
+	c.Connection = connectionConfig(t.cfg, "ferry-consumer-"+handler)
+	queue := t.QueueName(handler)
+	c.Queue = wamqp.QueueConfig{
+		GenerateName: func(string) string { return queue },
+		Durable:      true,
+		Arguments:    t.queueArgs(),
+	}
+	c.QueueBind = wamqp.QueueBindConfig{GenerateRoutingKey: func(string) string { return "" }}
+	c.Consume = wamqp.ConsumeConfig{
+		Consumer: handler,
+		Qos:      wamqp.QosConfig{PrefetchCount: t.cfg.Prefetch},
+		// A nack puts the delivery back: Ferry's middleware acks only what is
+		// done or safely in the poison queue, so a nack means "try again".
+		NoRequeueOnNack: false,
+	}
+	return c
+}
+
+func (t *Topology) baseConfig() wamqp.Config {
+	return wamqp.Config{
+		Connection: wamqp.ConnectionConfig{AmqpURI: t.cfg.URL},
+		Marshaler:  Marshaler{},
+		Exchange: wamqp.ExchangeConfig{
+			GenerateName: t.ExchangeName,
+			Type:         amqp.ExchangeDirect,
+			Durable:      true,
+			Arguments:    amqp.Table{"alternate-exchange": t.cfg.Namespace + UnroutedName},
+		},
+		TopologyBuilder: t,
+	}
+}
+
+func (t *Topology) queueArgs() amqp.Table {
+	return amqp.Table{"x-queue-type": t.cfg.QueueType}
+}
+
+// ExchangeDeclare implements watermill-amqp's TopologyBuilder. It declares
+// the alternate exchange first, so no message published to the new exchange
+// can be dropped for want of it.
+func (t *Topology) ExchangeDeclare(ch *amqp.Channel, name string, c wamqp.Config) error {
+	if err := t.declareUnrouted(ch); err != nil {
+		return err
+	}
+	if err := ch.ExchangeDeclare(name, c.Exchange.Type, c.Exchange.Durable, false, false, false, c.Exchange.Arguments); err != nil {
+		return fmt.Errorf("declaring exchange %q: %w", name, err)
+	}
+	t.record(&t.exchanges, name)
+	return nil
+}
+
+// BuildTopology implements watermill-amqp's TopologyBuilder: the queue, its
+// topic's exchange, and the binding between them.
+func (t *Topology) BuildTopology(ch *amqp.Channel, queue, exchange string, c wamqp.Config, _ watermill.LoggerAdapter) error {
+	if _, err := ch.QueueDeclare(queue, c.Queue.Durable, false, false, false, c.Queue.Arguments); err != nil {
+		return fmt.Errorf("declaring queue %q: %w", queue, err)
+	}
+	t.record(&t.queues, queue)
+	if err := t.ExchangeDeclare(ch, exchange, c); err != nil {
+		return err
+	}
+	if err := ch.QueueBind(queue, "", exchange, false, nil); err != nil {
+		return fmt.Errorf("binding queue %q to exchange %q: %w", queue, exchange, err)
+	}
+	return nil
+}
+
+func (t *Topology) declareUnrouted(ch *amqp.Channel) error {
+	t.mu.Lock()
+	done := t.unroutedDeclared
+	t.mu.Unlock()
+	if done {
+		return nil
+	}
+	name := t.cfg.Namespace + UnroutedName
+	if err := ch.ExchangeDeclare(name, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declaring exchange %q: %w", name, err)
+	}
+	if _, err := ch.QueueDeclare(name, true, false, false, false, t.queueArgs()); err != nil {
+		return fmt.Errorf("declaring queue %q: %w", name, err)
+	}
+	if err := ch.QueueBind(name, "", name, false, nil); err != nil {
+		return fmt.Errorf("binding queue %q: %w", name, err)
+	}
+	t.record(&t.exchanges, name)
+	t.record(&t.queues, name)
+	t.mu.Lock()
+	t.unroutedDeclared = true
+	t.mu.Unlock()
+	return nil
+}
+
+// Declare creates every exchange, queue and binding in bindings (and the
+// unrouted safety net) over conn. Call it before relaying: a message relayed
+// before its queues exist would land in ferry.unrouted instead.
+func (t *Topology) Declare(conn *amqp.Connection, bindings ...Binding) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening channel to declare topology: %w", err)
+	}
+	defer ch.Close()
+	if err := t.declareUnrouted(ch); err != nil {
+		return err
+	}
+	for _, b := range bindings {
+		if b.Topic == "" || b.Queue == "" {
+			return errors.New("rabbit: a binding needs a topic and a queue")
+		}
+		sub := t.SubscriberConfig(b.Queue)
+		if err := t.BuildTopology(ch, t.QueueName(b.Queue), t.ExchangeName(b.Topic), sub, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// QueueDepth returns how many messages wait in a queue (by its full name).
+func QueueDepth(conn *amqp.Connection, queue string) (int, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("opening channel: %w", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("inspecting queue %q: %w", queue, err)
+	}
+	return q.Messages, nil
+}
+
+// Purge empties every queue this Topology declared. It is for demos that
+// start over.
+func (t *Topology) Purge(conn *amqp.Connection) error {
+	t.mu.Lock()
+	queues := slices.Clone(t.queues)
+	t.mu.Unlock()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening channel for purge: %w", err)
+	}
+	defer ch.Close()
+	for _, q := range queues {
+		if _, err := ch.QueuePurge(q, false); err != nil {
+			return fmt.Errorf("purging queue %q: %w", q, err)
+		}
+	}
+	return nil
+}
+
+// Teardown deletes every exchange and queue this Topology declared, with
+// their messages. It is for tests and demos that own their namespace.
+func (t *Topology) Teardown(conn *amqp.Connection) error {
+	t.mu.Lock()
+	queues, exchanges := slices.Clone(t.queues), slices.Clone(t.exchanges)
+	t.queues, t.exchanges, t.unroutedDeclared = nil, nil, false
+	t.mu.Unlock()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening channel for teardown: %w", err)
+	}
+	defer ch.Close()
+	var errs []error
+	for _, q := range queues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			errs = append(errs, fmt.Errorf("deleting queue %q: %w", q, err))
+		}
+	}
+	for _, e := range exchanges {
+		if err := ch.ExchangeDelete(e, false, false); err != nil {
+			errs = append(errs, fmt.Errorf("deleting exchange %q: %w", e, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (t *Topology) record(list *[]string, name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !slices.Contains(*list, name) {
+		*list = append(*list, name)
+	}
+}

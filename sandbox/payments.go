@@ -1,0 +1,125 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Charge is a charge the provider made.
+type Charge struct {
+	ID             string
+	IdempotencyKey string
+	Amount         int64
+	Currency       string
+	Customer       string
+	OrderID        string
+}
+
+// PaymentProvider is a Stripe-like payment API: POST /v1/charges with an
+// Idempotency-Key. Like the real thing, a repeated key returns the first
+// charge instead of charging again; Requests counts every call anyway.
+type PaymentProvider struct {
+	srv *http.Server
+	ln  net.Listener
+
+	mu       sync.Mutex
+	charges  []Charge
+	byKey    map[string]Charge
+	requests int
+	failures int // answer 503 to this many next requests
+}
+
+// StartPaymentProvider listens on addr ("127.0.0.1:0" for any free port).
+func StartPaymentProvider(addr string) (*PaymentProvider, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("starting payment provider: %w", err)
+	}
+	p := &PaymentProvider{ln: ln, byKey: map[string]Charge{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/charges", p.handleCharge)
+	p.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = p.srv.Serve(ln) }()
+	return p, nil
+}
+
+// URL is the provider's base URL.
+func (p *PaymentProvider) URL() string { return "http://" + p.ln.Addr().String() }
+
+// Close stops the provider.
+func (p *PaymentProvider) Close() error { return p.srv.Close() }
+
+// FailNext makes the next n requests answer 503, as an overloaded provider would.
+func (p *PaymentProvider) FailNext(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failures = n
+}
+
+// Charges returns the charges made, in order.
+func (p *PaymentProvider) Charges() []Charge {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Charge(nil), p.charges...)
+}
+
+// Requests returns how many charge requests arrived, replays included.
+func (p *PaymentProvider) Requests() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.requests
+}
+
+func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Amount   int64             `json:"amount"`
+		Currency string            `json:"currency"`
+		Customer string            `json:"customer"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	key := r.Header.Get("Idempotency-Key")
+	err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("invalid JSON: %w", err)
+	case key == "":
+		err = errors.New("Idempotency-Key header is required")
+	case req.Amount <= 0:
+		err = errors.New("amount must be positive")
+	}
+	if err != nil {
+		writeProviderJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
+
+	p.mu.Lock()
+	p.requests++
+	if p.failures > 0 {
+		p.failures--
+		p.mu.Unlock()
+		writeProviderJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "try again later"})
+		return
+	}
+	c, replay := p.byKey[key]
+	if !replay {
+		c = Charge{
+			ID: fmt.Sprintf("ch_%06d", len(p.charges)+1), IdempotencyKey: key,
+			Amount: req.Amount, Currency: req.Currency, Customer: req.Customer, OrderID: req.Metadata["order_id"],
+		}
+		p.charges = append(p.charges, c)
+		p.byKey[key] = c
+	}
+	p.mu.Unlock()
+	writeProviderJSON(w, http.StatusOK, map[string]any{"id": c.ID, "amount": c.Amount, "currency": c.Currency, "replayed": replay})
+}
+
+func writeProviderJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
