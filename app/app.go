@@ -330,3 +330,6 @@ func (a *App) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Config returns the configuration the app runs with (defaults applied).
+func (a *App) Config() Config { return a.cfg }

@@ -42,9 +42,8 @@ type DemoReport struct {
 // same idempotency key), simulates a relay crash that redelivers one event,
 // waits until every side effect has happened and checks that each happened
 // exactly once. The summary goes to out.
-func Demo(ctx context.Context, cfg Config, out io.Writer, logger *slog.Logger) (DemoReport, error) {
+func Demo(ctx context.Context, cfg Config, out io.Writer, logger *slog.Logger) (rep DemoReport, err error) {
 	start := time.Now()
-	rep := DemoReport{}
 	if cfg.DatabaseSchema == "" {
 		cfg.DatabaseSchema = DemoSchema
 	}
@@ -90,6 +89,12 @@ func Demo(ctx context.Context, cfg Config, out io.Writer, logger *slog.Logger) (
 		return rep, err
 	}
 	defer a.Close()
+	// The schema stays for inspection; the queues, empty by then, go.
+	defer func() {
+		if terr := a.Topology.Teardown(a.pubConn.Connection()); terr != nil && err == nil {
+			err = fmt.Errorf("removing demo topology: %w", terr)
+		}
+	}()
 	// Messages an interrupted earlier demo left in its queues would refer
 	// to outbox ids of the dropped schema.
 	if err := a.Topology.Purge(a.pubConn.Connection()); err != nil {

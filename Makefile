@@ -1,0 +1,26 @@
+.PHONY: help test test-race test-short lint demo build ci
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+test: ## run every test against the local PostgreSQL and RabbitMQ
+	go test ./...
+
+test-race: ## the same with the race detector (what CI runs)
+	go test -race -count=1 ./...
+
+test-short: ## unit tests only (skips those needing servers)
+	go test -short ./...
+
+lint: ## gofmt and go vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	go vet ./...
+
+demo: ## run the end-to-end demo
+	go run ./cmd/ferry demo
+
+build: ## build bin/ferry
+	go build -o bin/ferry ./cmd/ferry
+
+ci: ## what CI runs
+	bash .ci/run

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestHelpListsEveryCommand(t *testing.T) {
+	var out, errOut strings.Builder
+	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
+	for _, cmd := range []string{"demo", "run", "relay", "consume", "migrate up", "migrate down", "migrate status", "help", "version"} {
+		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
+	}
+	out.Reset()
+	require.Equal(t, 0, run([]string{"help", "config"}, &out, &errOut))
+	require.Contains(t, out.String(), "FERRY_DATABASE_URL")
+}
+
+func TestUsageErrors(t *testing.T) {
+	var out, errOut strings.Builder
+	require.Equal(t, 2, run(nil, &out, &errOut))
+	require.Equal(t, 2, run([]string{"frobnicate"}, &out, &errOut))
+	require.Contains(t, errOut.String(), `unknown command "frobnicate"`)
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"run", "--bogus"}, &out, &errOut))
+	require.Equal(t, 2, run([]string{"migrate", "sideways"}, &out, &errOut))
+}
+
+func TestBadConfigurationIsOneActionableLine(t *testing.T) {
+	t.Setenv("FERRY_RELAY_POLL_INTERVAL", "soon")
+	t.Setenv("FERRY_LOG_LEVEL", "loud")
+	t.Setenv("FERRY_AMQP_URL", "http://nope")
+	var out, errOut strings.Builder
+	require.Equal(t, 1, run([]string{"run"}, &out, &errOut))
+	msg := errOut.String()
+	require.Equal(t, 1, strings.Count(msg, "\n"), "one line: %q", msg)
+	require.Contains(t, msg, "FERRY_RELAY_POLL_INTERVAL")
+	require.Contains(t, msg, "FERRY_LOG_LEVEL")
+	require.Contains(t, msg, "amqp://")
+}
+
+func TestUnreachableDatabaseIsReported(t *testing.T) {
+	t.Setenv("FERRY_DATABASE_URL", "postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
+	var out, errOut strings.Builder
+	require.Equal(t, 1, run([]string{"relay"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "cannot reach PostgreSQL at postgres://postgres@127.0.0.1:1/none")
+	require.Contains(t, errOut.String(), "check FERRY_DATABASE_URL")
+	require.Equal(t, 1, strings.Count(errOut.String(), "\n"))
+}

@@ -1,0 +1,55 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+func TestUpDownUp(t *testing.T) {
+	t.Parallel()
+	schema := pipelinetest.Schema(t) // migrated up already
+	pool := pipelinetest.Pool(t, schema, "ferry-test-migrations")
+	db := pgconn.SQLDB(pool)
+	defer db.Close()
+	ctx := context.Background()
+
+	pending, err := migrations.Pending(ctx, db)
+	require.NoError(t, err)
+	require.False(t, pending)
+	states, err := migrations.Status(ctx, db)
+	require.NoError(t, err)
+	require.Len(t, states, 3)
+	for _, s := range states {
+		require.True(t, s.Applied, s.Name)
+	}
+
+	for range states {
+		require.NoError(t, migrations.Down(ctx, db))
+	}
+	var tables int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename <> $2`, schema, migrations.VersionTable).Scan(&tables))
+	require.Zero(t, tables, "down removes every table")
+
+	n, err := migrations.Up(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+
+	var indexes []string
+	rows, err := pool.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = 'outbox' AND indexdef LIKE '%WHERE%'`, schema)
+	require.NoError(t, err)
+	for rows.Next() {
+		var d string
+		require.NoError(t, rows.Scan(&d))
+		indexes = append(indexes, d)
+	}
+	require.Len(t, indexes, 2)
+	for _, d := range indexes {
+		require.Contains(t, d, "WHERE (dispatched_at IS NULL)")
+	}
+}

@@ -1,0 +1,108 @@
+package pgledger_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+func TestOnceRunsConcurrentDeliveriesOnce(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+
+	var runs atomic.Int32
+	var wg sync.WaitGroup
+	ran := make([]bool, 4)
+	errs := make([]error, 4)
+	for i := range ran {
+		wg.Go(func() {
+			ran[i], errs[i] = ledger.Once(context.Background(), "payments", "msg-1", func(ctx context.Context) error {
+				runs.Add(1)
+				time.Sleep(100 * time.Millisecond) // hold the ledger row while the others arrive
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 1, runs.Load())
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.ElementsMatch(t, []bool{true, false, false, false}, ran)
+}
+
+func TestOnceFailureRollsBackHandlerWrites(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE effects (note text)`)
+	require.NoError(t, err)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+
+	boom := errors.New("provider down")
+	ran, err := ledger.Once(ctx, "c", "m", func(ctx context.Context) error {
+		_, err := pgledger.TxFromContext(ctx).Exec(ctx, `INSERT INTO effects VALUES ('first try')`)
+		require.NoError(t, err)
+		return boom
+	})
+	require.True(t, ran)
+	require.ErrorIs(t, err, boom)
+	processed, err := ledger.Processed(ctx, "c", "m")
+	require.NoError(t, err)
+	require.False(t, processed, "a failed attempt must not be recorded")
+
+	// The redelivery runs again and, this time, commits its write with the ledger row.
+	ran, err = ledger.Once(ctx, "c", "m", func(ctx context.Context) error {
+		_, err := pgledger.TxFromContext(ctx).Exec(ctx, `INSERT INTO effects VALUES ('second try')`)
+		return err
+	})
+	require.True(t, ran)
+	require.NoError(t, err)
+	var notes []string
+	rows, err := pool.Query(ctx, `SELECT note FROM effects`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		notes = append(notes, n)
+	}
+	require.Equal(t, []string{"second try"}, notes)
+
+	// Another consumer of the same message is independent.
+	ran, err = ledger.Once(ctx, "other", "m", func(context.Context) error { return nil })
+	require.NoError(t, err)
+	require.True(t, ran)
+}
+
+func TestOncePanicLeavesNoLedgerRow(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	require.Panics(t, func() {
+		_, _ = ledger.Once(context.Background(), "c", "m", func(context.Context) error { panic("handler bug") })
+	})
+	processed, err := ledger.Processed(context.Background(), "c", "m")
+	require.NoError(t, err)
+	require.False(t, processed)
+}
+
+func TestOnceRejectsEmptyKeys(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	_, err = ledger.Once(context.Background(), "c", "", func(context.Context) error { return nil })
+	require.Error(t, err)
+}

@@ -1,0 +1,171 @@
+package pgoutbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+// publish writes msgs to the outbox in one committed transaction.
+func publish(t *testing.T, pool *pgxpool.Pool, topic string, msgs ...*message.Message) {
+	t.Helper()
+	db := pgconn.SQLDB(pool)
+	tx, err := db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	require.NoError(t, pgoutbox.New(pgoutbox.SchemaAdapter{}, nil).PublishTx(context.Background(), tx, topic, msgs...))
+	require.NoError(t, tx.Commit())
+}
+
+func event(t *testing.T, aggregate string, payload any) *message.Message {
+	t.Helper()
+	msg, err := pipeline.NewEvent(context.Background(), aggregate, payload)
+	require.NoError(t, err)
+	return msg
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n))
+	return n
+}
+
+func TestPublishTxWritesOperationalColumns(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := pipeline.ContextWithCorrelationID(context.Background(), "corr-42")
+	ctx = pipeline.ContextWithTenantID(ctx, "acme")
+	msg, err := pipeline.NewEvent(ctx, "order-1", map[string]any{"amount": 100})
+	require.NoError(t, err)
+	publish(t, pool, "stripe.charge", msg)
+
+	var (
+		aggregate, topic    string
+		payload, headers    []byte
+		attempts            int
+		createdAt, availAt  time.Time
+		dispatched          *time.Time
+		lastError           *string
+	)
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT aggregate_id, topic, payload, headers, attempts, created_at, available_at, dispatched_at, last_error FROM outbox`).
+		Scan(&aggregate, &topic, &payload, &headers, &attempts, &createdAt, &availAt, &dispatched, &lastError))
+	require.Equal(t, "order-1", aggregate)
+	require.Equal(t, "stripe.charge", topic)
+	require.JSONEq(t, `{"amount":100}`, string(payload))
+	var h map[string]string
+	require.NoError(t, json.Unmarshal(headers, &h))
+	require.Equal(t, "corr-42", h[pipeline.MetaCorrelationID])
+	require.Equal(t, "acme", h[pipeline.MetaTenantID])
+	require.Equal(t, "1", h[pipeline.MetaSchemaVersion])
+	require.NotContains(t, h, pipeline.MetaAggregateID, "the aggregate id has its own column")
+	require.Zero(t, attempts)
+	require.Nil(t, dispatched)
+	require.Nil(t, lastError)
+	require.WithinDuration(t, createdAt, availAt, time.Second, "no delay: due at once")
+}
+
+func TestPublishTxRollbackLeavesNothing(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	db := pgconn.SQLDB(pool)
+	tx, err := db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	require.NoError(t, pgoutbox.New(pgoutbox.SchemaAdapter{}, nil).PublishTx(context.Background(), tx, "t", event(t, "a", 1)))
+	require.NoError(t, tx.Rollback())
+	require.Zero(t, countRows(t, pool))
+}
+
+func TestPublishTxDelay(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	at := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	publish(t, pool, "mail.send",
+		pipeline.WithDelay(event(t, "u1", "welcome"), 3*time.Minute),
+		pipeline.WithDeliverAt(event(t, "u2", "later"), at))
+
+	rows, err := pool.Query(context.Background(), `SELECT aggregate_id, available_at - created_at, available_at, headers FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var (
+			agg     string
+			delay   time.Duration
+			avail   time.Time
+			headers map[string]string
+		)
+		require.NoError(t, rows.Scan(&agg, &delay, &avail, &headers))
+		require.NotContains(t, headers, pipeline.MetaDelay)
+		require.NotContains(t, headers, pipeline.MetaDeliverAt)
+		switch agg {
+		case "u1":
+			require.InDelta(t, (3 * time.Minute).Seconds(), delay.Seconds(), 1)
+		case "u2":
+			require.True(t, avail.Equal(at), "deliver-at %s stored as %s", at, avail)
+		}
+		got = append(got, agg)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"u1", "u2"}, got)
+}
+
+func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	good := event(t, "a", 1)
+	noAggregate := event(t, "a", 1)
+	noAggregate.Metadata.Set(pipeline.MetaAggregateID, "")
+	notJSON := event(t, "a", 1)
+	notJSON.Payload = []byte("{not json")
+	badDelay := event(t, "a", 1)
+	badDelay.Metadata.Set(pipeline.MetaDelay, "soon")
+	negDelay := event(t, "a", 1)
+	negDelay.Metadata.Set(pipeline.MetaDelay, "-1s")
+	badUTF8 := event(t, "a", 1)
+	badUTF8.Metadata.Set("tenant_id", "\xff")
+	huge := event(t, "a", 1)
+	huge.Payload = []byte(`"` + string(make([]byte, pgoutbox.MaxPayloadBytes)) + `"`)
+
+	cases := map[string]struct {
+		topic string
+		msg   *message.Message
+		want  string
+	}{
+		"missing aggregate": {"t", noAggregate, "aggregate_id"},
+		"payload not JSON":  {"t", notJSON, "not valid JSON"},
+		"bad delay":         {"t", badDelay, "ferry_delay"},
+		"negative delay":    {"t", negDelay, "ferry_delay"},
+		"invalid UTF-8":     {"t", badUTF8, "UTF-8"},
+		"huge payload":      {"t", huge, "bytes"},
+		"empty topic":       {"", event(t, "a", 1), "topic"},
+	}
+	db := pgconn.SQLDB(pool)
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			tx, err := db.BeginTx(context.Background(), nil)
+			require.NoError(t, err)
+			defer tx.Rollback()
+			// The good message first: a bad one in the same call must still
+			// leave nothing behind.
+			err = pgoutbox.New(pgoutbox.SchemaAdapter{}, nil).PublishTx(context.Background(), tx, tc.topic, good, tc.msg)
+			require.ErrorContains(t, err, tc.want)
+			if tc.topic != "" {
+				require.ErrorIs(t, err, pipeline.ErrInvalidEvent)
+			}
+			var n int
+			require.NoError(t, tx.QueryRow(`SELECT count(*) FROM outbox`).Scan(&n))
+			require.Zero(t, n)
+		})
+	}
+}

@@ -1,0 +1,329 @@
+package pgoutbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// broker is a real RabbitMQ namespace with one queue bound to topic.
+type broker struct {
+	topo  *rabbit.Topology
+	conn  *amqp.Connection
+	pub   *wamqp.Publisher
+	queue string
+}
+
+func newBroker(t *testing.T, topics ...string) *broker {
+	t.Helper()
+	topo, err := rabbit.NewTopology(pipelinetest.Rabbit(t))
+	require.NoError(t, err)
+	pipelinetest.TeardownTopology(t, topo)
+	conn, err := amqp.Dial(topo.Config().URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	b := &broker{topo: topo, conn: conn, queue: "relay-test"}
+	var bindings []rabbit.Binding
+	for _, topic := range topics {
+		bindings = append(bindings, rabbit.Binding{Topic: topic, Queue: b.queue})
+	}
+	require.NoError(t, topo.Declare(conn, bindings...))
+	b.pub, err = wamqp.NewPublisher(topo.PublisherConfig(), watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { b.pub.Close() })
+	return b
+}
+
+// drain reads every message waiting in the test queue, by message id.
+func (b *broker) drain(t *testing.T) map[string]int {
+	t.Helper()
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	seen := map[string]int{}
+	for {
+		d, ok, err := ch.Get(b.topo.QueueName(b.queue), true)
+		require.NoError(t, err)
+		if !ok {
+			return seen
+		}
+		msg, err := rabbit.Marshaler{}.Unmarshal(d)
+		require.NoError(t, err)
+		seen[msg.UUID]++
+	}
+}
+
+// recorder forwards to the real publisher and remembers what was confirmed.
+type recorder struct {
+	message.Publisher
+	mu        sync.Mutex
+	published map[string]int
+	before    func(msg *message.Message) error // fault injected before publishing
+	after     func(msg *message.Message)       // fault injected after the broker confirmed
+}
+
+func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if r.before != nil {
+			if err := r.before(m); err != nil {
+				return err
+			}
+		}
+		if err := r.Publisher.Publish(topic, m); err != nil {
+			return err
+		}
+		r.mu.Lock()
+		if r.published == nil {
+			r.published = map[string]int{}
+		}
+		r.published[m.UUID]++
+		r.mu.Unlock()
+		if r.after != nil {
+			r.after(m)
+		}
+	}
+	return nil
+}
+
+func seed(t *testing.T, pool *pgxpool.Pool, topic string, n, aggregates int) {
+	t.Helper()
+	const chunk = 500
+	for start := 0; start < n; start += chunk {
+		var msgs []*message.Message
+		for i := start; i < min(n, start+chunk); i++ {
+			msgs = append(msgs, event(t, fmt.Sprintf("agg-%d", i%aggregates), map[string]int{"seq": i}))
+		}
+		publish(t, pool, topic, msgs...)
+	}
+}
+
+func newRelay(t *testing.T, pool *pgxpool.Pool, pub message.Publisher, cfg pgoutbox.RelayConfig) *pgoutbox.Relay {
+	t.Helper()
+	r, err := pgoutbox.NewRelay(pool, pub, cfg, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	return r
+}
+
+func TestTwoRelaysDispatchEachRowExactlyOnce(t *testing.T) {
+	t.Parallel()
+	const rows = 1000
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "orders.placed")
+	seed(t, pool, "orders.placed", rows, 50)
+
+	rec := &recorder{Publisher: b.pub}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	relays := []*pgoutbox.Relay{
+		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, PollInterval: 10 * time.Millisecond}),
+		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, PollInterval: 10 * time.Millisecond}),
+	}
+	for _, r := range relays {
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	pipelinetest.RequireDrained(t, pool, 60*time.Second)
+	cancel()
+	wg.Wait()
+
+	require.Len(t, rec.published, rows)
+	for id, n := range rec.published {
+		require.Equal(t, 1, n, "message %s published %d times", id, n)
+	}
+	s0, s1 := relays[0].Stats(), relays[1].Stats()
+	require.EqualValues(t, rows, s0.Dispatched+s1.Dispatched)
+	require.NotZero(t, s0.Dispatched, "relay 0 took no share")
+	require.NotZero(t, s1.Dispatched, "relay 1 took no share")
+
+	atBroker := b.drain(t)
+	require.Len(t, atBroker, rows)
+	for id, n := range atBroker {
+		require.Equal(t, 1, n, "message %s reached the broker %d times", id, n)
+	}
+	var undispatched, wrongAttempts int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FILTER (WHERE dispatched_at IS NULL), count(*) FILTER (WHERE attempts <> 1) FROM outbox`).
+		Scan(&undispatched, &wrongAttempts))
+	require.Zero(t, undispatched)
+	require.Zero(t, wrongAttempts)
+}
+
+func TestRelayCarriesIDAndHeaders(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "mail.send")
+	ctx := pipeline.ContextWithCorrelationID(context.Background(), "corr-7")
+	ctx = pipeline.ContextWithTraceParent(ctx, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	msg, err := pipeline.NewEvent(ctx, "user-9", map[string]string{"to": "x"})
+	require.NoError(t, err)
+	publish(t, pool, "mail.send", msg)
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT id FROM outbox`).Scan(&id))
+
+	res, err := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{}).RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, pgoutbox.BatchResult{Claimed: 1, Dispatched: 1}, res)
+
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	d, ok, err := ch.Get(b.topo.QueueName(b.queue), true)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, uint8(amqp.Persistent), d.DeliveryMode)
+	got, err := rabbit.Marshaler{}.Unmarshal(d)
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprint(id), got.UUID, "message id is the outbox id")
+	require.Equal(t, "user-9", got.Metadata.Get(pipeline.MetaAggregateID))
+	require.Equal(t, "corr-7", got.Metadata.Get(pipeline.MetaCorrelationID))
+	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", got.Metadata.Get(pipeline.MetaTraceID))
+	require.Equal(t, "1", got.Metadata.Get(pipeline.MetaOutboxAttempt))
+	require.NotEmpty(t, got.Metadata.Get(pipeline.MetaOutboxCreatedAt))
+	require.JSONEq(t, `{"to":"x"}`, string(got.Payload))
+}
+
+func TestRelayFailureBacksOffAndRecordsError(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "stripe.charge")
+	publish(t, pool, "stripe.charge", event(t, "bad", 1), event(t, "good", 2))
+	rec := &recorder{Publisher: b.pub, before: func(m *message.Message) error {
+		if m.Metadata.Get(pipeline.MetaAggregateID) == "bad" {
+			return errors.New("broker said no")
+		}
+		return nil
+	}}
+	relay := newRelay(t, pool, rec, pgoutbox.RelayConfig{Backoff: pipeline.Backoff{Initial: time.Hour, Max: 10 * time.Hour, Jitter: -1}})
+
+	res, err := relay.RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, pgoutbox.BatchResult{Claimed: 2, Dispatched: 1, Failed: 1}, res)
+
+	var (
+		attempts   int
+		lastErr    string
+		retryIn    time.Duration
+		dispatched bool
+	)
+	q := `SELECT attempts, coalesce(last_error, ''), available_at - now(), dispatched_at IS NOT NULL FROM outbox WHERE aggregate_id = $1`
+	require.NoError(t, pool.QueryRow(context.Background(), q, "bad").Scan(&attempts, &lastErr, &retryIn, &dispatched))
+	require.Equal(t, 1, attempts)
+	require.Contains(t, lastErr, "broker said no")
+	require.InDelta(t, time.Hour.Seconds(), retryIn.Seconds(), 5)
+	require.False(t, dispatched)
+
+	// Not due again: the next batch leaves it alone.
+	res, err = relay.RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Claimed)
+
+	// Due again (an operator's "retry now"): the second failure doubles the delay.
+	_, err = pool.Exec(context.Background(), `UPDATE outbox SET available_at = now() WHERE aggregate_id = 'bad'`)
+	require.NoError(t, err)
+	_, err = relay.RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, pool.QueryRow(context.Background(), q, "bad").Scan(&attempts, &lastErr, &retryIn, &dispatched))
+	require.Equal(t, 2, attempts)
+	require.InDelta(t, (2 * time.Hour).Seconds(), retryIn.Seconds(), 5)
+}
+
+func TestRelayHoldsDelayedRowsUntilDue(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "mail.send")
+	publish(t, pool, "mail.send", pipeline.WithDelay(event(t, "u1", "welcome"), 1500*time.Millisecond))
+	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{})
+
+	res, err := relay.RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Claimed, "relayed before its available_at")
+
+	time.Sleep(1600 * time.Millisecond)
+	res, err = relay.RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Dispatched)
+	require.Len(t, b.drain(t), 1)
+}
+
+func TestClaimUsesPartialIndex(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, dispatched_at)
+		SELECT 'a' || (g % 100), 't', '{}', now() FROM generate_series(1, 20000) g`)
+	require.NoError(t, err)
+	seed(t, pool, "t", 10, 3)
+	_, err = pool.Exec(ctx, `ANALYZE outbox`)
+	require.NoError(t, err)
+
+	rows, err := pool.Query(ctx, `EXPLAIN SELECT id FROM outbox
+		WHERE dispatched_at IS NULL AND available_at <= now() ORDER BY available_at LIMIT 100 FOR UPDATE SKIP LOCKED`)
+	require.NoError(t, err)
+	var plan []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		plan = append(plan, line)
+	}
+	require.NoError(t, rows.Err())
+	require.Contains(t, strings.Join(plan, "\n"), "outbox_pending_available_at_idx", "claim plan:\n%s", strings.Join(plan, "\n"))
+}
+
+func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {
+	t.Parallel()
+	schema := pipelinetest.Schema(t)
+	appName := pipelinetest.UniqueName("ferry-relay-")
+	relayPool := pipelinetest.Pool(t, schema, appName)
+	admin := pipelinetest.Pool(t, schema, "ferry-test-admin")
+	b := newBroker(t, "stripe.charge")
+	publish(t, admin, "stripe.charge", event(t, "order-1", 1))
+
+	crash := true
+	rec := &recorder{Publisher: b.pub, after: func(*message.Message) {
+		if !crash {
+			return
+		}
+		// The broker has confirmed the message; now the relay's database
+		// connection dies before dispatched_at is written.
+		_, err := admin.Exec(context.Background(),
+			`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
+		require.NoError(t, err)
+	}}
+	relay := newRelay(t, relayPool, rec, pgoutbox.RelayConfig{})
+	_, err := relay.RelayBatch(context.Background())
+	require.Error(t, err, "the outcome cannot be recorded on a dead connection")
+
+	var dispatched bool
+	var attempts int
+	require.NoError(t, admin.QueryRow(context.Background(), `SELECT dispatched_at IS NOT NULL, attempts FROM outbox`).Scan(&dispatched, &attempts))
+	require.False(t, dispatched)
+	require.Zero(t, attempts, "nothing of the crashed batch was recorded")
+
+	crash = false
+	res, err := relay.RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Dispatched)
+
+	atBroker := b.drain(t)
+	require.Len(t, atBroker, 1, "one message id")
+	for id, n := range atBroker {
+		require.Equal(t, 2, n, "message %s must be delivered again after the crash (at least once)", id)
+	}
+}
