@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -52,7 +52,7 @@ func testConfig(t *testing.T) (app.Config, *sandbox.PaymentProvider, *sandbox.SM
 		DatabaseSchema: pipelinetest.Schema(t),
 		AMQP:           pipelinetest.Rabbit(t),
 		Relay:          pgoutbox.RelayConfig{PollInterval: 20 * time.Millisecond, Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}},
-		Retry:          middleware.RetryConfig{MaxRetries: 2,  InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond},
+		Retry:          middleware.RetryConfig{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond},
 		PaymentURL:     provider.URL(),
 		SMTPAddr:       sink.Addr(),
 		HTTPAddr:       "127.0.0.1:0",
@@ -305,7 +305,7 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 	exchange := h.app.Topology.ExchangeName(orders.TopicChargeRequested)
 	bad := []amqp.Publishing{
 		{MessageId: "m1", Body: []byte("not json"), Headers: amqp.Table{"schema_version": "1"}},
-		{MessageId: "m2", Body: []byte(`{"order_id":1}`), Headers: amqp.Table{"schema_version": "1"}},                                                       // missing fields
+		{MessageId: "m2", Body: []byte(`{"order_id":1}`), Headers: amqp.Table{"schema_version": "1"}},                                                 // missing fields
 		{MessageId: "m3", Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": int32(99)}}, // unknown version, integer header
 		{Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": "1"}},                        // no message id
 	}

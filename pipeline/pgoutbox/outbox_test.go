@@ -50,12 +50,12 @@ func TestPublishTxWritesOperationalColumns(t *testing.T) {
 	publish(t, pool, "stripe.charge", msg)
 
 	var (
-		aggregate, topic    string
-		payload, headers    []byte
-		attempts            int
-		createdAt, availAt  time.Time
-		dispatched          *time.Time
-		lastError           *string
+		aggregate, topic   string
+		payload, headers   []byte
+		attempts           int
+		createdAt, availAt time.Time
+		dispatched         *time.Time
+		lastError          *string
 	)
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT aggregate_id, topic, payload, headers, attempts, created_at, available_at, dispatched_at, last_error FROM outbox`).
