@@ -110,14 +110,21 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// poisoned reads every message in the poison queue.
-func (h *harness) poisoned(t *testing.T) []*message.Message {
+// channel opens an AMQP channel of the test's own, closed at cleanup.
+func (h *harness) channel(t *testing.T) *amqp.Channel {
 	t.Helper()
 	conn, err := amqp.Dial(h.cfg.AMQP.URL)
 	require.NoError(t, err)
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	ch, err := conn.Channel()
 	require.NoError(t, err)
+	return ch
+}
+
+// poisoned reads every message in the poison queue.
+func (h *harness) poisoned(t *testing.T) []*message.Message {
+	t.Helper()
+	ch := h.channel(t)
 	defer ch.Close()
 	var out []*message.Message
 	for {
@@ -296,12 +303,7 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 		}}, nil
 	}}, app.Components{Consumers: true})
 
-	conn, err := amqp.Dial(h.cfg.AMQP.URL)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	defer ch.Close()
+	ch := h.channel(t)
 	exchange := h.app.Topology.ExchangeName(orders.TopicChargeRequested)
 	bad := []amqp.Publishing{
 		{MessageId: "m1", Body: []byte("not json"), Headers: amqp.Table{"schema_version": "1"}},
