@@ -110,22 +110,22 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// channel opens an AMQP channel of the test's own, closed at cleanup.
-func (h *harness) channel(t *testing.T) *amqp.Channel {
+// channel opens an AMQP connection and channel of the test's own; close
+// both with the returned function.
+func (h *harness) channel(t *testing.T) (*amqp.Channel, func()) {
 	t.Helper()
 	conn, err := amqp.Dial(h.cfg.AMQP.URL)
 	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	return ch
+	return ch, func() { ch.Close(); conn.Close() }
 }
 
 // poisoned reads every message in the poison queue.
 func (h *harness) poisoned(t *testing.T) []*message.Message {
 	t.Helper()
-	ch := h.channel(t)
-	defer ch.Close()
+	ch, closeCh := h.channel(t)
+	defer closeCh()
 	var out []*message.Message
 	for {
 		d, ok, err := ch.Get(h.app.Topology.QueueName(h.cfg.PoisonTopic), true)
@@ -303,7 +303,8 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 		}}, nil
 	}}, app.Components{Consumers: true})
 
-	ch := h.channel(t)
+	ch, closeCh := h.channel(t)
+	defer closeCh()
 	exchange := h.app.Topology.ExchangeName(orders.TopicChargeRequested)
 	bad := []amqp.Publishing{
 		{MessageId: "m1", Body: []byte("not json"), Headers: amqp.Table{"schema_version": "1"}},
