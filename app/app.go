@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -85,8 +86,29 @@ type App struct {
 	Idempotency *middleware.Idempotency
 	Routes      []handlers.Route
 
-	pubConn   *wamqp.ConnectionWrapper
-	publisher *wamqp.Publisher
+	pubConn        *wamqp.ConnectionWrapper
+	publisher      *wamqp.Publisher
+	batchPublisher *rabbit.BatchPublisher
+}
+
+// OrderedTopics is the sorted set of topics consumed in per-aggregate order:
+// those of routes marked Ordered plus Config.OrderedTopics.
+func (a *App) OrderedTopics() []string {
+	set := map[string]bool{}
+	for _, t := range a.cfg.OrderedTopics {
+		set[t] = true
+	}
+	for _, r := range a.Routes {
+		if r.Ordered {
+			set[r.Topic] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for t := range set {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // New connects to PostgreSQL and RabbitMQ, checks the schema, declares the
@@ -140,6 +162,12 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, fmt.Errorf("invalid route table: %w", err)
 	}
 
+	// The ordering unit, visible in one place: a topic is ordered when a
+	// route on it says so or FERRY_ORDERED_TOPICS names it; the relay and
+	// the broker topology then agree on it.
+	ordered := a.OrderedTopics()
+	cfg.AMQP.OrderedTopics, cfg.Relay.OrderedTopics = ordered, ordered
+	a.cfg = cfg
 	if a.Topology, err = rabbit.NewTopology(cfg.AMQP); err != nil {
 		return nil, fmt.Errorf("FERRY_AMQP_*: %w", err)
 	}
@@ -152,7 +180,10 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if a.publisher, err = wamqp.NewPublisherWithConnection(a.Topology.PublisherConfig(), a.watermillLogger(), a.pubConn); err != nil {
 		return nil, fmt.Errorf("creating RabbitMQ publisher: %w", err)
 	}
-	if a.Relay, err = pgoutbox.NewRelay(a.Pool, a.publisher, cfg.Relay, a.logger); err != nil {
+	if a.batchPublisher, err = rabbit.NewBatchPublisher(a.pubConn, a.Topology); err != nil {
+		return nil, err
+	}
+	if a.Relay, err = pgoutbox.NewRelay(a.Pool, a.batchPublisher, cfg.Relay, a.logger); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -197,8 +228,12 @@ func (a *App) watermillLogger() watermill.LoggerAdapter {
 	return watermill.NewSlogLoggerWithLevelMapping(a.logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
 }
 
-// Publisher is the confirmed AMQP publisher the relay and the poison queue use.
+// Publisher is the confirmed AMQP publisher the poison queue uses
+// (watermill-amqp's, one confirm per message).
 func (a *App) Publisher() message.Publisher { return a.publisher }
+
+// BatchPublisher is the relay's publisher: pipelined confirms, partition routing.
+func (a *App) BatchPublisher() *rabbit.BatchPublisher { return a.batchPublisher }
 
 // Components selects what Run runs.
 type Components struct {
@@ -213,10 +248,10 @@ var All = Components{Relay: true, Consumers: true, HTTP: true}
 // NewRouter builds the consumer router: the middleware chain (edited by
 // Options.Chain) around every route of the table, each consuming its own
 // queue over one shared connection.
-func (a *App) NewRouter() (*message.Router, error) {
+func (a *App) NewRouter() (*message.Router, *wamqp.ConnectionWrapper, error) {
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: a.cfg.ShutdownTimeout}, a.watermillLogger())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
 		Poison:      middleware.PoisonConfig{Publisher: a.publisher, Topic: a.cfg.PoisonTopic},
@@ -225,23 +260,34 @@ func (a *App) NewRouter() (*message.Router, error) {
 		Logger:      a.logger,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if a.opts.Chain != nil {
 		if chain, err = a.opts.Chain(chain); err != nil {
-			return nil, fmt.Errorf("editing middleware chain: %w", err)
+			return nil, nil, fmt.Errorf("editing middleware chain: %w", err)
 		}
 	}
 	router.AddMiddleware(chain.Middlewares()...)
-	for _, r := range a.Routes {
-		sub, err := wamqp.NewSubscriber(a.Topology.SubscriberConfig(r.Name), a.watermillLogger())
-		if err != nil {
-			return nil, fmt.Errorf("subscribing %s to %s: %w", r.Name, r.Topic, err)
-		}
-		h := router.AddConsumerHandler(r.Name, r.Topic, sub, r.Handler)
-		h.AddMiddleware(r.Middleware...)
+	// One connection for every consumer of the process; the router's
+	// subscribers share it and Run closes it when the router has stopped.
+	conn, err := rabbit.Dial(a.cfg.AMQP, "ferry-consumer", a.watermillLogger())
+	if err != nil {
+		return nil, nil, err
 	}
-	return router, nil
+	for _, r := range a.Routes {
+		// An ordered route consumes one queue per partition, each its own
+		// router handler ("<route>@<k>"), so order holds per partition.
+		for _, s := range a.Topology.Subscriptions(r.Name, r.Topic) {
+			sub, err := wamqp.NewSubscriberWithConnection(s.Config, a.watermillLogger(), conn)
+			if err != nil {
+				conn.Close()
+				return nil, nil, fmt.Errorf("subscribing %s to %s: %w", s.Name, r.Topic, err)
+			}
+			h := router.AddConsumerHandler(s.Name, r.Topic, sub, r.Handler)
+			h.AddMiddleware(r.Middleware...)
+		}
+	}
+	return router, conn, nil
 }
 
 // Run runs the selected components until ctx is done or one fails.
@@ -255,12 +301,13 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) e
 		g.Go(func() error { return a.Relay.Run(ctx) })
 	}
 	if what.Consumers {
-		router, err := a.NewRouter()
+		router, conn, err := a.NewRouter()
 		if err != nil {
 			return err
 		}
 		waits = append(waits, router.Running())
 		g.Go(func() error {
+			defer conn.Close()
 			if err := router.Run(ctx); err != nil {
 				return fmt.Errorf("consumer router: %w", err)
 			}
@@ -316,6 +363,9 @@ func (a *App) HTTPHandler() http.Handler {
 // Close releases every connection. It is safe after a failed New.
 func (a *App) Close() error {
 	var errs []error
+	if a.batchPublisher != nil {
+		errs = append(errs, a.batchPublisher.Close())
+	}
 	if a.publisher != nil {
 		errs = append(errs, a.publisher.Close())
 	}

@@ -184,7 +184,7 @@ func TestRelayCrashAfterConfirmStillChargesOnce(t *testing.T) {
 	appName := pipelinetest.UniqueName("ferry-relay-")
 	relayPool := pipelinetest.Pool(t, h.cfg.DatabaseSchema, appName)
 	var once sync.Once
-	crashing := &crashAfterConfirm{Publisher: h.app.Publisher(), crash: func() {
+	crashing := &crashAfterConfirm{Publisher: h.app.BatchPublisher(), crash: func() {
 		once.Do(func() {
 			_, err := h.app.Pool.Exec(context.Background(),
 				`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)

@@ -41,6 +41,9 @@ type Config struct {
 	Relay pgoutbox.RelayConfig
 	// Retry configures the consumers' in-process retries. FERRY_RETRY_*.
 	Retry middleware.RetryConfig
+	// OrderedTopics adds topics consumed in per-aggregate order to those of
+	// routes marked Ordered. FERRY_ORDERED_TOPICS (comma-separated).
+	OrderedTopics []string
 	// PoisonTopic is where failed messages go. FERRY_POISON_TOPIC.
 	PoisonTopic string
 	// HTTPAddr is where the create_order HTTP API listens. FERRY_HTTP_ADDR.
@@ -81,6 +84,15 @@ func EnvVars() []EnvVar {
 		{"FERRY_AMQP_QUEUE_TYPE", rabbit.QueueTypeQuorum, "quorum or classic", func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
 		{"FERRY_AMQP_PREFETCH", strconv.Itoa(rabbit.DefaultPrefetch), "unacked messages per consumer", intVar(func(c *Config) *int { return &c.AMQP.Prefetch })},
 		{"FERRY_AMQP_PUBLISH_CHANNELS", strconv.Itoa(rabbit.DefaultPublishChannels), "publisher channel pool size", intVar(func(c *Config) *int { return &c.AMQP.PublishChannels })},
+		{"FERRY_AMQP_PARTITIONS", strconv.Itoa(rabbit.DefaultPartitions), "partition queues per handler of an ordered topic (drain before changing)", intVar(func(c *Config) *int { return &c.AMQP.Partitions })},
+		{"FERRY_ORDERED_TOPICS", "(routes marked Ordered)", "more topics kept in per-aggregate order, comma-separated", func(c *Config, v string) error {
+			for _, t := range strings.Split(v, ",") {
+				if t = strings.TrimSpace(t); t != "" {
+					c.OrderedTopics = append(c.OrderedTopics, t)
+				}
+			}
+			return nil
+		}},
 		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize })},
 		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},
 		{"FERRY_RELAY_BACKOFF_INITIAL", "30s", "relay retry delay after the first failure", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Initial })},

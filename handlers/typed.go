@@ -107,5 +107,5 @@ func IdempotencyKey(ctx context.Context) (string, error) {
 	if msg == nil || msg.UUID == "" {
 		return "", ErrNoMessage
 	}
-	return "ferry-" + message.HandlerNameFromCtx(ctx) + "-" + msg.UUID, nil
+	return "ferry-" + pipeline.RouteName(message.HandlerNameFromCtx(ctx)) + "-" + msg.UUID, nil
 }

@@ -51,7 +51,7 @@ func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, pipeline.Permanent(errors.New("message has no id: it cannot be deduplicated"))
 		}
 		outer := msg.Context()
-		consumer := message.HandlerNameFromCtx(outer)
+		consumer := pipeline.RouteName(message.HandlerNameFromCtx(outer))
 		var produced []*message.Message
 		ran, err := i.ledger.Once(outer, consumer, msg.UUID, func(ctx context.Context) error {
 			msg.SetContext(ctx)

@@ -43,6 +43,34 @@ type RelayConfig struct {
 	Backoff pipeline.Backoff
 	// MaxErrorLength truncates last_error. Default 2048 bytes.
 	MaxErrorLength int
+	// OrderedTopics are the topics whose events reach the broker in
+	// per-aggregate id order: a row of an ordered topic is claimed only when
+	// no earlier row of its aggregate (on any ordered topic) is pending, so
+	// a failing head event holds back the later ones instead of being
+	// overtaken. Default: none.
+	OrderedTopics []string
+	// PollOnly turns off the LISTEN/NOTIFY wake-up (migration 00004), leaving
+	// only polling. Default false: the relay wakes when events commit.
+	PollOnly bool
+	// Observer, if set, is told the outcome of every committed batch
+	// (metrics, benchmarks). It is called on the relay's goroutine: keep it quick.
+	Observer func(outcomes []Outcome)
+}
+
+// Outcome is what happened to one claimed row.
+type Outcome struct {
+	ID          int64
+	Topic       string
+	AggregateID string
+	CreatedAt   time.Time
+	// Attempt is this publish's attempt number (1 for the first).
+	Attempt int
+	// Msg is the message as published.
+	Msg *message.Message
+	// Err is nil when the broker confirmed the message.
+	Err error
+	// At is when the outcome was recorded (after the commit).
+	At time.Time
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -96,9 +124,34 @@ type Relay struct {
 	cfg    RelayConfig
 	logger *slog.Logger
 
-	claimSQL, dispatchedSQL, failedSQL string
+	claimSQL, dispatchedSQL, failedSQL, nextDueSQL string
 
 	dispatched, failed atomic.Int64
+	wake               chan struct{}
+}
+
+// claimSQL selects due, unclaimed rows. ORDER BY available_at follows the
+// partial index on pending rows, so the claim stays an index range scan at
+// any table size. With ordered topics, a row of one is due only if it is
+// the head of its aggregate: no pending row of an ordered topic with a
+// smaller id (the (aggregate_id, id) partial index answers that). A head
+// claimed by another relay is locked and skipped, and its successors are
+// not heads, so two relays never hold rows of one ordered aggregate at once.
+func claimSQL(table string, ordered bool) string {
+	q := `SELECT o.id, o.aggregate_id, o.topic, o.payload, o.headers, o.attempts, o.created_at
+		FROM ` + table + ` o
+		WHERE o.dispatched_at IS NULL AND o.available_at <= now()`
+	if ordered {
+		q += `
+		  AND (o.topic <> ALL($2::text[]) OR NOT EXISTS (
+		        SELECT 1 FROM ` + table + ` p
+		        WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL
+		          AND p.id < o.id AND p.topic = ANY($2::text[])))`
+	}
+	return q + `
+		ORDER BY o.available_at
+		LIMIT $1
+		FOR UPDATE OF o SKIP LOCKED`
 }
 
 // NewRelay returns a Relay reading pool's outbox and publishing with pub.
@@ -118,19 +171,14 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 	}
 	t := pgx.Identifier{cfg.Table}.Sanitize()
 	return &Relay{
-		pool:   pool,
-		pub:    pub,
-		cfg:    cfg,
-		logger: logger.With("component", "relay"),
-		// ORDER BY available_at follows the partial index on pending rows,
-		// so the claim stays an index range scan at any table size.
-		claimSQL: `SELECT id, aggregate_id, topic, payload, headers, attempts, created_at
-			FROM ` + t + `
-			WHERE dispatched_at IS NULL AND available_at <= now()
-			ORDER BY available_at
-			LIMIT $1
-			FOR UPDATE SKIP LOCKED`,
+		pool:          pool,
+		pub:           pub,
+		cfg:           cfg,
+		logger:        logger.With("component", "relay"),
+		wake:          make(chan struct{}, 1),
+		claimSQL:      claimSQL(t, len(cfg.OrderedTopics) > 0),
 		dispatchedSQL: `UPDATE ` + t + ` SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
+		nextDueSQL:    `SELECT min(available_at) FROM ` + t + ` WHERE dispatched_at IS NULL`,
 		failedSQL: `UPDATE ` + t + ` AS o
 			SET attempts = o.attempts + 1, last_error = f.err,
 			    available_at = now() + f.delay_us * interval '1 microsecond'
@@ -157,12 +205,27 @@ func (r *Relay) Stats() RelayStats {
 	return RelayStats{Dispatched: r.dispatched.Load(), Failed: r.failed.Load()}
 }
 
+// Wake makes a sleeping relay look for work now. The LISTEN/NOTIFY
+// listener calls it; so can a producer in the same process.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
 // Run relays until ctx is done. Database errors are logged and retried
 // after PollInterval; they never end the loop, since the outbox is the
 // place where work waits out an outage.
 func (r *Relay) Run(ctx context.Context) error {
-	r.logger.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval)
+	r.logger.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval,
+		"ordered_topics", r.cfg.OrderedTopics, "notify", !r.cfg.PollOnly)
 	defer r.logger.Info("relay stopped")
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if !r.cfg.PollOnly {
+		go r.listen(ctx)
+	}
 	for {
 		res, err := r.RelayBatch(ctx)
 		if ctx.Err() != nil {
@@ -174,10 +237,77 @@ func (r *Relay) Run(ctx context.Context) error {
 		if err == nil && res.Claimed == r.cfg.BatchSize {
 			continue // more is due: no sleep
 		}
+		sleep := r.cfg.PollInterval
+		if err == nil {
+			sleep = r.untilNextDue(ctx)
+		}
+		timer := time.NewTimer(sleep)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return nil
-		case <-time.After(r.cfg.PollInterval):
+		case <-r.wake:
+			timer.Stop()
+		case <-timer.C:
+		}
+	}
+}
+
+// untilNextDue is how long to sleep: until the earliest pending row is due
+// (a delayed event, a row in backoff), but never past PollInterval, the
+// bound on the cost of a lost notification.
+func (r *Relay) untilNextDue(ctx context.Context) time.Duration {
+	var next *time.Time
+	if err := r.pool.QueryRow(ctx, r.nextDueSQL).Scan(&next); err != nil || next == nil {
+		return r.cfg.PollInterval
+	}
+	return max(min(time.Until(*next), r.cfg.PollInterval), time.Millisecond)
+}
+
+// NotifyChannel is the channel migration 00004's trigger notifies on commit
+// of new outbox rows; the payload is the outbox table's schema.
+const NotifyChannel = "ferry_outbox"
+
+// listen wakes the relay on every commit of new outbox rows in its schema.
+// A lost connection is re-established after a pause; meanwhile the relay
+// polls, so nothing but latency is lost.
+func (r *Relay) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.logger.Warn("relay listener lost; polling until it is back", "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	pc, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquiring listener connection: %w", err)
+	}
+	// The connection leaves the pool: it is busy waiting for as long as the relay runs.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	var schema string
+	if err := conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return fmt.Errorf("reading current schema: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return fmt.Errorf("LISTEN %s: %w", NotifyChannel, err)
+	}
+	r.Wake() // rows committed before LISTEN took effect
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		if n.Payload == "" || n.Payload == schema {
+			r.Wake()
 		}
 	}
 }
@@ -207,7 +337,11 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 		}
 	}()
 
-	rows, err := tx.Query(ctx, r.claimSQL, r.cfg.BatchSize)
+	args := []any{r.cfg.BatchSize}
+	if len(r.cfg.OrderedTopics) > 0 {
+		args = append(args, r.cfg.OrderedTopics)
+	}
+	rows, err := tx.Query(ctx, r.claimSQL, args...)
 	if err != nil {
 		return res, fmt.Errorf("claiming outbox rows: %w", err)
 	}
@@ -224,29 +358,30 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 		return res, tx.Commit(ctx)
 	}
 
+	outcomes := r.publishAll(ctx, claimed)
 	var (
 		okIDs               []int64
 		failIDs, failDelays []int64
 		failErrs            []string
 	)
-	for _, row := range claimed {
-		if ctx.Err() != nil {
-			break // stopping: record what the broker already has, leave the rest claimed by nobody
-		}
-		pubErr := r.publish(ctx, row)
-		if pubErr == nil {
-			okIDs = append(okIDs, row.id)
+	for i, o := range outcomes {
+		if o.Err == nil {
+			okIDs = append(okIDs, o.ID)
 			continue
 		}
-		attempt := row.attempts + 1
-		delay := r.cfg.Backoff.Delay(attempt)
-		failIDs = append(failIDs, row.id)
-		failErrs = append(failErrs, truncate(pubErr.Error(), r.cfg.MaxErrorLength))
+		if ctx.Err() != nil && errors.Is(o.Err, ctx.Err()) {
+			// Stopping, not failing: the row stays pending as it was, and
+			// the next relay sends it (again, if the broker had it).
+			continue
+		}
+		delay := r.cfg.Backoff.Delay(o.Attempt)
+		failIDs = append(failIDs, o.ID)
+		failErrs = append(failErrs, truncate(o.Err.Error(), r.cfg.MaxErrorLength))
 		failDelays = append(failDelays, delay.Microseconds())
 		r.logger.Warn("publishing outbox row failed; will retry",
-			"outbox_id", row.id, "topic", row.topic, "aggregate_id", row.aggregateID,
-			"attempt", attempt, "retry_in", delay, "trace_id", headerString(row.headers, pipeline.MetaTraceID),
-			"error", pubErr)
+			"outbox_id", o.ID, "topic", o.Topic, "aggregate_id", o.AggregateID,
+			"attempt", o.Attempt, "retry_in", delay, "trace_id", headerString(claimed[i].headers, pipeline.MetaTraceID),
+			"error", o.Err)
 	}
 
 	// The broker has the confirmed messages: record them even if ctx was
@@ -271,22 +406,52 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	res.Dispatched, res.Failed = len(okIDs), len(failIDs)
 	r.dispatched.Add(int64(res.Dispatched))
 	r.failed.Add(int64(res.Failed))
+	if r.cfg.Observer != nil {
+		now := time.Now()
+		for i := range outcomes {
+			outcomes[i].At = now
+		}
+		r.cfg.Observer(outcomes)
+	}
 	if res.Dispatched > 0 {
 		r.logger.Debug("relayed outbox rows", "dispatched", res.Dispatched, "failed", res.Failed)
 	}
 	return res, nil
 }
 
-func (r *Relay) publish(ctx context.Context, row claimedRow) error {
-	msg := message.NewMessage(strconv.FormatInt(row.id, 10), row.payload)
-	for k, v := range row.headers {
-		msg.Metadata.Set(k, headerValue(v))
+// publishAll publishes the claimed rows, in claim order, and says what
+// became of each. A BatchPublisher sends them in one go; any other
+// publisher gets them one by one. Rows left when ctx ends are reported as
+// not published: they stay pending.
+func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
+	outcomes := make([]Outcome, len(rows))
+	batch := make([]pipeline.Outgoing, len(rows))
+	for i, row := range rows {
+		msg := message.NewMessage(strconv.FormatInt(row.id, 10), row.payload)
+		for k, v := range row.headers {
+			msg.Metadata.Set(k, headerValue(v))
+		}
+		msg.Metadata.Set(pipeline.MetaAggregateID, row.aggregateID)
+		msg.Metadata.Set(pipeline.MetaOutboxCreatedAt, row.createdAt.UTC().Format(time.RFC3339Nano))
+		msg.Metadata.Set(pipeline.MetaOutboxAttempt, strconv.Itoa(row.attempts+1))
+		msg.SetContext(ctx)
+		batch[i] = pipeline.Outgoing{Topic: row.topic, Msg: msg}
+		outcomes[i] = Outcome{ID: row.id, Topic: row.topic, AggregateID: row.aggregateID, CreatedAt: row.createdAt, Attempt: row.attempts + 1, Msg: msg}
 	}
-	msg.Metadata.Set(pipeline.MetaAggregateID, row.aggregateID)
-	msg.Metadata.Set(pipeline.MetaOutboxCreatedAt, row.createdAt.UTC().Format(time.RFC3339Nano))
-	msg.Metadata.Set(pipeline.MetaOutboxAttempt, strconv.Itoa(row.attempts+1))
-	msg.SetContext(ctx)
-	return r.pub.Publish(row.topic, msg)
+	if bp, ok := r.pub.(pipeline.BatchPublisher); ok {
+		for i, err := range bp.PublishBatch(ctx, batch) {
+			outcomes[i].Err = err
+		}
+		return outcomes
+	}
+	for i, o := range batch {
+		if err := ctx.Err(); err != nil {
+			outcomes[i].Err = err
+			continue
+		}
+		outcomes[i].Err = r.pub.Publish(o.Topic, o.Msg)
+	}
+	return outcomes
 }
 
 // headerValue turns a headers value into metadata: strings as they are,

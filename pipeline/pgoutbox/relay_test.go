@@ -327,3 +327,72 @@ func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {
 		require.Equal(t, 2, n, "message %s must be delivered again after the crash (at least once)", id)
 	}
 }
+
+// A failing head event of an ordered topic holds back the later events of
+// its aggregate, but neither other aggregates nor unordered topics.
+func TestFailingHeadHoldsBackOnlyItsOrderedAggregate(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "stripe.charge", "mail.send")
+	publish(t, pool, "stripe.charge", event(t, "A", "charge-1"), event(t, "A", "charge-2"), event(t, "B", "charge-1"))
+	publish(t, pool, "mail.send", event(t, "A", "mail"))
+	headID := map[string]bool{}
+	var aHead int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM outbox WHERE aggregate_id = 'A'`).Scan(&aHead))
+	headID[fmt.Sprint(aHead)] = true
+	rec := &recorder{Publisher: b.pub, before: func(m *message.Message) error {
+		if headID[m.UUID] {
+			return errors.New("provider of A is down")
+		}
+		return nil
+	}}
+	relay := newRelay(t, pool, rec, pgoutbox.RelayConfig{
+		OrderedTopics: []string{"stripe.charge"},
+		Backoff:       pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 50 * time.Millisecond, Jitter: -1},
+	})
+	for range 5 {
+		_, err := relay.RelayBatch(context.Background())
+		require.NoError(t, err)
+		time.Sleep(60 * time.Millisecond) // past the head's backoff: it is retried, and fails again
+	}
+	var pendingA []string
+	rows, err := pool.Query(context.Background(), `SELECT payload #>> '{}' FROM outbox WHERE dispatched_at IS NULL ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var p string
+		require.NoError(t, rows.Scan(&p))
+		pendingA = append(pendingA, p)
+	}
+	require.Equal(t, []string{"charge-1", "charge-2"}, pendingA, "A's charges wait behind their failing head; B's charge and A's mail went")
+	var attempts2 int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT attempts FROM outbox WHERE aggregate_id = 'A' AND topic = 'stripe.charge' AND id > $1`, aHead).Scan(&attempts2))
+	require.Zero(t, attempts2, "the held-back event was never tried")
+
+	delete(headID, fmt.Sprint(aHead)) // provider back
+	for range 4 {
+		time.Sleep(60 * time.Millisecond)
+		_, err := relay.RelayBatch(context.Background())
+		require.NoError(t, err)
+	}
+	pipelinetest.RequireDrained(t, pool, 5*time.Second)
+	require.Len(t, rec.published, 4)
+}
+
+func TestRelayWakesOnCommit(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "mail.send")
+	// A poll interval far longer than the test: only NOTIFY can wake it in time.
+	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{PollInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(300 * time.Millisecond) // the relay has found nothing and sleeps
+
+	start := time.Now()
+	publish(t, pool, "mail.send", event(t, "u", "hello"))
+	pipelinetest.RequireDrained(t, pool, 5*time.Second)
+	require.Less(t, time.Since(start), 2*time.Second)
+	require.EqualValues(t, 1, relay.Stats().Dispatched)
+}

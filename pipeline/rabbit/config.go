@@ -17,6 +17,8 @@ const (
 	DefaultPublishChannels = 4
 	DefaultPrefetch        = 16
 	DefaultDialTimeout     = 5 * time.Second
+	DefaultPartitions      = 8
+	MaxPartitions          = 1024
 	QueueTypeQuorum        = "quorum"
 	QueueTypeClassic       = "classic"
 	MaxNamespaceLength     = 64
@@ -37,6 +39,15 @@ type Config struct {
 	Prefetch int
 	// DialTimeout bounds connecting to the broker. Default 5s.
 	DialTimeout time.Duration
+	// OrderedTopics are the topics whose events must be consumed in
+	// per-aggregate order. Each is routed by a hash of the aggregate id to
+	// Partitions queues per handler, each consumed by one active consumer
+	// at a time. Default: none (Ferry's app fills it from the route table).
+	OrderedTopics []string
+	// Partitions is the number of partition queues of an ordered topic's
+	// handler. Changing it moves aggregates between partitions: drain the
+	// partition queues first (see the README). Default 8.
+	Partitions int
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -55,6 +66,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.Partitions == 0 {
+		c.Partitions = DefaultPartitions
 	}
 	return c
 }
@@ -79,6 +93,9 @@ func (c Config) Validate() error {
 	}
 	if c.DialTimeout <= 0 {
 		errs = append(errs, errors.New("rabbit Config.DialTimeout must be positive"))
+	}
+	if c.Partitions < 1 || c.Partitions > MaxPartitions {
+		errs = append(errs, fmt.Errorf("rabbit Config.Partitions must be in [1, %d], got %d", MaxPartitions, c.Partitions))
 	}
 	return errors.Join(errs...)
 }

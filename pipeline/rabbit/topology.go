@@ -3,12 +3,17 @@ package rabbit
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // Names of the broker objects Ferry itself owns (before the namespace).
@@ -18,10 +23,19 @@ const (
 	UnroutedName = "ferry.unrouted"
 )
 
-// Binding says that queue (a handler's) receives topic's events.
+// Binding says that queue (a handler's) receives topic's events. A binding
+// of an ordered topic stands for Partitions queues, "<queue>@<k>".
 type Binding struct {
 	Topic string
 	Queue string
+}
+
+// PartitionOf returns the partition of an aggregate: a stable hash (FNV-1a)
+// of its id, modulo partitions.
+func PartitionOf(aggregateID string, partitions int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(aggregateID))
+	return int(h.Sum32() % uint32(partitions))
 }
 
 // Topology names, declares and (for tests and demos) deletes Ferry's broker
@@ -49,6 +63,53 @@ func NewTopology(cfg Config) (*Topology, error) {
 
 // Config returns the configuration the topology was built with (defaults applied).
 func (t *Topology) Config() Config { return t.cfg }
+
+// Ordered reports whether topic is one of the ordered topics.
+func (t *Topology) Ordered(topic string) bool { return slices.Contains(t.cfg.OrderedTopics, topic) }
+
+// RoutingKey is the routing key of msg on topic: its aggregate's partition
+// for an ordered topic, "" (every bound queue) otherwise.
+func (t *Topology) RoutingKey(topic string, msg *message.Message) string {
+	if !t.Ordered(topic) {
+		return ""
+	}
+	return strconv.Itoa(PartitionOf(msg.Metadata.Get(pipeline.MetaAggregateID), t.cfg.Partitions))
+}
+
+// Subscription is one queue a handler consumes, with its watermill-amqp configuration.
+type Subscription struct {
+	// Name is the router handler's name: the handler's, or "<handler>@<k>" for a partition.
+	Name   string
+	Config wamqp.Config
+}
+
+// Subscriptions returns the queues handler consumes for topic: one, or
+// one per partition when topic is ordered.
+func (t *Topology) Subscriptions(handler, topic string) []Subscription {
+	if !t.Ordered(topic) {
+		return []Subscription{{Name: handler, Config: t.SubscriberConfig(handler)}}
+	}
+	subs := make([]Subscription, t.cfg.Partitions)
+	for k := range subs {
+		subs[k] = Subscription{Name: pipeline.PartitionName(handler, k), Config: t.partitionConfig(handler, k)}
+	}
+	return subs
+}
+
+// partitionConfig is SubscriberConfig for partition k of an ordered topic:
+// its queue takes routing key k, admits one active consumer at a time
+// (RabbitMQ's single-active-consumer: the others wait as hot standbys), and
+// prefetches one message, so a consumer that dies returns at most one
+// delivery and cannot reorder a backlog.
+func (t *Topology) partitionConfig(handler string, k int) wamqp.Config {
+	name := pipeline.PartitionName(handler, k)
+	c := t.SubscriberConfig(name)
+	key := strconv.Itoa(k)
+	c.Queue.Arguments["x-single-active-consumer"] = true
+	c.QueueBind = wamqp.QueueBindConfig{GenerateRoutingKey: func(string) string { return key }}
+	c.Consume.Qos.PrefetchCount = 1
+	return c
+}
 
 // ExchangeName is the exchange a topic's events are published to.
 func (t *Topology) ExchangeName(topic string) string { return t.cfg.Namespace + topic }
@@ -134,7 +195,11 @@ func (t *Topology) BuildTopology(ch *amqp.Channel, queue, exchange string, c wam
 	if err := t.ExchangeDeclare(ch, exchange, c); err != nil {
 		return err
 	}
-	if err := ch.QueueBind(queue, "", exchange, false, nil); err != nil {
+	key := ""
+	if c.QueueBind.GenerateRoutingKey != nil {
+		key = c.QueueBind.GenerateRoutingKey(queue)
+	}
+	if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
 		return fmt.Errorf("binding queue %q to exchange %q: %w", queue, exchange, err)
 	}
 	return nil
@@ -181,9 +246,10 @@ func (t *Topology) Declare(conn *amqp.Connection, bindings ...Binding) error {
 		if b.Topic == "" || b.Queue == "" {
 			return errors.New("rabbit: a binding needs a topic and a queue")
 		}
-		sub := t.SubscriberConfig(b.Queue)
-		if err := t.BuildTopology(ch, t.QueueName(b.Queue), t.ExchangeName(b.Topic), sub, nil); err != nil {
-			return err
+		for _, sub := range t.Subscriptions(b.Queue, b.Topic) {
+			if err := t.BuildTopology(ch, t.QueueName(sub.Name), t.ExchangeName(b.Topic), sub.Config, nil); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -1,0 +1,28 @@
+package pipeline
+
+import (
+	"strconv"
+	"strings"
+)
+
+// PartitionSeparator joins a handler's name and a partition number in the
+// name of a partition queue and of its router handler
+// ("payments.charge@3"). Route names cannot contain it, so the route a
+// partition belongs to can always be recovered (RouteName): the ledger and
+// idempotency keys use the route's name, so moving an aggregate to another
+// partition never makes a processed message look new.
+const PartitionSeparator = "@"
+
+// PartitionName is the name of partition k of a route.
+func PartitionName(route string, k int) string {
+	return route + PartitionSeparator + strconv.Itoa(k)
+}
+
+// RouteName returns the route a router handler name belongs to: the name
+// itself, or the name without its partition suffix.
+func RouteName(handlerName string) string {
+	if i := strings.LastIndex(handlerName, PartitionSeparator); i >= 0 {
+		return handlerName[:i]
+	}
+	return handlerName
+}

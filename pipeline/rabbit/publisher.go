@@ -1,0 +1,216 @@
+package rabbit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// Outgoing is one message of a batch, with its topic.
+type Outgoing = pipeline.Outgoing
+
+var _ pipeline.BatchPublisher = (*BatchPublisher)(nil)
+
+// BatchPublisher publishes a batch with pipelined publisher confirms: every
+// message of the batch is sent, then every confirm awaited, so a batch costs
+// about one round trip instead of one per message. watermill-amqp's
+// Publisher waits for each message's confirm before sending the next
+// (publishMessage calls channel.Delivered() per message), which caps a relay
+// at one message per broker round trip; this publisher exists for that one
+// reason and otherwise reuses watermill-amqp's reconnecting connection, the
+// Topology's names and the Marshaler.
+//
+// Within one channel RabbitMQ keeps publish order, and a batch goes out on
+// one channel, so the order of a batch is the order in the queues.
+//
+// It is safe for concurrent use: each concurrent batch takes its own
+// channel from a pool of Config.PublishChannels.
+type BatchPublisher struct {
+	conn *wamqp.ConnectionWrapper
+	topo *Topology
+
+	channels chan *amqp.Channel // idle confirm-mode channels
+	slots    chan struct{}      // bounds channels in use
+
+	mu       sync.Mutex
+	declared map[string]bool // exchanges declared by this publisher
+	closed   bool
+}
+
+// NewBatchPublisher returns a publisher over conn (which it does not own).
+func NewBatchPublisher(conn *wamqp.ConnectionWrapper, topo *Topology) (*BatchPublisher, error) {
+	if conn == nil || topo == nil {
+		return nil, errors.New("rabbit: NewBatchPublisher needs a connection and a topology")
+	}
+	n := topo.cfg.PublishChannels
+	p := &BatchPublisher{
+		conn: conn, topo: topo,
+		channels: make(chan *amqp.Channel, n),
+		slots:    make(chan struct{}, n),
+		declared: map[string]bool{},
+	}
+	return p, nil
+}
+
+// Publish implements message.Publisher: all of msgs, confirmed, or an error.
+func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
+	batch := make([]Outgoing, len(msgs))
+	for i, m := range msgs {
+		batch[i] = Outgoing{Topic: topic, Msg: m}
+	}
+	ctx := context.Background()
+	if len(msgs) > 0 {
+		ctx = msgs[0].Context()
+	}
+	return errors.Join(p.PublishBatch(ctx, batch)...)
+}
+
+// PublishBatch publishes batch and returns one error per message, nil for
+// each the broker confirmed. A message whose error is not nil may still
+// have reached the broker (its confirm was lost with the connection):
+// delivery is at least once.
+func (p *BatchPublisher) PublishBatch(ctx context.Context, batch []Outgoing) []error {
+	errs := make([]error, len(batch))
+	if len(batch) == 0 {
+		return errs
+	}
+	fail := func(err error) []error {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+		return errs
+	}
+	ch, err := p.acquire(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	healthy := true
+	defer func() { p.release(ch, healthy) }()
+
+	confirms := make([]*amqp.DeferredConfirmation, len(batch))
+	for i, o := range batch {
+		exchange, err := p.exchange(ch, o.Topic)
+		if err != nil {
+			healthy = false
+			return fail(err)
+		}
+		pub, err := Marshaler{}.Marshal(o.Msg)
+		if err != nil {
+			errs[i] = fmt.Errorf("marshaling message %s: %w", o.Msg.UUID, err)
+			continue
+		}
+		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, exchange, p.topo.RoutingKey(o.Topic, o.Msg), false, false, pub)
+		if err != nil {
+			healthy = false
+			return fail(fmt.Errorf("publishing message %s to %s: %w", o.Msg.UUID, exchange, err))
+		}
+	}
+	for i, dc := range confirms {
+		if dc == nil {
+			continue
+		}
+		ok, err := dc.WaitContext(ctx)
+		switch {
+		case err != nil:
+			healthy = false // confirms of this channel are now out of step with us
+			errs[i] = fmt.Errorf("waiting for confirm of message %s: %w", batch[i].Msg.UUID, err)
+		case !ok:
+			errs[i] = fmt.Errorf("broker did not confirm message %s (nack or channel closed)", batch[i].Msg.UUID)
+		}
+	}
+	return errs
+}
+
+func (p *BatchPublisher) exchange(ch *amqp.Channel, topic string) (string, error) {
+	name := p.topo.ExchangeName(topic)
+	p.mu.Lock()
+	done := p.declared[name]
+	p.mu.Unlock()
+	if done {
+		return name, nil
+	}
+	if err := p.topo.ExchangeDeclare(ch, name, p.topo.PublisherConfig()); err != nil {
+		return "", err
+	}
+	p.mu.Lock()
+	p.declared[name] = true
+	p.mu.Unlock()
+	return name, nil
+}
+
+func (p *BatchPublisher) acquire(ctx context.Context) (*amqp.Channel, error) {
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case ch := <-p.channels:
+		if !ch.IsClosed() {
+			return ch, nil
+		}
+	default:
+	}
+	if p.isClosed() {
+		<-p.slots
+		return nil, errors.New("rabbit: publisher is closed")
+	}
+	if !p.conn.IsConnected() {
+		<-p.slots
+		return nil, errors.New("rabbit: not connected to RabbitMQ (reconnecting)")
+	}
+	ch, err := p.conn.Connection().Channel()
+	if err != nil {
+		<-p.slots
+		return nil, fmt.Errorf("opening publish channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		<-p.slots
+		return nil, fmt.Errorf("enabling publisher confirms: %w", err)
+	}
+	return ch, nil
+}
+
+func (p *BatchPublisher) release(ch *amqp.Channel, healthy bool) {
+	defer func() { <-p.slots }()
+	if !healthy || ch.IsClosed() || p.isClosed() {
+		_ = ch.Close()
+		return
+	}
+	select {
+	case p.channels <- ch:
+	default:
+		_ = ch.Close()
+	}
+}
+
+func (p *BatchPublisher) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// Close closes the idle channels; the connection belongs to the caller.
+func (p *BatchPublisher) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	for {
+		select {
+		case ch := <-p.channels:
+			_ = ch.Close()
+		default:
+			return nil
+		}
+	}
+}
