@@ -22,8 +22,11 @@ const (
 	DefaultPaymentURL      = "http://127.0.0.1:12111"
 	DefaultSMTPAddr        = "127.0.0.1:2525"
 	DefaultShutdownTimeout = 30 * time.Second
-	DefaultLogLevel        = "info"
-	DefaultLogFormat       = "auto"
+	// DefaultDatabaseMaxConns leaves room for every default consumer's
+	// ledger transaction, the relay and its listener.
+	DefaultDatabaseMaxConns = 24
+	DefaultLogLevel         = "info"
+	DefaultLogFormat        = "auto"
 )
 
 // Config is the whole application's configuration. Load it with
@@ -33,7 +36,7 @@ type Config struct {
 	DatabaseURL string
 	// DatabaseSchema puts Ferry's tables in this schema (search_path). FERRY_DATABASE_SCHEMA.
 	DatabaseSchema string
-	// DatabaseMaxConns is the pool size (0: pgx's default). FERRY_DATABASE_MAX_CONNS.
+	// DatabaseMaxConns is the pool size. FERRY_DATABASE_MAX_CONNS.
 	DatabaseMaxConns int32
 	// AMQP configures RabbitMQ. FERRY_AMQP_*.
 	AMQP rabbit.Config
@@ -74,7 +77,7 @@ func EnvVars() []EnvVar {
 	return []EnvVar{
 		{"FERRY_DATABASE_URL", DefaultDatabaseURL, "PostgreSQL URL", func(c *Config, v string) error { c.DatabaseURL = v; return nil }},
 		{"FERRY_DATABASE_SCHEMA", "(search_path of the URL)", "schema for Ferry's tables", func(c *Config, v string) error { c.DatabaseSchema = v; return nil }},
-		{"FERRY_DATABASE_MAX_CONNS", "max(4, CPUs)", "database pool size", func(c *Config, v string) error {
+		{"FERRY_DATABASE_MAX_CONNS", strconv.Itoa(DefaultDatabaseMaxConns), "database pool size (each busy consumer holds one)", func(c *Config, v string) error {
 			n, err := strconv.ParseInt(v, 10, 32)
 			c.DatabaseMaxConns = int32(n)
 			return err
@@ -84,6 +87,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_AMQP_QUEUE_TYPE", rabbit.QueueTypeQuorum, "quorum or classic", func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
 		{"FERRY_AMQP_PREFETCH", strconv.Itoa(rabbit.DefaultPrefetch), "unacked messages per consumer", intVar(func(c *Config) *int { return &c.AMQP.Prefetch })},
 		{"FERRY_AMQP_PUBLISH_CHANNELS", strconv.Itoa(rabbit.DefaultPublishChannels), "publisher channel pool size", intVar(func(c *Config) *int { return &c.AMQP.PublishChannels })},
+		{"FERRY_AMQP_CONSUMERS", strconv.Itoa(rabbit.DefaultConsumers), "consumers per queue of an unordered handler", intVar(func(c *Config) *int { return &c.AMQP.Consumers })},
 		{"FERRY_AMQP_PARTITIONS", strconv.Itoa(rabbit.DefaultPartitions), "partition queues per handler of an ordered topic (drain before changing)", intVar(func(c *Config) *int { return &c.AMQP.Partitions })},
 		{"FERRY_ORDERED_TOPICS", "(routes marked Ordered)", "more topics kept in per-aggregate order, comma-separated", func(c *Config, v string) error {
 			for _, t := range strings.Split(v, ",") {
@@ -169,6 +173,9 @@ func (c Config) WithDefaults() Config {
 	if c.DatabaseURL == "" {
 		c.DatabaseURL = DefaultDatabaseURL
 	}
+	if c.DatabaseMaxConns == 0 {
+		c.DatabaseMaxConns = DefaultDatabaseMaxConns
+	}
 	c.AMQP = c.AMQP.WithDefaults()
 	c.Relay = c.Relay.WithDefaults()
 	c.Retry = c.Retry.WithDefaults()
@@ -207,8 +214,8 @@ func (c Config) Validate() error {
 	if !strings.HasPrefix(c.DatabaseURL, "postgres://") && !strings.HasPrefix(c.DatabaseURL, "postgresql://") {
 		add("FERRY_DATABASE_URL", errors.New("must be a postgres:// URL"))
 	}
-	if c.DatabaseMaxConns < 0 {
-		add("FERRY_DATABASE_MAX_CONNS", errors.New("must not be negative"))
+	if c.DatabaseMaxConns < 2 {
+		add("FERRY_DATABASE_MAX_CONNS", errors.New("must be at least 2 (the relay's listener holds one)"))
 	}
 	add("FERRY_AMQP_*", c.AMQP.Validate())
 	add("FERRY_RELAY_*", c.Relay.Validate())

@@ -50,7 +50,7 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 	if c.Topic == "" {
 		c.Topic = DefaultPoisonTopic
 	}
-	pq, err := wmw.PoisonQueueWithFilter(c.Publisher, c.Topic, func(err error) bool {
+	pq, err := wmw.PoisonQueueWithFilter(routeNamingPublisher{c.Publisher}, c.Topic, func(err error) bool {
 		return !errors.Is(err, context.Canceled)
 	})
 	if err != nil {
@@ -81,6 +81,24 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 			return produced, err
 		}
 	}, nil
+}
+
+// MetaPoisonedConsumer is the router handler that gave up: the route's name
+// with its partition or consumer suffix ("payments.charge@3").
+const MetaPoisonedConsumer = "consumer_poisoned"
+
+// routeNamingPublisher records the route's name as the poisoned handler
+// (the name operators know and requeue to), keeping the exact consumer apart.
+type routeNamingPublisher struct{ message.Publisher }
+
+func (p routeNamingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if h := m.Metadata.Get(wmw.PoisonedHandlerKey); h != "" {
+			m.Metadata.Set(MetaPoisonedConsumer, h)
+			m.Metadata.Set(wmw.PoisonedHandlerKey, pipeline.RouteName(h))
+		}
+	}
+	return p.Publisher.Publish(topic, msgs...)
 }
 
 func boolText(b bool) string {

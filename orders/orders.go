@@ -11,8 +11,6 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/ferry-dev/ferry/pipeline"
 )
 
@@ -112,7 +110,7 @@ type Result struct {
 
 // TxPublisher publishes events inside a transaction (pgoutbox.Outbox).
 type TxPublisher interface {
-	PublishTx(ctx context.Context, tx *sql.Tx, topic string, msgs ...*message.Message) error
+	PublishEventsTx(ctx context.Context, tx *sql.Tx, events ...pipeline.Outgoing) error
 }
 
 // Service implements create_order. It is safe for concurrent use.
@@ -196,10 +194,10 @@ func (s *Service) CreateOrderTx(ctx context.Context, tx *sql.Tx, in Input) (Resu
 	if err != nil {
 		return Result{}, err
 	}
-	if err := s.outbox.PublishTx(ctx, tx, TopicChargeRequested, charge); err != nil {
-		return Result{}, err
-	}
-	if err := s.outbox.PublishTx(ctx, tx, TopicMailRequested, mail); err != nil {
+	// Both events in one statement: one round trip more than the order alone.
+	if err := s.outbox.PublishEventsTx(ctx, tx,
+		pipeline.Outgoing{Topic: TopicChargeRequested, Msg: charge},
+		pipeline.Outgoing{Topic: TopicMailRequested, Msg: mail}); err != nil {
 		return Result{}, err
 	}
 	return Result{OrderID: id}, nil

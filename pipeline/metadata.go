@@ -46,6 +46,10 @@ const (
 	// MetaDeliverAt asks the outbox not to relay the event before an
 	// instant (RFC 3339). It is consumed by the outbox and not stored in headers.
 	MetaDeliverAt = "ferry_deliver_at"
+	// MetaTopic overrides, per message, the topic a Publish call names, so
+	// that events of several topics go into the outbox in one statement
+	// (pgoutbox.Outbox.PublishEventsTx sets it). Consumed by the outbox.
+	MetaTopic = "ferry_topic"
 )
 
 // DefaultSchemaVersion is the schema version NewEvent stamps when the caller

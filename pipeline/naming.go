@@ -5,9 +5,9 @@ import (
 	"strings"
 )
 
-// PartitionSeparator joins a handler's name and a partition number in the
-// name of a partition queue and of its router handler
-// ("payments.charge@3"). Route names cannot contain it, so the route a
+// PartitionSeparator joins a route's name and a suffix in the name of a
+// router handler: a partition ("payments.charge@3", also its queue's name)
+// or one of several consumers of one queue ("notifications.mail@w2"). Route names cannot contain it, so the route a
 // partition belongs to can always be recovered (RouteName): the ledger and
 // idempotency keys use the route's name, so moving an aggregate to another
 // partition never makes a processed message look new.
@@ -19,7 +19,7 @@ func PartitionName(route string, k int) string {
 }
 
 // RouteName returns the route a router handler name belongs to: the name
-// itself, or the name without its partition suffix.
+// itself, or the name without its suffix.
 func RouteName(handlerName string) string {
 	if i := strings.LastIndex(handlerName, PartitionSeparator); i >= 0 {
 		return handlerName[:i]

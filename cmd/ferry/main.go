@@ -12,8 +12,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/migrations"
@@ -32,6 +34,8 @@ Commands:
   run [--migrate]      run the relay, the consumers and the HTTP API in one process
   relay [--migrate]    run only the outbox relay (run several for throughput and failover)
   consume [--migrate]  run only the consumer router (every handler of the route table)
+  bench [flags]        benchmark the pipeline against local PostgreSQL and RabbitMQ: one JSON
+                       object per scenario on stdout, a table on stderr (ferry bench -h)
   migrate up           apply pending database migrations
   migrate down         roll back the newest migration
   migrate status       list migrations and whether each is applied
@@ -82,6 +86,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = serve(ctx, cmd, rest, app.Components{Consumers: true})
 	case "migrate":
 		err = migrate(ctx, rest, stdout)
+	case "bench":
+		err = bench(ctx, rest, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "ferry: unknown command %q\n\n%s", cmd, usage)
 		return 2
@@ -231,6 +237,70 @@ func migrate(ctx context.Context, args []string, stdout io.Writer) error {
 		return usageError{fmt.Errorf("unknown migrate command %q: want up, down or status", args[0])}
 	}
 	return nil
+}
+
+func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var (
+		bc                         app.BenchConfig
+		scenarios, relays, history string
+	)
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&scenarios, "scenario", strings.Join(app.BenchScenarios, ","), "comma-separated scenarios to run")
+	fs.IntVar(&bc.Events, "events", 50_000, "relay_throughput: events preloaded per run")
+	fs.IntVar(&bc.BaselineEvents, "baseline-events", 5_000, "relay_throughput: events pushed through Watermill's stock forwarder")
+	fs.StringVar(&relays, "relays", "1,2,4", "relay_throughput: relay counts to run")
+	fs.IntVar(&bc.BatchSize, "batch-size", 100, "relay and raw-loop batch size")
+	fs.IntVar(&bc.Rate, "rate", 1000, "end_to_end_latency: producer events/s")
+	fs.DurationVar(&bc.Duration, "duration", 10*time.Second, "end_to_end_latency: length of the steady load")
+	fs.IntVar(&bc.Orders, "orders", 2000, "write_overhead: create_order transactions per variant")
+	fs.StringVar(&history, "history", "10000,1000000", "claim_cost_vs_history: dispatched-row counts (add 10000000 for 10M)")
+	fs.IntVar(&bc.ClaimRounds, "claim-rounds", 200, "claim_cost_vs_history: claims timed per history size")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return usageError{err}
+	}
+	var err error
+	bc.Scenarios = splitList(scenarios)
+	if bc.Relays, err = intList(relays); err != nil {
+		return usageError{fmt.Errorf("--relays: %w", err)}
+	}
+	if bc.History, err = intList(history); err != nil {
+		return usageError{fmt.Errorf("--history: %w", err)}
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	logger, err := app.NewLogger(app.Config{LogLevel: "error", LogFormat: cfg.LogFormat}, stderr)
+	if err != nil {
+		return err
+	}
+	return app.Bench(ctx, cfg, bc, stdout, stderr, logger)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, p := range splitList(s) {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a whole number", p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func printConfigHelp(w io.Writer) {

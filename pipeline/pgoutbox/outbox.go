@@ -10,6 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // Outbox publishes events into the outbox table inside a caller's transaction.
@@ -52,4 +54,25 @@ func (o *Outbox) PublishTx(ctx context.Context, tx *sql.Tx, topic string, msgs .
 		return fmt.Errorf("publishing %d event(s) to outbox topic %q: %w", len(msgs), topic, err)
 	}
 	return nil
+}
+
+// PublishEventsTx writes events of any topics into the outbox as part of
+// tx, in one statement: one round trip for all the events of a business
+// transaction, however many topics they have.
+func (o *Outbox) PublishEventsTx(ctx context.Context, tx *sql.Tx, events ...pipeline.Outgoing) error {
+	if len(events) == 0 {
+		return nil
+	}
+	msgs := make([]*message.Message, len(events))
+	for i, e := range events {
+		if e.Msg == nil {
+			return fmt.Errorf("pgoutbox: event %d has no message", i)
+		}
+		if err := validateTopic(e.Topic); err != nil {
+			return fmt.Errorf("event %d (%s): %w", i, e.Msg.UUID, err)
+		}
+		e.Msg.Metadata.Set(pipeline.MetaTopic, e.Topic)
+		msgs[i] = e.Msg
+	}
+	return o.PublishTx(ctx, tx, events[0].Topic, msgs...)
 }

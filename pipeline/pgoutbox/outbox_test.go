@@ -169,3 +169,29 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 		})
 	}
 }
+
+func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	db := pgconn.SQLDB(pool)
+	tx, err := db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	ob := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	require.NoError(t, ob.PublishEventsTx(context.Background(), tx,
+		pipeline.Outgoing{Topic: "stripe.charge", Msg: event(t, "o1", 1)},
+		pipeline.Outgoing{Topic: "mail.send", Msg: event(t, "o1", 2)}))
+	require.ErrorIs(t, ob.PublishEventsTx(context.Background(), tx, pipeline.Outgoing{Topic: "", Msg: event(t, "o1", 3)}), pipeline.ErrInvalidEvent)
+	require.NoError(t, tx.Commit())
+
+	rows, err := pool.Query(context.Background(), `SELECT topic, headers FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	var topics []string
+	for rows.Next() {
+		var topic string
+		var headers map[string]string
+		require.NoError(t, rows.Scan(&topic, &headers))
+		require.NotContains(t, headers, pipeline.MetaTopic)
+		topics = append(topics, topic)
+	}
+	require.Equal(t, []string{"stripe.charge", "mail.send"}, topics)
+}

@@ -69,7 +69,8 @@ type Outcome struct {
 	Msg *message.Message
 	// Err is nil when the broker confirmed the message.
 	Err error
-	// At is when the outcome was recorded (after the commit).
+	// At is when the publish returned: the broker's confirm for a
+	// confirmed message. The row is marked dispatched just after.
 	At time.Time
 }
 
@@ -128,6 +129,12 @@ type Relay struct {
 
 	dispatched, failed atomic.Int64
 	wake               chan struct{}
+}
+
+// ClaimSQL is the relay's claim query for table (with $1 the batch size
+// and, when ordered, $2 the ordered topics), for EXPLAIN and benchmarks.
+func ClaimSQL(table string, ordered bool) string {
+	return claimSQL(pgx.Identifier{table}.Sanitize(), ordered)
 }
 
 // claimSQL selects due, unclaimed rows. ORDER BY available_at follows the
@@ -407,10 +414,6 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	r.dispatched.Add(int64(res.Dispatched))
 	r.failed.Add(int64(res.Failed))
 	if r.cfg.Observer != nil {
-		now := time.Now()
-		for i := range outcomes {
-			outcomes[i].At = now
-		}
 		r.cfg.Observer(outcomes)
 	}
 	if res.Dispatched > 0 {
@@ -439,8 +442,10 @@ func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
 		outcomes[i] = Outcome{ID: row.id, Topic: row.topic, AggregateID: row.aggregateID, CreatedAt: row.createdAt, Attempt: row.attempts + 1, Msg: msg}
 	}
 	if bp, ok := r.pub.(pipeline.BatchPublisher); ok {
-		for i, err := range bp.PublishBatch(ctx, batch) {
-			outcomes[i].Err = err
+		errs := bp.PublishBatch(ctx, batch)
+		now := time.Now()
+		for i, err := range errs {
+			outcomes[i].Err, outcomes[i].At = err, now
 		}
 		return outcomes
 	}
@@ -450,6 +455,7 @@ func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
 			continue
 		}
 		outcomes[i].Err = r.pub.Publish(o.Topic, o.Msg)
+		outcomes[i].At = time.Now()
 	}
 	return outcomes
 }

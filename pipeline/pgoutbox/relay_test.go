@@ -273,17 +273,27 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	_, err = pool.Exec(ctx, `ANALYZE outbox`)
 	require.NoError(t, err)
 
-	rows, err := pool.Query(ctx, `EXPLAIN SELECT id FROM outbox
-		WHERE dispatched_at IS NULL AND available_at <= now() ORDER BY available_at LIMIT 100 FOR UPDATE SKIP LOCKED`)
-	require.NoError(t, err)
-	var plan []string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		plan = append(plan, line)
+	explain := func(q string) string {
+		q = strings.NewReplacer("$1", "100", "$2::text[]", "ARRAY['t']").Replace(q)
+		rows, err := pool.Query(ctx, "EXPLAIN "+q)
+		require.NoError(t, err)
+		var plan []string
+		for rows.Next() {
+			var line string
+			require.NoError(t, rows.Scan(&line))
+			plan = append(plan, line)
+		}
+		require.NoError(t, rows.Err())
+		return strings.Join(plan, "\n")
 	}
-	require.NoError(t, rows.Err())
-	require.Contains(t, strings.Join(plan, "\n"), "outbox_pending_available_at_idx", "claim plan:\n%s", strings.Join(plan, "\n"))
+	plan := explain(pgoutbox.ClaimSQL("outbox", false))
+	t.Logf("claim plan:\n%s", plan)
+	require.Contains(t, plan, "Index Scan using outbox_pending_available_at_idx", plan)
+
+	plan = explain(pgoutbox.ClaimSQL("outbox", true))
+	t.Logf("ordered claim plan:\n%s", plan)
+	require.Contains(t, plan, "outbox_pending_available_at_idx", plan)
+	require.Contains(t, plan, "outbox_pending_aggregate_idx", "the head check must use the (aggregate_id, id) partial index:\n%s", plan)
 }
 
 func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {

@@ -74,10 +74,17 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 		if i > 0 {
 			sb.WriteString(", ")
 		}
+		rowTopic := topic
+		if t := msg.Metadata.Get(pipeline.MetaTopic); t != "" {
+			if err := validateTopic(t); err != nil {
+				return wsql.Query{}, fmt.Errorf("message %d (%s): %w", i, msg.UUID, err)
+			}
+			rowTopic = t
+		}
 		n := len(args)
 		fmt.Fprintf(&sb, "($%d, $%d, $%d::jsonb, $%d::jsonb, COALESCE($%d::timestamptz, now() + $%d::bigint * interval '1 microsecond'))",
 			n+1, n+2, n+3, n+4, n+5, n+6)
-		args = append(args, row.aggregateID, topic, string(msg.Payload), string(row.headers), row.deliverAt, row.delay.Microseconds())
+		args = append(args, row.aggregateID, rowTopic, string(msg.Payload), string(row.headers), row.deliverAt, row.delay.Microseconds())
 	}
 	return wsql.Query{Query: sb.String(), Args: args}, nil
 }
@@ -122,8 +129,8 @@ func outboxRowFromMessage(msg *message.Message) (insertRow, error) {
 				return row, fmt.Errorf("%w: %s %q is not an RFC 3339 time", pipeline.ErrInvalidEvent, k, v)
 			}
 			row.deliverAt = &t
-		case pipeline.MetaAggregateID:
-			// Its own column.
+		case pipeline.MetaAggregateID, pipeline.MetaTopic:
+			// Their own columns.
 		default:
 			if !utf8.ValidString(k) || !utf8.ValidString(v) {
 				return row, fmt.Errorf("%w: metadata %q is not valid UTF-8", pipeline.ErrInvalidEvent, k)

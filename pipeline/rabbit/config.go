@@ -18,6 +18,8 @@ const (
 	DefaultPrefetch        = 16
 	DefaultDialTimeout     = 5 * time.Second
 	DefaultPartitions      = 8
+	DefaultConsumers       = 8
+	MaxConsumers           = 256
 	MaxPartitions          = 1024
 	QueueTypeQuorum        = "quorum"
 	QueueTypeClassic       = "classic"
@@ -44,6 +46,10 @@ type Config struct {
 	// Partitions queues per handler, each consumed by one active consumer
 	// at a time. Default: none (Ferry's app fills it from the route table).
 	OrderedTopics []string
+	// Consumers is how many consumers (each handling one message at a time)
+	// a process runs on the queue of an unordered topic's handler. Ordered
+	// topics get one per partition instead. Default 8.
+	Consumers int
 	// Partitions is the number of partition queues of an ordered topic's
 	// handler. Changing it moves aggregates between partitions: drain the
 	// partition queues first (see the README). Default 8.
@@ -70,6 +76,9 @@ func (c Config) WithDefaults() Config {
 	if c.Partitions == 0 {
 		c.Partitions = DefaultPartitions
 	}
+	if c.Consumers == 0 {
+		c.Consumers = DefaultConsumers
+	}
 	return c
 }
 
@@ -93,6 +102,9 @@ func (c Config) Validate() error {
 	}
 	if c.DialTimeout <= 0 {
 		errs = append(errs, errors.New("rabbit Config.DialTimeout must be positive"))
+	}
+	if c.Consumers < 1 || c.Consumers > MaxConsumers {
+		errs = append(errs, fmt.Errorf("rabbit Config.Consumers must be in [1, %d], got %d", MaxConsumers, c.Consumers))
 	}
 	if c.Partitions < 1 || c.Partitions > MaxPartitions {
 		errs = append(errs, fmt.Errorf("rabbit Config.Partitions must be in [1, %d], got %d", MaxPartitions, c.Partitions))

@@ -78,20 +78,35 @@ func (t *Topology) RoutingKey(topic string, msg *message.Message) string {
 
 // Subscription is one queue a handler consumes, with its watermill-amqp configuration.
 type Subscription struct {
-	// Name is the router handler's name: the handler's, or "<handler>@<k>" for a partition.
-	Name   string
+	// Name is the router handler's name: the handler's, "<handler>@<k>" for
+	// partition k, or "<handler>@w<k>" for one of several consumers.
+	Name string
+	// Queue is the queue's full name (namespace included).
+	Queue  string
 	Config wamqp.Config
 }
 
-// Subscriptions returns the queues handler consumes for topic: one, or
-// one per partition when topic is ordered.
+// Subscriptions returns the consumers handler runs for topic: Consumers
+// competing consumers on its queue, or, when topic is ordered, one per
+// partition queue (each processing one message at a time, which is what
+// keeps the order).
 func (t *Topology) Subscriptions(handler, topic string) []Subscription {
 	if !t.Ordered(topic) {
-		return []Subscription{{Name: handler, Config: t.SubscriberConfig(handler)}}
+		queue := t.QueueName(handler)
+		if t.cfg.Consumers == 1 {
+			return []Subscription{{Name: handler, Queue: queue, Config: t.SubscriberConfig(handler)}}
+		}
+		subs := make([]Subscription, t.cfg.Consumers)
+		for k := range subs {
+			// Same queue, its own router handler: "<handler>@w<k>".
+			subs[k] = Subscription{Name: handler + pipeline.PartitionSeparator + "w" + strconv.Itoa(k), Queue: queue, Config: t.SubscriberConfig(handler)}
+		}
+		return subs
 	}
 	subs := make([]Subscription, t.cfg.Partitions)
 	for k := range subs {
-		subs[k] = Subscription{Name: pipeline.PartitionName(handler, k), Config: t.partitionConfig(handler, k)}
+		name := pipeline.PartitionName(handler, k)
+		subs[k] = Subscription{Name: name, Queue: t.QueueName(name), Config: t.partitionConfig(handler, k)}
 	}
 	return subs
 }
@@ -246,8 +261,13 @@ func (t *Topology) Declare(conn *amqp.Connection, bindings ...Binding) error {
 		if b.Topic == "" || b.Queue == "" {
 			return errors.New("rabbit: a binding needs a topic and a queue")
 		}
+		declared := map[string]bool{}
 		for _, sub := range t.Subscriptions(b.Queue, b.Topic) {
-			if err := t.BuildTopology(ch, t.QueueName(sub.Name), t.ExchangeName(b.Topic), sub.Config, nil); err != nil {
+			if declared[sub.Queue] {
+				continue // competing consumers share one queue
+			}
+			declared[sub.Queue] = true
+			if err := t.BuildTopology(ch, sub.Queue, t.ExchangeName(b.Topic), sub.Config, nil); err != nil {
 				return err
 			}
 		}
