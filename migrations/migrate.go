@@ -59,6 +59,17 @@ func Status(ctx context.Context, db *sql.DB) ([]State, error) {
 	if err != nil {
 		return nil, err
 	}
+	exists, err := versionTableExists(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if !exists { // never migrated: everything is pending
+		var out []State
+		for _, src := range p.ListSources() {
+			out = append(out, State{Version: src.Version, Name: src.Path})
+		}
+		return out, nil
+	}
 	st, err := p.Status(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading migration status: %w", err)
@@ -73,9 +84,9 @@ func Status(ctx context.Context, db *sql.DB) ([]State, error) {
 // Pending reports whether some migration is not applied yet (all of them,
 // when the schema has never been migrated).
 func Pending(ctx context.Context, db *sql.DB) (bool, error) {
-	var exists bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {
-		return false, fmt.Errorf("looking for the migration table: %w", err)
+	exists, err := versionTableExists(ctx, db)
+	if err != nil {
+		return false, err
 	}
 	if !exists {
 		return true, nil
@@ -89,4 +100,12 @@ func Pending(ctx context.Context, db *sql.DB) (bool, error) {
 		return false, fmt.Errorf("checking for pending migrations: %w", err)
 	}
 	return pending, nil
+}
+
+func versionTableExists(ctx context.Context, db *sql.DB) (bool, error) {
+	var exists bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {
+		return false, fmt.Errorf("looking for the migration table: %w", err)
+	}
+	return exists, nil
 }

@@ -53,3 +53,19 @@ func TestUpDownUp(t *testing.T) {
 		require.Contains(t, d, "WHERE (dispatched_at IS NULL)")
 	}
 }
+
+func TestStatusOfAnUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Pool(t, pipelinetest.UniqueName("ferry_never_migrated_"), "ferry-test-migrations")
+	db := pgconn.SQLDB(pool)
+	defer db.Close()
+	states, err := migrations.Status(context.Background(), db)
+	require.NoError(t, err)
+	require.Len(t, states, 4)
+	for _, s := range states {
+		require.False(t, s.Applied)
+	}
+	pending, err := migrations.Pending(context.Background(), db)
+	require.NoError(t, err)
+	require.True(t, pending)
+}
