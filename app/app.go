@@ -26,6 +26,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -84,11 +85,14 @@ type App struct {
 	Relay       *pgoutbox.Relay
 	Ledger      *pgledger.Ledger
 	Idempotency *middleware.Idempotency
+	Rescheduler *pgoutbox.Rescheduler
+	Poison      *pgpoison.Store
 	Routes      []handlers.Route
 
-	pubConn        *wamqp.ConnectionWrapper
-	publisher      *wamqp.Publisher
-	batchPublisher *rabbit.BatchPublisher
+	pubConn         *wamqp.ConnectionWrapper
+	publisher       *wamqp.Publisher
+	batchPublisher  *rabbit.BatchPublisher
+	poisonPublisher message.Publisher
 }
 
 // OrderedTopics is the sorted set of topics consumed in per-aggregate order:
@@ -154,6 +158,15 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if a.Idempotency, err = middleware.NewIdempotency(a.Ledger, a.logger); err != nil {
 		return nil, err
 	}
+	if a.Rescheduler, err = pgoutbox.NewRescheduler(a.Pool, ""); err != nil {
+		return nil, err
+	}
+	if a.poisonPublisher, err = pgpoison.NewPublisher(a.DB); err != nil {
+		return nil, err
+	}
+	if a.Poison, err = pgpoison.NewStore(a.Pool, ""); err != nil {
+		return nil, err
+	}
 
 	if a.Routes, err = opts.Routes(Deps{Config: cfg, Logger: a.logger}); err != nil {
 		return nil, fmt.Errorf("building routes: %w", err)
@@ -213,9 +226,9 @@ func (a *App) checkSchema(ctx context.Context) error {
 	return nil
 }
 
-// bindings is the broker topology of the route table, plus the poison queue.
+// bindings is the broker topology of the route table.
 func (a *App) bindings() []rabbit.Binding {
-	b := []rabbit.Binding{{Topic: a.cfg.PoisonTopic, Queue: a.cfg.PoisonTopic}}
+	var b []rabbit.Binding
 	for _, r := range a.Routes {
 		b = append(b, rabbit.Binding{Topic: r.Topic, Queue: r.Name})
 	}
@@ -228,8 +241,8 @@ func (a *App) watermillLogger() watermill.LoggerAdapter {
 	return watermill.NewSlogLoggerWithLevelMapping(a.logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
 }
 
-// Publisher is the confirmed AMQP publisher the poison queue uses
-// (watermill-amqp's, one confirm per message).
+// Publisher is watermill-amqp's confirmed publisher on Ferry's topology
+// (one confirm per message), for direct publishing to unordered topics.
 func (a *App) Publisher() message.Publisher { return a.publisher }
 
 // BatchPublisher is the relay's publisher: pipelined confirms, partition routing.
@@ -253,11 +266,14 @@ func (a *App) NewRouter() (*message.Router, *wamqp.ConnectionWrapper, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	durable := a.cfg.DurableRetry
+	durable.Scheduler = a.Rescheduler
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
-		Poison:      middleware.PoisonConfig{Publisher: a.publisher, Topic: a.cfg.PoisonTopic},
-		Retry:       a.cfg.Retry,
-		Idempotency: a.Idempotency,
-		Logger:      a.logger,
+		Poison:       middleware.PoisonConfig{Publisher: a.poisonPublisher},
+		DurableRetry: durable,
+		Retry:        a.cfg.Retry,
+		Idempotency:  a.Idempotency,
+		Logger:       a.logger,
 	})
 	if err != nil {
 		return nil, nil, err

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -24,8 +23,8 @@ import (
 	"github.com/ferry-dev/ferry/orders"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
-	"github.com/ferry-dev/ferry/pipeline/rabbit"
 	"github.com/ferry-dev/ferry/sandbox"
 )
 
@@ -53,6 +52,7 @@ func testConfig(t *testing.T) (app.Config, *sandbox.PaymentProvider, *sandbox.SM
 		AMQP:           pipelinetest.Rabbit(t),
 		Relay:          pgoutbox.RelayConfig{PollInterval: 20 * time.Millisecond, Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}},
 		Retry:          middleware.RetryConfig{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond},
+		DurableRetry:   middleware.DurableRetryConfig{MaxAttempts: 3, Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond}},
 		PaymentURL:     provider.URL(),
 		SMTPAddr:       sink.Addr(),
 		HTTPAddr:       "127.0.0.1:0",
@@ -121,22 +121,12 @@ func (h *harness) channel(t *testing.T) (*amqp.Channel, func()) {
 	return ch, func() { ch.Close(); conn.Close() }
 }
 
-// poisoned reads every message in the poison queue.
-func (h *harness) poisoned(t *testing.T) []*message.Message {
+// poisoned returns what the poison store holds, oldest first.
+func (h *harness) poisoned(t *testing.T) []pgpoison.Record {
 	t.Helper()
-	ch, closeCh := h.channel(t)
-	defer closeCh()
-	var out []*message.Message
-	for {
-		d, ok, err := ch.Get(h.app.Topology.QueueName(h.cfg.PoisonTopic), true)
-		require.NoError(t, err)
-		if !ok {
-			return out
-		}
-		msg, err := rabbit.Marshaler{}.Unmarshal(d)
-		require.NoError(t, err)
-		out = append(out, msg)
-	}
+	recs, err := h.app.Poison.List(context.Background(), "", 0)
+	require.NoError(t, err)
+	return recs
 }
 
 func TestRepeatedCreateOrderChargesAndMailsOnce(t *testing.T) {
@@ -225,37 +215,48 @@ func (c *crashAfterConfirm) Publish(topic string, msgs ...*message.Message) erro
 func TestFailingHandlerEndsInPoisonQueueWithReason(t *testing.T) {
 	t.Parallel()
 	var calls sync.Map
+	var mu sync.Mutex
 	h := start(t, app.Options{Routes: func(d app.Deps) ([]handlers.Route, error) {
 		return []handlers.Route{{
 			Name: "always.fails", Topic: "work.fail",
 			Handler: func(msg *message.Message) error {
-				n, _ := calls.LoadOrStore(msg.UUID, new(int))
+				n, _ := calls.LoadOrStore(pipeline.MessageID(msg), new(int))
+				mu.Lock()
 				*n.(*int)++
+				mu.Unlock()
 				return errors.New("downstream refused: account closed")
 			},
 		}}, nil
 	}}, app.Components{Relay: true, Consumers: true})
 	publishEvent(t, h, "work.fail", "acct-1", map[string]string{"x": "y"})
 
-	var poisoned []*message.Message
+	var poisoned []pgpoison.Record
 	eventually(t, "the poisoned message", func() bool {
-		poisoned = append(poisoned, h.poisoned(t)...)
+		poisoned = h.poisoned(t)
 		return len(poisoned) > 0
 	})
 	require.Len(t, poisoned, 1)
 	p := poisoned[0]
-	require.Contains(t, p.Metadata.Get(wmw.ReasonForPoisonedKey), "account closed")
-	require.Equal(t, "work.fail", p.Metadata.Get(wmw.PoisonedTopicKey))
-	require.Equal(t, "always.fails", p.Metadata.Get(wmw.PoisonedHandlerKey))
-	require.Equal(t, "acct-1", p.Metadata.Get(pipeline.MetaAggregateID))
-	require.NotEmpty(t, p.Metadata.Get(pipeline.MetaCorrelationID))
-	require.NotEmpty(t, p.Metadata.Get(middleware.MetaPoisonedAt))
+	require.Contains(t, p.Reason, "account closed")
+	require.Contains(t, p.Reason, "gave up after 3 attempts")
+	require.Equal(t, "work.fail", p.Topic, "the original topic, not the retry topic")
+	require.Equal(t, "always.fails", p.Handler)
+	require.True(t, strings.HasPrefix(p.Consumer, "always.fails@"), p.Consumer)
+	require.Equal(t, "acct-1", p.AggregateID)
+	require.NotEmpty(t, p.CorrelationID)
+	require.Equal(t, 3, p.Attempts)
+	require.False(t, p.Permanent)
+	require.True(t, p.LastFailedAt.After(p.FirstFailedAt), "first %s, last %s", p.FirstFailedAt, p.LastFailedAt)
 	require.JSONEq(t, `{"x":"y"}`, string(p.Payload))
-	n, _ := calls.Load(p.UUID)
-	require.Equal(t, 3, *n.(*int), "first attempt + 2 retries, then poison")
-	processed, err := h.app.Ledger.Processed(context.Background(), "always.fails", p.UUID)
+	total := 0
+	calls.Range(func(_, n any) bool { total += *n.(*int); return true })
+	require.Equal(t, 9, total, "3 deliveries (2 of them durable retries) × (1 try + 2 quick retries)")
+	processed, err := h.app.Ledger.Processed(context.Background(), "always.fails", p.MessageID)
 	require.NoError(t, err)
 	require.False(t, processed, "a failed message is never recorded as done")
+	var retries int
+	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry'`).Scan(&retries))
+	require.Equal(t, 2, retries, "each durable retry went through the outbox")
 }
 
 func TestPanickingHandlerIsPoisonedAndTheConsumerGoesOn(t *testing.T) {
@@ -276,15 +277,15 @@ func TestPanickingHandlerIsPoisonedAndTheConsumerGoesOn(t *testing.T) {
 	publishEvent(t, h, "work.panic", "a", map[string]bool{"Panic": true})
 	publishEvent(t, h, "work.panic", "b", map[string]bool{"Panic": false})
 
-	var poisoned []*message.Message
+	var poisoned []pgpoison.Record
 	eventually(t, "the panicking message poisoned and the next one handled", func() bool {
-		poisoned = append(poisoned, h.poisoned(t)...)
+		poisoned = h.poisoned(t)
 		n := 0
 		handled.Range(func(any, any) bool { n++; return true })
 		return len(poisoned) == 1 && n == 1
 	})
-	require.Contains(t, poisoned[0].Metadata.Get(wmw.ReasonForPoisonedKey), "panic occurred")
-	require.Equal(t, "a", poisoned[0].Metadata.Get(pipeline.MetaAggregateID))
+	require.Contains(t, poisoned[0].Reason, "panic occurred")
+	require.Equal(t, "a", poisoned[0].AggregateID)
 }
 
 func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
@@ -315,15 +316,20 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 	for _, p := range bad {
 		require.NoError(t, ch.PublishWithContext(context.Background(), exchange, "", false, false, p))
 	}
-	var poisoned []*message.Message
+	var poisoned []pgpoison.Record
 	eventually(t, "four poisoned messages", func() bool {
-		poisoned = append(poisoned, h.poisoned(t)...)
+		poisoned = h.poisoned(t)
 		return len(poisoned) == len(bad)
 	})
 	reasons := map[string]string{}
 	for _, p := range poisoned {
-		reasons[p.UUID] = p.Metadata.Get(wmw.ReasonForPoisonedKey)
-		require.Equal(t, "true", p.Metadata.Get(middleware.MetaPoisonPermanent))
+		reasons[p.MessageID] = p.Reason
+		if p.MessageID == "m1" {
+			require.Equal(t, "not json", string(p.Payload), "kept as received")
+		}
+		require.True(t, p.Permanent, p.Reason)
+		require.Equal(t, 1, p.Attempts, "refused outright, not retried")
+		require.Equal(t, orders.TopicChargeRequested, p.Topic)
 	}
 	require.Contains(t, reasons["m1"], "decoding")
 	require.Contains(t, reasons["m2"], "user_id is missing")

@@ -47,8 +47,9 @@ type Config struct {
 	// OrderedTopics adds topics consumed in per-aggregate order to those of
 	// routes marked Ordered. FERRY_ORDERED_TOPICS (comma-separated).
 	OrderedTopics []string
-	// PoisonTopic is where failed messages go. FERRY_POISON_TOPIC.
-	PoisonTopic string
+	// DurableRetry configures the consumers' delayed retries (its Scheduler
+	// is wired by the app). FERRY_DURABLE_RETRY_*.
+	DurableRetry middleware.DurableRetryConfig
 	// HTTPAddr is where the create_order HTTP API listens. FERRY_HTTP_ADDR.
 	HTTPAddr string
 	// PaymentURL is the payment provider's base URL. FERRY_PAYMENT_URL.
@@ -104,7 +105,9 @@ func EnvVars() []EnvVar {
 		{"FERRY_RETRY_MAX", strconv.Itoa(middleware.DefaultRetryMaxRetries), "in-process handler retries before the poison queue (-1: none)", intVar(func(c *Config) *int { return &c.Retry.MaxRetries })},
 		{"FERRY_RETRY_INITIAL_INTERVAL", middleware.DefaultRetryInitialInterval.String(), "wait before the first handler retry", durationVar(func(c *Config) *time.Duration { return &c.Retry.InitialInterval })},
 		{"FERRY_RETRY_MAX_INTERVAL", middleware.DefaultRetryMaxInterval.String(), "cap of the wait between handler retries", durationVar(func(c *Config) *time.Duration { return &c.Retry.MaxInterval })},
-		{"FERRY_POISON_TOPIC", middleware.DefaultPoisonTopic, "topic (and queue) of poisoned messages", func(c *Config, v string) error { c.PoisonTopic = v; return nil }},
+		{"FERRY_DURABLE_RETRY_MAX_ATTEMPTS", strconv.Itoa(middleware.DefaultDurableRetryMaxAttempts), "deliveries of a failing message (first included) before the poison store", intVar(func(c *Config) *int { return &c.DurableRetry.MaxAttempts })},
+		{"FERRY_DURABLE_RETRY_INITIAL", "30s", "delay before the first durable retry", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Initial })},
+		{"FERRY_DURABLE_RETRY_MAX", "15m", "cap of the durable retry delay (it doubles, 20% jitter)", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Max })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "create_order HTTP API listen address", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
 		{"FERRY_PAYMENT_URL", DefaultPaymentURL, "payment provider base URL", func(c *Config, v string) error { c.PaymentURL = v; return nil }},
 		{"FERRY_SMTP_ADDR", DefaultSMTPAddr, "SMTP server host:port", func(c *Config, v string) error { c.SMTPAddr = v; return nil }},
@@ -179,9 +182,10 @@ func (c Config) WithDefaults() Config {
 	c.AMQP = c.AMQP.WithDefaults()
 	c.Relay = c.Relay.WithDefaults()
 	c.Retry = c.Retry.WithDefaults()
-	if c.PoisonTopic == "" {
-		c.PoisonTopic = middleware.DefaultPoisonTopic
+	if c.DurableRetry.MaxAttempts == 0 {
+		c.DurableRetry.MaxAttempts = middleware.DefaultDurableRetryMaxAttempts
 	}
+	c.DurableRetry.Backoff = c.DurableRetry.Backoff.WithDefaults()
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = DefaultHTTPAddr
 	}
@@ -220,6 +224,10 @@ func (c Config) Validate() error {
 	add("FERRY_AMQP_*", c.AMQP.Validate())
 	add("FERRY_RELAY_*", c.Relay.Validate())
 	add("FERRY_RETRY_*", c.Retry.Validate())
+	if c.DurableRetry.MaxAttempts < 1 {
+		add("FERRY_DURABLE_RETRY_MAX_ATTEMPTS", errors.New("must be at least 1"))
+	}
+	add("FERRY_DURABLE_RETRY_*", c.DurableRetry.Backoff.Validate())
 	if c.ShutdownTimeout <= 0 {
 		add("FERRY_SHUTDOWN_TIMEOUT", errors.New("must be positive"))
 	}

@@ -104,8 +104,8 @@ var ErrNoMessage = errors.New("no message in context")
 // collide at a shared provider.
 func IdempotencyKey(ctx context.Context) (string, error) {
 	msg := MessageFromContext(ctx)
-	if msg == nil || msg.UUID == "" {
+	if msg == nil || pipeline.MessageID(msg) == "" {
 		return "", ErrNoMessage
 	}
-	return "ferry-" + pipeline.RouteName(message.HandlerNameFromCtx(ctx)) + "-" + msg.UUID, nil
+	return "ferry-" + pipeline.RouteName(message.HandlerNameFromCtx(ctx)) + "-" + pipeline.MessageID(msg), nil
 }

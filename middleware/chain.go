@@ -12,11 +12,12 @@ import (
 
 // Names of the links of the default chain, for Chain.InsertBefore/InsertAfter.
 const (
-	LinkCorrelation = "correlation"
-	LinkPoison      = "poison"
-	LinkRetry       = "retry"
-	LinkRecoverer   = "recoverer"
-	LinkIdempotency = "idempotency"
+	LinkCorrelation  = "correlation"
+	LinkPoison       = "poison"
+	LinkDurableRetry = "durable-retry"
+	LinkRetry        = "retry"
+	LinkRecoverer    = "recoverer"
+	LinkIdempotency  = "idempotency"
 )
 
 // Link is one named middleware of a chain.
@@ -87,6 +88,8 @@ func (c Chain) insertAt(i int, links []Link) (Chain, error) {
 type ChainConfig struct {
 	// Poison configures where messages that keep failing go. Required.
 	Poison PoisonConfig
+	// DurableRetry configures the delayed retries that survive restarts. Required (its Scheduler).
+	DurableRetry DurableRetryConfig
 	// Retry configures the quick in-process retries.
 	Retry RetryConfig
 	// Idempotency is the ledger guard. Required.
@@ -109,6 +112,10 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 	if err != nil {
 		return nil, err
 	}
+	durable, err := cfg.DurableRetry.Middleware(logger)
+	if err != nil {
+		return nil, err
+	}
 	retry, err := cfg.Retry.Middleware(logger)
 	if err != nil {
 		return nil, err
@@ -117,11 +124,15 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 		// Outermost, so that everything below, the poison queue included,
 		// logs and forwards the same correlation id.
 		{LinkCorrelation, Correlation},
-		// Outside Retry: only the error left after the last retry is
-		// poisoned. (Inside Retry it would poison on the first failure.) It
-		// acks a message only once the poison queue's publish was confirmed.
+		// Outside both retries: only the error left after the last attempt
+		// is poisoned (inside Retry it would poison on the first failure).
+		// It acks a message only once the poison store has it.
 		{LinkPoison, poison},
-		// Quick retries for transient failures; Permanent errors skip them.
+		// Outside the quick retries: when a few quick tries did not help,
+		// the message is rescheduled durably (backoff, attempt count) and
+		// the delivery acked, instead of holding the queue.
+		{LinkDurableRetry, durable},
+		// Quick retries for blips; Permanent errors and deferrals skip them.
 		{LinkRetry, retry},
 		// Inside Retry, so a panic becomes an error that is retried and then
 		// poisoned instead of killing the process.

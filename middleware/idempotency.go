@@ -18,8 +18,9 @@ type Ledger interface {
 	Once(ctx context.Context, consumer, messageID string, fn func(ctx context.Context) error) (ran bool, err error)
 }
 
-// Idempotency guards handlers with a Ledger, keyed by handler name and
-// message id (the outbox id, stable across redeliveries).
+// Idempotency guards handlers with a Ledger, keyed by route name and
+// message id (pipeline.MessageID: the first outbox id, stable across
+// redeliveries, durable retries and requeues).
 type Idempotency struct {
 	ledger     Ledger
 	logger     *slog.Logger
@@ -47,13 +48,14 @@ func (i *Idempotency) Duplicates() int64 { return i.duplicates.Load() }
 // refused as Permanent, so it goes to the poison queue with that reason.
 func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		if msg.UUID == "" {
+		id := pipeline.MessageID(msg)
+		if id == "" {
 			return nil, pipeline.Permanent(errors.New("message has no id: it cannot be deduplicated"))
 		}
 		outer := msg.Context()
 		consumer := pipeline.RouteName(message.HandlerNameFromCtx(outer))
 		var produced []*message.Message
-		ran, err := i.ledger.Once(outer, consumer, msg.UUID, func(ctx context.Context) error {
+		ran, err := i.ledger.Once(outer, consumer, id, func(ctx context.Context) error {
 			msg.SetContext(ctx)
 			defer msg.SetContext(outer)
 			var err error
@@ -66,7 +68,7 @@ func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if !ran {
 			i.duplicates.Add(1)
 			i.logger.Info("duplicate delivery suppressed",
-				"message_id", msg.UUID, "handler", consumer,
+				"message_id", id, "handler", consumer,
 				"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID))
 		}
 		return produced, nil

@@ -12,26 +12,16 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 )
 
-// DefaultPoisonTopic is where messages that keep failing go.
-const DefaultPoisonTopic = "ferry.poison"
-
-// Metadata keys a poisoned message carries, besides Watermill's
-// (wmw.ReasonForPoisonedKey, PoisonedTopicKey, PoisonedHandlerKey,
-// PoisonedSubscriberKey).
-const (
-	// MetaPoisonedAt is when the message was poisoned (RFC 3339).
-	MetaPoisonedAt = "poisoned_at"
-	// MetaPoisonPermanent is "true" when the error was marked Permanent
-	// (not retried), "false" when retries ran out.
-	MetaPoisonPermanent = "poison_permanent"
-)
+// DefaultPoisonTopic is the topic the poison middleware publishes to; with
+// Ferry's store (pgpoison) it names the table.
+const DefaultPoisonTopic = "poison_messages"
 
 // PoisonConfig configures the poison queue.
 type PoisonConfig struct {
-	// Publisher publishes poisoned messages; it must confirm (Ferry's AMQP
-	// publisher does), since the message is acked once Publish returns. Required.
+	// Publisher stores poisoned messages durably before Publish returns
+	// (pgpoison.NewPublisher does), since the message is then acked. Required.
 	Publisher message.Publisher
-	// Topic is the poison queue's topic. Default "ferry.poison".
+	// Topic is the poison queue's topic. Default "poison_messages".
 	Topic string
 }
 
@@ -63,29 +53,33 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 				produced, err := h(msg)
 				handlerErr = err
 				if err != nil && !errors.Is(err, context.Canceled) {
-					msg.Metadata.Set(MetaPoisonedAt, time.Now().UTC().Format(time.RFC3339Nano))
-					msg.Metadata.Set(MetaPoisonPermanent, boolText(pipeline.IsPermanent(err)))
+					now := time.Now().UTC().Format(time.RFC3339Nano)
+					msg.Metadata.Set(pipeline.MetaPoisonedAt, now)
+					msg.Metadata.Set(pipeline.MetaPoisonPermanent, boolText(pipeline.IsPermanent(err)))
+					if msg.Metadata.Get(pipeline.MetaFirstFailedAt) == "" {
+						msg.Metadata.Set(pipeline.MetaFirstFailedAt, now)
+					}
+					if msg.Metadata.Get(pipeline.MetaLastFailedAt) == "" {
+						msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
+					}
 				}
 				return produced, err
 			})
 			produced, err := poisoned(msg)
 			if handlerErr != nil && err == nil {
 				logger.Warn("message moved to poison queue",
-					"message_id", msg.UUID, "handler", message.HandlerNameFromCtx(msg.Context()),
+					"message_id", pipeline.MessageID(msg), "handler", message.HandlerNameFromCtx(msg.Context()),
 					"topic", message.SubscribeTopicFromCtx(msg.Context()), "poison_topic", c.Topic,
 					"aggregate_id", msg.Metadata.Get(pipeline.MetaAggregateID),
 					"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID),
 					"trace_id", msg.Metadata.Get(pipeline.MetaTraceID),
+					"attempt", pipeline.DeliveryAttempt(msg),
 					"reason", handlerErr.Error())
 			}
 			return produced, err
 		}
 	}, nil
 }
-
-// MetaPoisonedConsumer is the router handler that gave up: the route's name
-// with its partition or consumer suffix ("payments.charge@3").
-const MetaPoisonedConsumer = "consumer_poisoned"
 
 // routeNamingPublisher records the route's name as the poisoned handler
 // (the name operators know and requeue to), keeping the exact consumer apart.
@@ -94,7 +88,7 @@ type routeNamingPublisher struct{ message.Publisher }
 func (p routeNamingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		if h := m.Metadata.Get(wmw.PoisonedHandlerKey); h != "" {
-			m.Metadata.Set(MetaPoisonedConsumer, h)
+			m.Metadata.Set(pipeline.MetaPoisonedConsumer, h)
 			m.Metadata.Set(wmw.PoisonedHandlerKey, pipeline.RouteName(h))
 		}
 	}

@@ -79,8 +79,9 @@ func (c RetryConfig) Validate() error {
 }
 
 // Middleware returns Watermill's Retry configured by c. Errors marked
-// pipeline.Permanent are not retried: no wait can fix a payload that does
-// not decode.
+// pipeline.Permanent are not retried (no wait can fix a payload that does
+// not decode), nor are deferrals (pipeline.Defer), which the durable retry
+// link outside handles.
 func (c RetryConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware, error) {
 	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
@@ -93,7 +94,8 @@ func (c RetryConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware,
 		Multiplier:          c.Multiplier,
 		RandomizationFactor: c.Jitter,
 		ShouldRetry: func(p wmw.RetryParams) bool {
-			return !pipeline.IsPermanent(p.Err)
+			_, deferred := pipeline.Deferred(p.Err)
+			return !pipeline.IsPermanent(p.Err) && !deferred
 		},
 		// Each attempt starts from the context the chain gave the message,
 		// not one an earlier attempt left behind (watermill#467).

@@ -1,6 +1,10 @@
 package pipeline
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"time"
+)
 
 // permanentError marks an error that no retry can cure.
 type permanentError struct{ err error }
@@ -23,4 +27,33 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool {
 	var p permanentError
 	return errors.As(err, &p)
+}
+
+// DeferredError asks for a message to be delivered again after Delay
+// without counting as a failure: a budget is spent or a circuit is open.
+type DeferredError struct {
+	Err   error
+	Delay time.Duration
+}
+
+func (e *DeferredError) Error() string {
+	return fmt.Sprintf("deferred for %s: %v", e.Delay, e.Err)
+}
+
+func (e *DeferredError) Unwrap() error { return e.Err }
+
+// Defer returns an error that makes the durable-retry middleware deliver
+// the message again after delay, without counting an attempt, instead of
+// failing it towards the poison queue.
+func Defer(err error, delay time.Duration) error {
+	return &DeferredError{Err: err, Delay: delay}
+}
+
+// Deferred reports whether err asks for deferral, and for how long.
+func Deferred(err error) (time.Duration, bool) {
+	var d *DeferredError
+	if errors.As(err, &d) {
+		return d.Delay, true
+	}
+	return 0, false
 }

@@ -40,6 +40,33 @@ const (
 	// publish is (1 for the first).
 	MetaOutboxAttempt = "outbox_attempt"
 
+	// MetaMessageID is the id of the message a retry or a requeue stands
+	// for: its first outbox id. Ledger and idempotency keys use it (see
+	// MessageID), so a retried message is still the same message.
+	MetaMessageID = "ferry_message_id"
+	// MetaAttempt is the consumer-side delivery attempt of the message,
+	// 1 for the first; durable retries count it up.
+	MetaAttempt = "ferry_attempt"
+	// MetaOriginalTopic is the topic a retried message was first published to.
+	MetaOriginalTopic = "ferry_original_topic"
+	// MetaRetryQueue is the queue (without namespace) a durable retry goes
+	// back to: only the handler that failed sees it again.
+	MetaRetryQueue = "ferry_retry_queue"
+	// MetaFirstFailedAt and MetaLastFailedAt bracket a message's failures (RFC 3339).
+	MetaFirstFailedAt = "ferry_first_failed_at"
+	MetaLastFailedAt  = "ferry_last_failed_at"
+	// MetaLastError is the error of the latest failed attempt.
+	MetaLastError = "ferry_last_error"
+
+	// MetaPoisonedAt is when a message was poisoned (RFC 3339).
+	MetaPoisonedAt = "poisoned_at"
+	// MetaPoisonPermanent is "true" when a poisoned message's error was
+	// marked Permanent (not retried), "false" when its attempts ran out.
+	MetaPoisonPermanent = "poison_permanent"
+	// MetaPoisonedConsumer is the router handler that gave up: the route's
+	// name with its partition or worker suffix ("payments.charge@3").
+	MetaPoisonedConsumer = "consumer_poisoned"
+
 	// MetaDelay asks the outbox not to relay the event before now+delay
 	// (a Go duration). It is consumed by the outbox and not stored in headers.
 	MetaDelay = "ferry_delay"
@@ -102,13 +129,43 @@ func WithDeliverAt(msg *message.Message, t time.Time) *message.Message {
 	return msg
 }
 
-// Attempt returns the relay attempt recorded on msg (MetaOutboxAttempt), or 0.
-func Attempt(msg *message.Message) int {
-	n, err := strconv.Atoi(msg.Metadata.Get(MetaOutboxAttempt))
-	if err != nil {
-		return 0
+// RetryTopic is the topic durable retries are relayed on; its exchange
+// routes each by MetaRetryQueue straight to the queue that failed it.
+const RetryTopic = "ferry.retry"
+
+// Retry is a message to deliver again, durably, after Delay.
+type Retry struct {
+	AggregateID string
+	Payload     []byte
+	Headers     map[string]string
+	Delay       time.Duration
+}
+
+// MessageID is the id that identifies msg across retries and requeues: the
+// MetaMessageID it carries, or its own id.
+func MessageID(msg *message.Message) string {
+	if id := msg.Metadata.Get(MetaMessageID); id != "" {
+		return id
+	}
+	return msg.UUID
+}
+
+// DeliveryAttempt returns the consumer-side attempt of msg (MetaAttempt), 1 if unset.
+func DeliveryAttempt(msg *message.Message) int {
+	n, err := strconv.Atoi(msg.Metadata.Get(MetaAttempt))
+	if err != nil || n < 1 {
+		return 1
 	}
 	return n
+}
+
+// OriginalTopic returns the topic msg was first published to: the
+// MetaOriginalTopic it carries, or subscribed.
+func OriginalTopic(msg *message.Message, subscribed string) string {
+	if t := msg.Metadata.Get(MetaOriginalTopic); t != "" {
+		return t
+	}
+	return subscribed
 }
 
 type ctxKey int

@@ -26,3 +26,13 @@ func RouteName(handlerName string) string {
 	}
 	return handlerName
 }
+
+// ConsumerQueue returns the queue (without namespace) a router handler
+// consumes: a partition's own queue, or the route's queue for one of its
+// competing consumers ("<route>@w<k>").
+func ConsumerQueue(handlerName string) string {
+	if i := strings.LastIndex(handlerName, PartitionSeparator); i >= 0 && strings.HasPrefix(handlerName[i+1:], "w") {
+		return handlerName[:i]
+	}
+	return handlerName
+}

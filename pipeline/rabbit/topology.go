@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -68,8 +69,12 @@ func (t *Topology) Config() Config { return t.cfg }
 func (t *Topology) Ordered(topic string) bool { return slices.Contains(t.cfg.OrderedTopics, topic) }
 
 // RoutingKey is the routing key of msg on topic: its aggregate's partition
-// for an ordered topic, "" (every bound queue) otherwise.
+// for an ordered topic, the queue that failed it for a durable retry, ""
+// (every bound queue) otherwise.
 func (t *Topology) RoutingKey(topic string, msg *message.Message) string {
+	if topic == pipeline.RetryTopic {
+		return msg.Metadata.Get(pipeline.MetaRetryQueue)
+	}
 	if !t.Ordered(topic) {
 		return ""
 	}
@@ -216,6 +221,15 @@ func (t *Topology) BuildTopology(ch *amqp.Channel, queue, exchange string, c wam
 	}
 	if err := ch.QueueBind(queue, key, exchange, false, nil); err != nil {
 		return fmt.Errorf("binding queue %q to exchange %q: %w", queue, exchange, err)
+	}
+	// Durable retries come back through the retry exchange, addressed to
+	// this queue alone.
+	retry := t.ExchangeName(pipeline.RetryTopic)
+	if err := t.ExchangeDeclare(ch, retry, c); err != nil {
+		return err
+	}
+	if err := ch.QueueBind(queue, strings.TrimPrefix(queue, t.cfg.Namespace), retry, false, nil); err != nil {
+		return fmt.Errorf("binding queue %q to the retry exchange: %w", queue, err)
 	}
 	return nil
 }

@@ -1,0 +1,140 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// Defaults of DurableRetryConfig.
+const (
+	// DefaultDurableRetryMaxAttempts counts every delivery, the first included.
+	DefaultDurableRetryMaxAttempts = 5
+	maxLastErrorLength             = 1024
+)
+
+// RetryScheduler stores a message for delivery after a delay, durably
+// (pgoutbox.Rescheduler writes it into the outbox).
+type RetryScheduler interface {
+	ScheduleRetry(ctx context.Context, r pipeline.Retry) error
+}
+
+// DurableRetryConfig configures durable delayed retries.
+type DurableRetryConfig struct {
+	// Scheduler stores retries. Required.
+	Scheduler RetryScheduler
+	// MaxAttempts is how many deliveries a message gets, the first
+	// included, before it is poisoned. Default 5.
+	MaxAttempts int
+	// Backoff is the schedule between deliveries. Default 30s doubling,
+	// capped at 15m, with 20% jitter.
+	Backoff pipeline.Backoff
+}
+
+// transient are metadata keys that describe one delivery, not the message.
+var transient = []string{
+	"x-delivery-count", pipeline.MetaOutboxAttempt, pipeline.MetaOutboxCreatedAt, pipeline.MetaAggregateID,
+	pipeline.MetaPoisonedAt, pipeline.MetaPoisonPermanent, pipeline.MetaPoisonedConsumer,
+}
+
+// Middleware returns the durable retry link. When the quick in-process
+// retries inside it are exhausted, it writes the message back, through the
+// scheduler, to be delivered again to this handler's queue only after the
+// next Backoff delay, and acks the delivery: the wait survives a consumer
+// restart and blocks nobody. The attempt count travels with the message
+// (pipeline.MetaAttempt). Permanent errors, the last attempt, and a
+// scheduling failure pass through to the poison link outside, with the
+// failure times recorded on the message. A deferral (pipeline.Defer) is
+// rescheduled after its own delay and does not count as an attempt.
+func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware, error) {
+	if c.Scheduler == nil {
+		return nil, errors.New("middleware: DurableRetryConfig.Scheduler is required")
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultDurableRetryMaxAttempts
+	}
+	if c.MaxAttempts < 1 {
+		return nil, errors.New("middleware: DurableRetryConfig.MaxAttempts must be at least 1")
+	}
+	c.Backoff = c.Backoff.WithDefaults()
+	if err := c.Backoff.Validate(); err != nil {
+		return nil, fmt.Errorf("DurableRetryConfig.%w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			produced, err := h(msg)
+			if err == nil || errors.Is(err, context.Canceled) {
+				return produced, err
+			}
+			attempt := pipeline.DeliveryAttempt(msg)
+			delay, deferred := pipeline.Deferred(err)
+			if !deferred {
+				now := time.Now().UTC().Format(time.RFC3339Nano)
+				if msg.Metadata.Get(pipeline.MetaFirstFailedAt) == "" {
+					msg.Metadata.Set(pipeline.MetaFirstFailedAt, now)
+				}
+				msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
+				msg.Metadata.Set(pipeline.MetaLastError, truncateText(err.Error(), maxLastErrorLength))
+				if pipeline.IsPermanent(err) {
+					return nil, err
+				}
+				if attempt >= c.MaxAttempts {
+					return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+				}
+				delay = c.Backoff.Delay(attempt)
+				attempt++
+			}
+			ctx := msg.Context()
+			handler := message.HandlerNameFromCtx(ctx)
+			headers := make(map[string]string, len(msg.Metadata)+4)
+			for k, v := range msg.Metadata {
+				if !slices.Contains(transient, k) {
+					headers[k] = v
+				}
+			}
+			headers[pipeline.MetaMessageID] = pipeline.MessageID(msg)
+			headers[pipeline.MetaAttempt] = strconv.Itoa(attempt)
+			headers[pipeline.MetaOriginalTopic] = pipeline.OriginalTopic(msg, message.SubscribeTopicFromCtx(ctx))
+			headers[pipeline.MetaRetryQueue] = pipeline.ConsumerQueue(handler)
+			aggregate := msg.Metadata.Get(pipeline.MetaAggregateID)
+			if aggregate == "" {
+				aggregate = pipeline.MessageID(msg)
+			}
+			// Scheduling is not part of the handler's work: a deadline or
+			// cancellation of the delivery must not lose the retry.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if serr := c.Scheduler.ScheduleRetry(sctx, pipeline.Retry{
+				AggregateID: aggregate, Payload: msg.Payload, Headers: headers, Delay: delay,
+			}); serr != nil {
+				return nil, errors.Join(err, fmt.Errorf("scheduling durable retry: %w", serr))
+			}
+			logger.Warn("handler failed; durable retry scheduled",
+				"message_id", pipeline.MessageID(msg), "handler", handler, "next_attempt", attempt,
+				"retry_in", delay, "deferred", deferred,
+				"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID), "error", err)
+			return nil, nil
+		}
+	}, nil
+}
+
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]>>6 == 0b10 {
+		n--
+	}
+	return s[:n]
+}
