@@ -27,6 +27,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -253,10 +254,52 @@ type Components struct {
 	Relay     bool
 	Consumers bool
 	HTTP      bool
+	// Pruner prunes the outbox and the ledger every Retention.Interval.
+	Pruner bool
 }
 
 // All runs every component in one process.
-var All = Components{Relay: true, Consumers: true, HTTP: true}
+var All = Components{Relay: true, Consumers: true, HTTP: true, Pruner: true}
+
+// Prune removes dispatched outbox rows and ledger rows past their retention.
+func (a *App) Prune(ctx context.Context) ([]pgretention.Result, error) {
+	r := a.cfg.Retention
+	out, err := pgretention.Prune(ctx, a.Pool, pgretention.Outbox, pgretention.Options{OlderThan: r.Outbox, BatchSize: r.BatchSize, Archive: r.ArchiveOutbox})
+	if err != nil {
+		return nil, err
+	}
+	led, err := pgretention.Prune(ctx, a.Pool, pgretention.Ledger, pgretention.Options{OlderThan: r.Ledger, BatchSize: r.BatchSize})
+	if err != nil {
+		return []pgretention.Result{out}, err
+	}
+	return []pgretention.Result{out, led}, nil
+}
+
+// runPruner prunes at start and every interval; a failed prune is logged
+// and tried again next time.
+func (a *App) runPruner(ctx context.Context) error {
+	t := time.NewTicker(a.cfg.Retention.Interval)
+	defer t.Stop()
+	for {
+		res, err := a.Prune(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			a.logger.Error("pruning failed", "error", err)
+		}
+		for _, r := range res {
+			if r.Removed > 0 {
+				a.logger.Info("pruned", "target", r.Target, "removed", r.Removed, "cutoff", r.Cutoff, "archived", r.Archive)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
 
 // NewRouter builds the consumer router: the middleware chain (edited by
 // Options.Chain) around every route of the table, each consuming its own
@@ -315,6 +358,9 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) e
 
 	if what.Relay {
 		g.Go(func() error { return a.Relay.Run(ctx) })
+	}
+	if what.Pruner {
+		g.Go(func() error { return a.runPruner(ctx) })
 	}
 	if what.Consumers {
 		router, conn, err := a.NewRouter()

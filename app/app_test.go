@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -33,6 +34,8 @@ type harness struct {
 	cfg      app.Config
 	provider *sandbox.PaymentProvider
 	sink     *sandbox.SMTPSink
+	// stop ends the app's Run and waits for it, as a shutdown would.
+	stop func()
 }
 
 // testConfig is a configuration on a fresh schema and namespace, with the
@@ -80,15 +83,19 @@ func startWith(t *testing.T, cfg app.Config, provider *sandbox.PaymentProvider, 
 	done := make(chan error, 1)
 	ready := make(chan struct{})
 	go func() { done <- a.Run(ctx, what, ready) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(30 * time.Second):
-			t.Error("app did not stop within 30s")
-		}
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Error("app did not stop within 30s")
+			}
+		})
+	}
+	t.Cleanup(stop)
 	select {
 	case <-ready:
 	case err := <-done:
@@ -96,7 +103,7 @@ func startWith(t *testing.T, cfg app.Config, provider *sandbox.PaymentProvider, 
 	case <-time.After(30 * time.Second):
 		t.Fatal("app not ready after 30s")
 	}
-	return &harness{app: a, cfg: a.Config(), provider: provider, sink: sink}
+	return &harness{app: a, cfg: a.Config(), provider: provider, sink: sink, stop: stop}
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {
@@ -411,4 +418,10 @@ func publishEvent(t *testing.T, h *harness, topic, aggregate string, payload any
 	require.NoError(t, err)
 	require.NoError(t, h.app.Outbox.PublishTx(context.Background(), tx, topic, msg))
 	require.NoError(t, tx.Commit())
+}
+
+// mustPool opens a pool on the test's schema for components a route table builds.
+func mustPool(t *testing.T, d app.Deps) *pgxpool.Pool {
+	t.Helper()
+	return pipelinetest.Pool(t, d.Config.DatabaseSchema, "ferry-test-routes")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/ferry-dev/ferry/handlers/mail"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -50,6 +51,8 @@ type Config struct {
 	// DurableRetry configures the consumers' delayed retries (its Scheduler
 	// is wired by the app). FERRY_DURABLE_RETRY_*.
 	DurableRetry middleware.DurableRetryConfig
+	// Retention configures pruning of the outbox and the ledger. FERRY_*_RETENTION, FERRY_PRUNE_*.
+	Retention RetentionConfig
 	// HTTPAddr is where the create_order HTTP API listens. FERRY_HTTP_ADDR.
 	HTTPAddr string
 	// PaymentURL is the payment provider's base URL. FERRY_PAYMENT_URL.
@@ -64,6 +67,22 @@ type Config struct {
 	LogLevel string
 	// LogFormat is json, text or auto (text on a terminal). FERRY_LOG_FORMAT.
 	LogFormat string
+}
+
+// RetentionConfig says how long Ferry keeps what it keeps only for a while.
+type RetentionConfig struct {
+	// Outbox is how long dispatched outbox rows are kept. Default 720h (30 days).
+	Outbox time.Duration
+	// Ledger is how long the consumers' ledger remembers a message. It must
+	// outlast any redelivery: a message redelivered after its row is pruned
+	// runs again. Default 336h (14 days).
+	Ledger time.Duration
+	// ArchiveOutbox moves pruned outbox rows into outbox_archive. Default false.
+	ArchiveOutbox bool
+	// Interval is how often `ferry run` prunes. Default 1h.
+	Interval time.Duration
+	// BatchSize is how many rows one pruning transaction removes. Default 10,000.
+	BatchSize int
 }
 
 // EnvVar documents one environment variable.
@@ -108,6 +127,15 @@ func EnvVars() []EnvVar {
 		{"FERRY_DURABLE_RETRY_MAX_ATTEMPTS", strconv.Itoa(middleware.DefaultDurableRetryMaxAttempts), "deliveries of a failing message (first included) before the poison store", intVar(func(c *Config) *int { return &c.DurableRetry.MaxAttempts })},
 		{"FERRY_DURABLE_RETRY_INITIAL", "30s", "delay before the first durable retry", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Initial })},
 		{"FERRY_DURABLE_RETRY_MAX", "15m", "cap of the durable retry delay (it doubles, 20% jitter)", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Max })},
+		{"FERRY_OUTBOX_RETENTION", "720h", "keep dispatched outbox rows this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.Outbox })},
+		{"FERRY_LEDGER_RETENTION", "336h", "keep the consumers' ledger this long (must outlast redeliveries)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Ledger })},
+		{"FERRY_OUTBOX_ARCHIVE", "false", "move pruned outbox rows to outbox_archive", func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			c.Retention.ArchiveOutbox = b
+			return err
+		}},
+		{"FERRY_PRUNE_INTERVAL", "1h", "how often `ferry run` prunes", durationVar(func(c *Config) *time.Duration { return &c.Retention.Interval })},
+		{"FERRY_PRUNE_BATCH_SIZE", "10000", "rows per pruning transaction", intVar(func(c *Config) *int { return &c.Retention.BatchSize })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "create_order HTTP API listen address", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
 		{"FERRY_PAYMENT_URL", DefaultPaymentURL, "payment provider base URL", func(c *Config, v string) error { c.PaymentURL = v; return nil }},
 		{"FERRY_SMTP_ADDR", DefaultSMTPAddr, "SMTP server host:port", func(c *Config, v string) error { c.SMTPAddr = v; return nil }},
@@ -186,6 +214,18 @@ func (c Config) WithDefaults() Config {
 		c.DurableRetry.MaxAttempts = middleware.DefaultDurableRetryMaxAttempts
 	}
 	c.DurableRetry.Backoff = c.DurableRetry.Backoff.WithDefaults()
+	if c.Retention.Outbox == 0 {
+		c.Retention.Outbox = pgretention.DefaultOutboxRetention
+	}
+	if c.Retention.Ledger == 0 {
+		c.Retention.Ledger = pgretention.DefaultLedgerRetention
+	}
+	if c.Retention.Interval == 0 {
+		c.Retention.Interval = pgretention.DefaultInterval
+	}
+	if c.Retention.BatchSize == 0 {
+		c.Retention.BatchSize = pgretention.DefaultBatchSize
+	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = DefaultHTTPAddr
 	}
@@ -228,6 +268,12 @@ func (c Config) Validate() error {
 		add("FERRY_DURABLE_RETRY_MAX_ATTEMPTS", errors.New("must be at least 1"))
 	}
 	add("FERRY_DURABLE_RETRY_*", c.DurableRetry.Backoff.Validate())
+	if c.Retention.Outbox <= 0 || c.Retention.Ledger <= 0 || c.Retention.Interval <= 0 || c.Retention.BatchSize <= 0 {
+		add("FERRY_*_RETENTION / FERRY_PRUNE_*", errors.New("retentions, interval and batch size must be positive"))
+	}
+	if c.Retention.Ledger < time.Hour {
+		add("FERRY_LEDGER_RETENTION", errors.New("must be at least 1h: a shorter ledger forgets messages that may still be redelivered"))
+	}
 	if c.ShutdownTimeout <= 0 {
 		add("FERRY_SHUTDOWN_TIMEOUT", errors.New("must be positive"))
 	}

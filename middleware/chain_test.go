@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 func defaultChain(t testing.TB) middleware.Chain {
@@ -26,9 +27,12 @@ func defaultChain(t testing.TB) middleware.Chain {
 	require.NoError(t, err)
 	guard, err := middleware.NewIdempotency(ledger, nil)
 	require.NoError(t, err)
+	resched, err := pgoutbox.NewRescheduler(pool, "")
+	require.NoError(t, err)
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
-		Poison:      middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
-		Idempotency: guard,
+		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
+		DurableRetry: middleware.DurableRetryConfig{Scheduler: resched},
+		Idempotency:  guard,
 	})
 	require.NoError(t, err)
 	return chain
@@ -36,7 +40,7 @@ func defaultChain(t testing.TB) middleware.Chain {
 
 func TestDefaultChainOrder(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []string{"correlation", "poison", "retry", "recoverer", "idempotency"}, defaultChain(t).Names())
+	require.Equal(t, []string{"correlation", "poison", "durable-retry", "retry", "recoverer", "idempotency"}, defaultChain(t).Names())
 }
 
 func TestChainEdits(t *testing.T) {
@@ -50,9 +54,9 @@ func TestChainEdits(t *testing.T) {
 	require.NoError(t, err)
 	edited, err = edited.Append(middleware.Link{Name: "c", Middleware: noop})
 	require.NoError(t, err)
-	require.Equal(t, []string{"correlation", "a", "poison", "retry", "recoverer", "idempotency", "b", "c"}, edited.Names())
-	require.Len(t, edited.Middlewares(), 8)
-	require.Len(t, chain, 5, "editing returns a new chain")
+	require.Equal(t, []string{"correlation", "a", "poison", "durable-retry", "retry", "recoverer", "idempotency", "b", "c"}, edited.Names())
+	require.Len(t, edited.Middlewares(), 9)
+	require.Len(t, chain, 6, "editing returns a new chain")
 
 	_, err = chain.InsertAfter("nope", middleware.Link{Name: "x", Middleware: noop})
 	require.ErrorContains(t, err, `no link "nope"`)
@@ -129,16 +133,18 @@ func ExampleChain_InsertAfter() {
 	fmt.Println(strings.Join(chain.Names(), " → "))
 	// router.AddMiddleware(chain.Middlewares()...)
 
-	// Output: correlation → audit-log → poison → retry → recoverer → idempotency
+	// Output: correlation → audit-log → poison → durable-retry → retry → recoverer → idempotency
 }
 
 func defaultChainForExample() middleware.Chain {
 	pool, _ := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/app")
 	ledger, _ := pgledger.New(pool, pgledger.Config{}, nil)
 	guard, _ := middleware.NewIdempotency(ledger, nil)
+	resched, _ := pgoutbox.NewRescheduler(pool, "")
 	chain, _ := middleware.DefaultChain(middleware.ChainConfig{
-		Poison:      middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
-		Idempotency: guard,
+		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
+		DurableRetry: middleware.DurableRetryConfig{Scheduler: resched},
+		Idempotency:  guard,
 	})
 	return chain
 }

@@ -31,11 +31,22 @@ Commands:
   demo                 run the whole pipeline once against local PostgreSQL and RabbitMQ
                        (fresh schema ferry_demo, in-process payment provider and SMTP sink)
                        and print what happened; exits non-zero if an effect was lost or doubled
-  run [--migrate]      run the relay, the consumers and the HTTP API in one process
+  run [--migrate]      run the relay, the consumers, the HTTP API and the hourly pruning in one process
   relay [--migrate]    run only the outbox relay (run several for throughput and failover)
   consume [--migrate]  run only the consumer router (every handler of the route table)
   bench [flags]        benchmark the pipeline against local PostgreSQL and RabbitMQ: one JSON
                        object per scenario on stdout, a table on stderr (ferry bench -h)
+  poison list [--topic T] [--limit N] [--json]
+                       what is in the poison store, why, since when
+  poison requeue (--id ID,... | --topic T | --all) [--limit N] [--dry-run] [--json]
+                       send poisoned messages back to their original topic (attempts reset),
+                       atomically: an interrupted requeue loses and doubles nothing
+  poison discard (--id ID,... | --topic T | --all) [--limit N] [--dry-run] [--json]
+                       delete poisoned messages
+  prune outbox [--older-than 720h] [--archive] [--batch-size N] [--dry-run] [--json]
+                       remove (or archive) dispatched outbox rows past their retention
+  prune ledger [--older-than 336h] [--batch-size N] [--dry-run] [--json]
+                       remove consumer ledger rows past their retention
   migrate up           apply pending database migrations
   migrate down         roll back the newest migration
   migrate status       list migrations and whether each is applied
@@ -88,6 +99,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = migrate(ctx, rest, stdout)
 	case "bench":
 		err = bench(ctx, rest, stdout, stderr)
+	case "poison":
+		err = poison(ctx, rest, stdout)
+	case "prune":
+		err = prune(ctx, rest, stdout)
 	default:
 		fmt.Fprintf(stderr, "ferry: unknown command %q\n\n%s", cmd, usage)
 		return 2

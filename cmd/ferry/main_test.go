@@ -10,7 +10,8 @@ import (
 func TestHelpListsEveryCommand(t *testing.T) {
 	var out, errOut strings.Builder
 	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
-	for _, cmd := range []string{"demo", "run", "relay", "consume", "migrate up", "migrate down", "migrate status", "help", "version"} {
+	for _, cmd := range []string{"demo", "run", "relay", "consume", "bench", "poison list", "poison requeue", "poison discard",
+		"prune outbox", "prune ledger", "migrate up", "migrate down", "migrate status", "help", "version"} {
 		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
 	}
 	out.Reset()
@@ -26,6 +27,14 @@ func TestUsageErrors(t *testing.T) {
 	errOut.Reset()
 	require.Equal(t, 2, run([]string{"run", "--bogus"}, &out, &errOut))
 	require.Equal(t, 2, run([]string{"migrate", "sideways"}, &out, &errOut))
+	// A requeue or discard that selects nothing, or too much, is refused before connecting.
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"poison", "requeue"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "exactly one of --id, --topic or --all")
+	require.Equal(t, 2, run([]string{"poison", "discard", "--all", "--topic", "x"}, &out, &errOut))
+	require.Equal(t, 2, run([]string{"poison", "requeue", "--id", "abc"}, &out, &errOut))
+	require.Equal(t, 2, run([]string{"prune", "ledger", "--older-than", "1m"}, &out, &errOut))
+	require.Equal(t, 2, run([]string{"prune", "everything"}, &out, &errOut))
 }
 
 func TestBadConfigurationIsOneActionableLine(t *testing.T) {

@@ -127,7 +127,7 @@ func (s *Store) selectTx(ctx context.Context, tx pgx.Tx, sel Selector) ([]Record
 		return nil, err
 	}
 	rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
-		WHERE (cardinality($1::bigint[]) = 0 OR id = ANY($1)) AND ($2 = '' OR topic = $2)
+		WHERE (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1)) AND ($2 = '' OR topic = $2)
 		ORDER BY id LIMIT NULLIF($3, 0) FOR UPDATE`, sel.IDs, sel.Topic, sel.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("selecting poisoned messages: %w", err)

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgretention"
+)
+
+// openPool connects to the configured database and schema (no broker needed).
+func openPool(ctx context.Context, name string) (*pgxpool.Pool, error) {
+	cfg, err := loadConfig()
+	if err != nil {
+		return nil, err
+	}
+	return pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry-" + name, MaxConns: 2})
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func poison(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return usageError{errors.New("want one of: list, requeue, discard")}
+	}
+	sub, rest := args[0], args[1:]
+	fs := flag.NewFlagSet("poison "+sub, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var (
+		sel         pgpoison.Selector
+		ids         string
+		asJSON, dry bool
+		topic       string
+		limit       int
+	)
+	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	switch sub {
+	case "list":
+		fs.StringVar(&topic, "topic", "", "only this original topic")
+		fs.IntVar(&limit, "limit", 50, "at most this many (0: all)")
+	case "requeue", "discard":
+		fs.StringVar(&ids, "id", "", "poison ids, comma-separated")
+		fs.StringVar(&sel.Topic, "topic", "", "every message of this original topic")
+		fs.BoolVar(&sel.All, "all", false, "every message")
+		fs.IntVar(&sel.Limit, "limit", 0, "at most this many, oldest first (0: no cap)")
+		fs.BoolVar(&dry, "dry-run", false, "say what would happen, change nothing")
+	default:
+		return usageError{fmt.Errorf("unknown poison command %q: want list, requeue or discard", sub)}
+	}
+	if err := fs.Parse(rest); err != nil {
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	for _, p := range splitList(ids) {
+		id, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || id <= 0 {
+			return usageError{fmt.Errorf("--id: %q is not a poison id", p)}
+		}
+		sel.IDs = append(sel.IDs, id)
+	}
+	if sub != "list" {
+		// Refuse a bad selection before connecting, let alone changing anything.
+		if err := sel.Validate(); err != nil {
+			return usageError{err}
+		}
+	}
+	pool, err := openPool(ctx, "poison")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := pgpoison.NewStore(pool, "")
+	if err != nil {
+		return err
+	}
+	switch sub {
+	case "list":
+		recs, err := store.List(ctx, topic, limit)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(stdout, recs)
+		}
+		printPoison(stdout, recs)
+	case "requeue":
+		res, err := store.Requeue(ctx, sel, dry)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(stdout, res)
+		}
+		verb := "requeued"
+		if dry {
+			verb = "would requeue"
+		}
+		fmt.Fprintf(stdout, "%s %d message(s) to their original topic\n", verb, len(res.Requeued))
+		printPoison(stdout, res.Requeued)
+		for _, s := range res.Skipped {
+			fmt.Fprintf(stdout, "skipped poison id %d: %s\n", s.Record.ID, s.Why)
+		}
+	case "discard":
+		recs, err := store.Discard(ctx, sel, dry)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(stdout, map[string]any{"discarded": recs, "dry_run": dry})
+		}
+		verb := "discarded"
+		if dry {
+			verb = "would discard"
+		}
+		fmt.Fprintf(stdout, "%s %d message(s)\n", verb, len(recs))
+		printPoison(stdout, recs)
+	}
+	return nil
+}
+
+func printPoison(w io.Writer, recs []pgpoison.Record) {
+	if len(recs) == 0 {
+		fmt.Fprintln(w, "(no poisoned messages)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tTOPIC\tHANDLER\tMESSAGE\tATTEMPTS\tFIRST FAILED\tPOISONED\tREASON")
+	for _, r := range recs {
+		reason := strings.Join(strings.Fields(r.Reason), " ")
+		if len(reason) > 80 {
+			reason = reason[:77] + "..."
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s ago\t%s ago\t%s\n", r.ID, r.Topic, r.Handler, r.MessageID, r.Attempts,
+			time.Since(r.FirstFailedAt).Round(time.Second), time.Since(r.PoisonedAt).Round(time.Second), reason)
+	}
+	_ = tw.Flush()
+}
+
+func prune(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return usageError{errors.New("want one of: outbox, ledger")}
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	var target pgretention.Target
+	o := pgretention.Options{BatchSize: cfg.Retention.BatchSize}
+	fs := flag.NewFlagSet("prune "+args[0], flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	switch args[0] {
+	case "outbox":
+		target, o.OlderThan, o.Archive = pgretention.Outbox, cfg.Retention.Outbox, cfg.Retention.ArchiveOutbox
+		fs.BoolVar(&o.Archive, "archive", o.Archive, "move the rows to outbox_archive instead of deleting them")
+	case "ledger":
+		target, o.OlderThan = pgretention.Ledger, cfg.Retention.Ledger
+	default:
+		return usageError{fmt.Errorf("unknown prune target %q: want outbox or ledger", args[0])}
+	}
+	fs.DurationVar(&o.OlderThan, "older-than", o.OlderThan, "retention")
+	fs.IntVar(&o.BatchSize, "batch-size", o.BatchSize, "rows per transaction")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "count, delete nothing")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args[1:]); err != nil {
+		return usageError{err}
+	}
+	if o.OlderThan <= 0 || o.BatchSize <= 0 {
+		return usageError{errors.New("--older-than and --batch-size must be positive")}
+	}
+	if target == pgretention.Ledger && o.OlderThan < time.Hour {
+		return usageError{errors.New("--older-than must be at least 1h for the ledger: it must outlast redeliveries")}
+	}
+	pool, err := openPool(ctx, "prune")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := pgretention.Prune(ctx, pool, target, o)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(stdout, res)
+	}
+	verb := "removed"
+	switch {
+	case res.DryRun:
+		verb = "would remove"
+	case res.Archive:
+		verb = "archived"
+	}
+	fmt.Fprintf(stdout, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches)
+	return nil
+}

@@ -1,0 +1,123 @@
+// Package pgretention prunes what Ferry keeps only for a while: dispatched
+// outbox rows (default 30 days, optionally moved to outbox_archive) and the
+// consumers' ledger (default 14 days). It deletes in small batches, each
+// its own short transaction taking row locks with SKIP LOCKED, so pruning
+// millions of rows never holds a long lock nor blocks the relay.
+package pgretention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults.
+const (
+	DefaultOutboxRetention = 30 * 24 * time.Hour
+	DefaultLedgerRetention = 14 * 24 * time.Hour
+	DefaultBatchSize       = 10_000
+	DefaultInterval        = time.Hour
+)
+
+// Target is what a prune removes.
+type Target int
+
+const (
+	// Outbox is dispatched outbox rows (dispatched_at older than the retention).
+	Outbox Target = iota
+	// Ledger is processed_messages rows (processed_at older than the retention).
+	Ledger
+)
+
+func (t Target) String() string {
+	if t == Ledger {
+		return "ledger"
+	}
+	return "outbox"
+}
+
+// Options of one prune.
+type Options struct {
+	// OlderThan is the retention: rows older than now-OlderThan go. Required.
+	OlderThan time.Duration
+	// BatchSize is how many rows one transaction removes. Default 10,000.
+	BatchSize int
+	// Archive moves outbox rows into outbox_archive instead of deleting them.
+	Archive bool
+	// DryRun counts what would go and removes nothing.
+	DryRun bool
+}
+
+// Result says what a prune did.
+type Result struct {
+	Target  string    `json:"target"`
+	Cutoff  time.Time `json:"cutoff"`
+	Removed int64     `json:"removed"`
+	Batches int       `json:"batches"`
+	DryRun  bool      `json:"dry_run"`
+	Archive bool      `json:"archived"`
+}
+
+// Prune removes t's rows older than the retention, batch by batch, until
+// none is left or ctx ends (what was removed stays removed).
+func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result, error) {
+	if o.OlderThan <= 0 {
+		return Result{}, errors.New("pgretention: the retention must be positive")
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = DefaultBatchSize
+	}
+	if o.BatchSize < 1 {
+		return Result{}, errors.New("pgretention: the batch size must be positive")
+	}
+	if o.Archive && t != Outbox {
+		return Result{}, errors.New("pgretention: only the outbox can be archived")
+	}
+	res := Result{Target: t.String(), DryRun: o.DryRun, Archive: o.Archive}
+	var cutoff time.Time
+	if err := pool.QueryRow(ctx, `SELECT now() - $1 * interval '1 microsecond'`, o.OlderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return res, fmt.Errorf("computing cutoff: %w", err)
+	}
+	res.Cutoff = cutoff
+
+	var count, batch string
+	switch {
+	case t == Ledger:
+		count = `SELECT count(*) FROM processed_messages WHERE processed_at < $1`
+		batch = `WITH doomed AS (
+			SELECT consumer, message_id FROM processed_messages WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+			DELETE FROM processed_messages p USING doomed d WHERE p.consumer = d.consumer AND p.message_id = d.message_id`
+	case o.Archive:
+		count = `SELECT count(*) FROM outbox WHERE dispatched_at < $1`
+		batch = `WITH doomed AS (
+			SELECT id FROM outbox WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
+			moved AS (DELETE FROM outbox o USING doomed d WHERE o.id = d.id RETURNING o.*)
+			INSERT INTO outbox_archive SELECT * FROM moved ON CONFLICT (id) DO NOTHING`
+	default:
+		count = `SELECT count(*) FROM outbox WHERE dispatched_at < $1`
+		batch = `WITH doomed AS (
+			SELECT id FROM outbox WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+			DELETE FROM outbox o USING doomed d WHERE o.id = d.id`
+	}
+	if o.DryRun {
+		err := pool.QueryRow(ctx, count, cutoff).Scan(&res.Removed)
+		if err != nil {
+			return res, fmt.Errorf("counting prunable %s rows: %w", t, err)
+		}
+		return res, nil
+	}
+	for {
+		tag, err := pool.Exec(ctx, batch, cutoff, o.BatchSize)
+		if err != nil {
+			return res, fmt.Errorf("pruning %s (after %d rows): %w", t, res.Removed, err)
+		}
+		res.Batches++
+		res.Removed += tag.RowsAffected()
+		if tag.RowsAffected() < int64(o.BatchSize) {
+			return res, nil
+		}
+	}
+}

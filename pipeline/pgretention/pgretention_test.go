@@ -1,0 +1,75 @@
+package pgretention_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline/pgretention"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+func TestPruneLedgerRemovesOnlyOldRows(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at)
+		SELECT 'c', 'old-' || g, now() - interval '15 days' FROM generate_series(1, 25) g
+		UNION ALL SELECT 'c', 'new-' || g, now() - interval '13 days' FROM generate_series(1, 5) g`)
+	require.NoError(t, err)
+
+	dry, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, DryRun: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 25, dry.Removed)
+
+	res, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, BatchSize: 10})
+	require.NoError(t, err)
+	require.EqualValues(t, 25, res.Removed)
+	require.Equal(t, 3, res.Batches, "10 + 10 + 5")
+	var left []string
+	rows, err := pool.Query(ctx, `SELECT message_id FROM processed_messages ORDER BY message_id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		left = append(left, id)
+	}
+	require.Equal(t, []string{"new-1", "new-2", "new-3", "new-4", "new-5"}, left)
+}
+
+func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, created_at, dispatched_at) VALUES
+		('old-dispatched', 't', '{}', now() - interval '40 days', now() - interval '40 days'),
+		('old-pending',    't', '{}', now() - interval '40 days', NULL),
+		('new-dispatched', 't', '{}', now() - interval '1 day',   now() - interval '1 day')`)
+	require.NoError(t, err)
+
+	res, err := pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{OlderThan: pgretention.DefaultOutboxRetention, Archive: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Removed)
+	var kept, archived []string
+	for q, dst := range map[string]*[]string{
+		`SELECT aggregate_id FROM outbox ORDER BY id`:         &kept,
+		`SELECT aggregate_id FROM outbox_archive ORDER BY id`: &archived,
+	} {
+		rows, err := pool.Query(ctx, q)
+		require.NoError(t, err)
+		for rows.Next() {
+			var a string
+			require.NoError(t, rows.Scan(&a))
+			*dst = append(*dst, a)
+		}
+	}
+	require.Equal(t, []string{"old-pending", "new-dispatched"}, kept, "a pending row is never pruned, however old")
+	require.Equal(t, []string{"old-dispatched"}, archived)
+
+	_, err = pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: time.Hour, Archive: true})
+	require.Error(t, err, "only the outbox has an archive")
+	_, err = pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{})
+	require.Error(t, err, "a retention is required")
+}
