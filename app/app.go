@@ -13,13 +13,16 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	wmetrics "github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/handlers/charge"
 	"github.com/ferry-dev/ferry/handlers/mail"
+	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/orders"
@@ -28,7 +31,9 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/tracing"
 )
 
 // ErrMigrationsPending is returned by New when the schema is behind the
@@ -53,6 +58,10 @@ type Options struct {
 	Migrate bool
 	// Logger receives every log line. Default: NewLogger(cfg, os.Stderr).
 	Logger *slog.Logger
+	// TracerProvider receives Ferry's spans. Default: the global one.
+	TracerProvider trace.TracerProvider
+	// Version is reported in ferry status. Default "dev".
+	Version string
 }
 
 // ExampleRoutes is the route table of the orders example: the application's
@@ -88,7 +97,9 @@ type App struct {
 	Idempotency *middleware.Idempotency
 	Rescheduler *pgoutbox.Rescheduler
 	Poison      *pgpoison.Store
+	Metrics     *metrics.Metrics
 	Routes      []handlers.Route
+	tracer      *tracing.Tracer
 
 	pubConn         *wamqp.ConnectionWrapper
 	publisher       *wamqp.Publisher
@@ -133,7 +144,13 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if opts.Routes == nil {
 		opts.Routes = ExampleRoutes
 	}
-	a := &App{cfg: cfg, opts: opts, logger: opts.Logger}
+	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, Metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider)}
+	// The relay reports to the metrics, and to the caller's observer if any.
+	if user := cfg.Relay.Observer; user != nil {
+		cfg.Relay.Observer = func(o []pgoutbox.Outcome) { a.Metrics.ObserveRelay(o); user(o) }
+	} else {
+		cfg.Relay.Observer = a.Metrics.ObserveRelay
+	}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -317,6 +334,8 @@ func (a *App) NewRouter() (*message.Router, *wamqp.ConnectionWrapper, error) {
 		Retry:        a.cfg.Retry,
 		Idempotency:  a.Idempotency,
 		Logger:       a.logger,
+		Recorder:     a.Metrics,
+		Tracing:      a.tracer.Consumer,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -326,6 +345,9 @@ func (a *App) NewRouter() (*message.Router, *wamqp.ConnectionWrapper, error) {
 			return nil, nil, fmt.Errorf("editing middleware chain: %w", err)
 		}
 	}
+	// Watermill's own router metrics (handler execution time, publish and
+	// subscribe counts) go to the same registry; added first, so outermost.
+	wmetrics.NewPrometheusMetricsBuilder(a.Metrics.Registry, "", "").AddPrometheusRouterMetrics(router)
 	router.AddMiddleware(chain.Middlewares()...)
 	// One connection for every consumer of the process; the router's
 	// subscribers share it and Run closes it when the router has stopped.
@@ -362,6 +384,19 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) e
 	if what.Pruner {
 		g.Go(func() error { return a.runPruner(ctx) })
 	}
+	if what.Relay || what.Consumers {
+		hb, err := pgstatus.NewHeartbeat(ctx, a.Pool, watermill.NewShortUUID(), what.names(), a.version())
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { hb.Run(ctx, pgstatus.DefaultHeartbeatInterval); return nil })
+	}
+	g.Go(func() error { a.Metrics.RunRefresher(ctx, a.Pool, a.cfg.MetricsRefresh, a.logger); return nil })
+	if a.cfg.AdminAddr != "off" {
+		if err := a.serve(ctx, g, "admin", a.cfg.AdminAddr, a.AdminHandler()); err != nil {
+			return err
+		}
+	}
 	if what.Consumers {
 		router, conn, err := a.NewRouter()
 		if err != nil {
@@ -377,24 +412,9 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) e
 		})
 	}
 	if what.HTTP {
-		ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
-		if err != nil {
-			return fmt.Errorf("FERRY_HTTP_ADDR: listening on %s: %w", a.cfg.HTTPAddr, err)
+		if err := a.serve(ctx, g, "HTTP API", a.cfg.HTTPAddr, a.HTTPHandler()); err != nil {
+			return err
 		}
-		srv := &http.Server{Handler: a.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
-		a.logger.Info("HTTP API listening", "addr", ln.Addr().String())
-		g.Go(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("HTTP API: %w", err)
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
-			defer cancel()
-			return srv.Shutdown(sctx)
-		})
 	}
 	if ready != nil {
 		go func() {
@@ -411,10 +431,53 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) e
 	return g.Wait()
 }
 
+// serve runs an HTTP server on addr in g until ctx ends, then shuts it down gracefully.
+func (a *App) serve(ctx context.Context, g *errgroup.Group, name, addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("%s: listening on %s: %w", name, addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	a.logger.Info(name+" listening", "addr", ln.Addr().String())
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
+	return nil
+}
+
+func (a *App) version() string {
+	if a.opts.Version != "" {
+		return a.opts.Version
+	}
+	return "dev"
+}
+
+func (c Components) names() []string {
+	var n []string
+	for _, x := range []struct {
+		on   bool
+		name string
+	}{{c.Relay, "relay"}, {c.Consumers, "consumers"}, {c.HTTP, "http"}, {c.Pruner, "pruner"}} {
+		if x.on {
+			n = append(n, x.name)
+		}
+	}
+	return n
+}
+
 // HTTPHandler is the HTTP API: POST /orders and GET /healthz.
 func (a *App) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", orders.Handler(a.Orders, a.logger))
+	mux.Handle("POST /orders", a.tracer.HTTP("POST /orders", orders.Handler(a.Orders, a.logger)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))

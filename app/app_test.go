@@ -59,6 +59,7 @@ func testConfig(t *testing.T) (app.Config, *sandbox.PaymentProvider, *sandbox.SM
 		PaymentURL:     provider.URL(),
 		SMTPAddr:       sink.Addr(),
 		HTTPAddr:       "127.0.0.1:0",
+		AdminAddr:      "127.0.0.1:0",
 	}
 	return cfg, provider, sink
 }

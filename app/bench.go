@@ -665,6 +665,7 @@ func benchEndToEnd(ctx context.Context, cfg Config, bc BenchConfig, logger *slog
 	c := cfg
 	c.DatabaseSchema = schema
 	c.DatabaseMaxConns = 24
+	c.AdminAddr = "off"
 	c.AMQP.Namespace = fmt.Sprintf("ferrybench%d.", time.Now().UnixNano())
 	c.Relay.Observer = func(outs []pgoutbox.Outcome) {
 		for _, o := range outs {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/handlers/mail"
+	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
@@ -20,6 +21,7 @@ import (
 const (
 	DefaultDatabaseURL     = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	DefaultHTTPAddr        = "127.0.0.1:8080"
+	DefaultAdminAddr       = "127.0.0.1:9091"
 	DefaultPaymentURL      = "http://127.0.0.1:12111"
 	DefaultSMTPAddr        = "127.0.0.1:2525"
 	DefaultShutdownTimeout = 30 * time.Second
@@ -53,6 +55,14 @@ type Config struct {
 	DurableRetry middleware.DurableRetryConfig
 	// Retention configures pruning of the outbox and the ledger. FERRY_*_RETENTION, FERRY_PRUNE_*.
 	Retention RetentionConfig
+	// AdminAddr is where /metrics, /healthz, /readyz and /admin/* listen;
+	// "off" turns the admin server off. FERRY_ADMIN_ADDR.
+	AdminAddr string
+	// AdminToken guards the admin endpoints that change state (Bearer
+	// token); without one they refuse. FERRY_ADMIN_TOKEN.
+	AdminToken string
+	// MetricsRefresh is how often the outbox gauges are recomputed. FERRY_METRICS_REFRESH.
+	MetricsRefresh time.Duration
 	// HTTPAddr is where the create_order HTTP API listens. FERRY_HTTP_ADDR.
 	HTTPAddr string
 	// PaymentURL is the payment provider's base URL. FERRY_PAYMENT_URL.
@@ -136,6 +146,9 @@ func EnvVars() []EnvVar {
 		}},
 		{"FERRY_PRUNE_INTERVAL", "1h", "how often `ferry run` prunes", durationVar(func(c *Config) *time.Duration { return &c.Retention.Interval })},
 		{"FERRY_PRUNE_BATCH_SIZE", "10000", "rows per pruning transaction", intVar(func(c *Config) *int { return &c.Retention.BatchSize })},
+		{"FERRY_ADMIN_ADDR", DefaultAdminAddr, "admin server (/metrics, /healthz, /readyz, /admin/*); off to disable", func(c *Config, v string) error { c.AdminAddr = v; return nil }},
+		{"FERRY_ADMIN_TOKEN", "(none: state-changing admin endpoints refuse)", "Bearer token of the state-changing admin endpoints", func(c *Config, v string) error { c.AdminToken = v; return nil }},
+		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "create_order HTTP API listen address", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
 		{"FERRY_PAYMENT_URL", DefaultPaymentURL, "payment provider base URL", func(c *Config, v string) error { c.PaymentURL = v; return nil }},
 		{"FERRY_SMTP_ADDR", DefaultSMTPAddr, "SMTP server host:port", func(c *Config, v string) error { c.SMTPAddr = v; return nil }},
@@ -229,6 +242,12 @@ func (c Config) WithDefaults() Config {
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = DefaultHTTPAddr
 	}
+	if c.AdminAddr == "" {
+		c.AdminAddr = DefaultAdminAddr
+	}
+	if c.MetricsRefresh == 0 {
+		c.MetricsRefresh = metrics.DefaultRefreshInterval
+	}
 	if c.PaymentURL == "" {
 		c.PaymentURL = DefaultPaymentURL
 	}
@@ -273,6 +292,9 @@ func (c Config) Validate() error {
 	}
 	if c.Retention.Ledger < time.Hour {
 		add("FERRY_LEDGER_RETENTION", errors.New("must be at least 1h: a shorter ledger forgets messages that may still be redelivered"))
+	}
+	if c.MetricsRefresh <= 0 {
+		add("FERRY_METRICS_REFRESH", errors.New("must be positive"))
 	}
 	if c.ShutdownTimeout <= 0 {
 		add("FERRY_SHUTDOWN_TIMEOUT", errors.New("must be positive"))

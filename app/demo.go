@@ -53,6 +53,9 @@ func Demo(ctx context.Context, cfg Config, out io.Writer, logger *slog.Logger) (
 	if cfg.Relay.PollInterval == 0 {
 		cfg.Relay.PollInterval = 50 * time.Millisecond
 	}
+	if cfg.AdminAddr == "" {
+		cfg.AdminAddr = "off" // a one-shot run: nobody scrapes it, and it must not clash with a running ferry
+	}
 	rep.Schema, rep.Namespace = cfg.DatabaseSchema, cfg.AMQP.Namespace
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)

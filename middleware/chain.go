@@ -13,6 +13,7 @@ import (
 // Names of the links of the default chain, for Chain.InsertBefore/InsertAfter.
 const (
 	LinkCorrelation  = "correlation"
+	LinkTracing      = "tracing"
 	LinkPoison       = "poison"
 	LinkDurableRetry = "durable-retry"
 	LinkRetry        = "retry"
@@ -96,6 +97,12 @@ type ChainConfig struct {
 	Idempotency *Idempotency
 	// Logger receives the chain's log lines. Default: discard.
 	Logger *slog.Logger
+	// Recorder, if set, is told every delivery's outcome (metrics). It is
+	// given to the links that have none of their own.
+	Recorder Recorder
+	// Tracing, if set, is the link that continues the message's trace (see
+	// Tracing); it sits right inside correlation.
+	Tracing message.HandlerMiddleware
 }
 
 // DefaultChain returns Ferry's consumer chain, outermost first. This is the
@@ -107,6 +114,17 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Recorder != nil {
+		if cfg.Poison.Recorder == nil {
+			cfg.Poison.Recorder = cfg.Recorder
+		}
+		if cfg.DurableRetry.Recorder == nil {
+			cfg.DurableRetry.Recorder = cfg.Recorder
+		}
+		if cfg.Idempotency.Recorder == nil {
+			cfg.Idempotency.Recorder = cfg.Recorder
+		}
 	}
 	poison, err := cfg.Poison.Middleware(logger)
 	if err != nil {
@@ -120,7 +138,7 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Chain{
+	chain := Chain{
 		// Outermost, so that everything below, the poison queue included,
 		// logs and forwards the same correlation id.
 		{LinkCorrelation, Correlation},
@@ -141,5 +159,11 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 		// handler, so a failed attempt leaves no ledger row and a duplicate
 		// delivery is acked without running the effect.
 		{LinkIdempotency, cfg.Idempotency.Middleware},
-	}, nil
+	}
+	if cfg.Tracing != nil {
+		// Right inside correlation: the span covers poisoning and retry
+		// scheduling too, and every log line below can carry its trace id.
+		return chain.InsertAfter(LinkCorrelation, Link{LinkTracing, cfg.Tracing})
+	}
+	return chain, nil
 }

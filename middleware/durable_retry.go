@@ -37,6 +37,8 @@ type DurableRetryConfig struct {
 	// Backoff is the schedule between deliveries. Default 30s doubling,
 	// capped at 15m, with 20% jitter.
 	Backoff pipeline.Backoff
+	// Recorder, if set, is told of every retry scheduled and deferral.
+	Recorder Recorder
 }
 
 // transient are metadata keys that describe one delivery, not the message.
@@ -120,10 +122,17 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			}); serr != nil {
 				return nil, errors.Join(err, fmt.Errorf("scheduling durable retry: %w", serr))
 			}
+			outcome := OutcomeRetryScheduled
+			if deferred {
+				outcome = OutcomeDeferred
+			}
+			recorderOr(c.Recorder).Record(pipeline.RouteName(handler), outcome)
 			logger.Warn("handler failed; durable retry scheduled",
 				"message_id", pipeline.MessageID(msg), "handler", handler, "next_attempt", attempt,
 				"retry_in", delay, "deferred", deferred,
-				"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID), "error", err)
+				"aggregate_id", msg.Metadata.Get(pipeline.MetaAggregateID),
+				"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID),
+				"trace_id", msg.Metadata.Get(pipeline.MetaTraceID), "error", err)
 			return nil, nil
 		}
 	}, nil

@@ -22,6 +22,9 @@ type Ledger interface {
 // message id (pipeline.MessageID: the first outbox id, stable across
 // redeliveries, durable retries and requeues).
 type Idempotency struct {
+	// Recorder, if set, is told of every handled and duplicate delivery.
+	Recorder Recorder
+
 	ledger     Ledger
 	logger     *slog.Logger
 	duplicates atomic.Int64
@@ -65,7 +68,10 @@ func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			return nil, err
 		}
-		if !ran {
+		if ran {
+			recorderOr(i.Recorder).Record(consumer, OutcomeHandled)
+		} else {
+			recorderOr(i.Recorder).Record(consumer, OutcomeDuplicate)
 			i.duplicates.Add(1)
 			i.logger.Info("duplicate delivery suppressed",
 				"message_id", id, "handler", consumer,

@@ -23,6 +23,8 @@ type PoisonConfig struct {
 	Publisher message.Publisher
 	// Topic is the poison queue's topic. Default "poison_messages".
 	Topic string
+	// Recorder, if set, is told of every poisoned message.
+	Recorder Recorder
 }
 
 // Middleware returns the poison queue middleware (Watermill's PoisonQueue),
@@ -67,6 +69,7 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 			})
 			produced, err := poisoned(msg)
 			if handlerErr != nil && err == nil {
+				recorderOr(c.Recorder).Record(pipeline.RouteName(message.HandlerNameFromCtx(msg.Context())), OutcomePoisoned)
 				logger.Warn("message moved to poison queue",
 					"message_id", pipeline.MessageID(msg), "handler", message.HandlerNameFromCtx(msg.Context()),
 					"topic", message.SubscribeTopicFromCtx(msg.Context()), "poison_topic", c.Topic,

@@ -55,7 +55,9 @@ func Handler(svc *Service, logger *slog.Logger) http.Handler {
 		}
 		w.Header().Set(HeaderCorrelationID, corr)
 		ctx := pipeline.ContextWithCorrelationID(r.Context(), corr)
-		if tp := r.Header.Get(HeaderTraceParent); tp != "" {
+		// Tracing middleware in front (tracing.HTTP) already put its server
+		// span's traceparent in the context; without it, carry the caller's.
+		if tp := r.Header.Get(HeaderTraceParent); tp != "" && pipeline.TraceParentFromContext(ctx) == "" {
 			if _, ok := pipeline.TraceIDFromTraceParent(tp); ok {
 				ctx = pipeline.ContextWithTraceParent(ctx, tp)
 			}

@@ -36,6 +36,9 @@ Commands:
   consume [--migrate]  run only the consumer router (every handler of the route table)
   bench [flags]        benchmark the pipeline against local PostgreSQL and RabbitMQ: one JSON
                        object per scenario on stdout, a table on stderr (ferry bench -h)
+  status [--attempts N] [--json]
+                       pending per topic, oldest pending, rows failing with their last error,
+                       poison store depth, relay/consumer liveness
   poison list [--topic T] [--limit N] [--json]
                        what is in the poison store, why, since when
   poison requeue (--id ID,... | --topic T | --all) [--limit N] [--dry-run] [--json]
@@ -101,6 +104,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = bench(ctx, rest, stdout, stderr)
 	case "poison":
 		err = poison(ctx, rest, stdout)
+	case "status":
+		err = status(ctx, rest, stdout)
 	case "prune":
 		err = prune(ctx, rest, stdout)
 	default:
@@ -195,7 +200,7 @@ func serve(ctx context.Context, cmd string, args []string, what app.Components) 
 	if err != nil {
 		return err
 	}
-	a, err := app.New(ctx, cfg, app.Options{Migrate: migrate, Logger: logger})
+	a, err := app.New(ctx, cfg, app.Options{Migrate: migrate, Logger: logger, Version: version})
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
 // openPool connects to the configured database and schema (no broker needed).
@@ -208,4 +209,54 @@ func prune(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches)
 	return nil
+}
+
+func status(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	asJSON := fs.Bool("json", false, "print JSON")
+	threshold := fs.Int("attempts", pgstatus.DefaultAttemptsThreshold, "list rows with more relay attempts than this")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	pool, err := openPool(ctx, "status")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rep, err := pgstatus.Collect(ctx, pool, *threshold)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(stdout, rep)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "outbox: %d pending, oldest due %s\n", rep.PendingTotal, time.Duration(rep.OldestDueAgeS*float64(time.Second)).Round(time.Millisecond))
+	if len(rep.Backlog) > 0 {
+		fmt.Fprintln(tw, "  TOPIC\tPENDING\tDUE\tDELAYED\tOLDEST DUE\tMAX ATTEMPTS")
+		for _, b := range rep.Backlog {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\t%d\n", b.Topic, b.Pending, b.Due, b.Delayed,
+				time.Duration(b.OldestDueAgeS*float64(time.Second)).Round(time.Millisecond), b.MaxAttempts)
+		}
+	}
+	fmt.Fprintf(tw, "rows with more than %d attempts: %d\n", rep.AttemptsThreshold, len(rep.Failing))
+	for _, f := range rep.Failing {
+		fmt.Fprintf(tw, "  #%d\t%s\t%s\tattempts %d\tnext %s\t%s\n", f.ID, f.Topic, f.AggregateID, f.Attempts,
+			f.AvailableAt.Format(time.RFC3339), strings.Join(strings.Fields(f.LastError), " "))
+	}
+	fmt.Fprintf(tw, "poison store: %d message(s)\n", rep.PoisonTotal)
+	for t, n := range rep.Poison {
+		fmt.Fprintf(tw, "  %s\t%d\n", t, n)
+	}
+	fmt.Fprintf(tw, "processes: %d relay(s) and %d consumer(s) alive\n", rep.RelaysAlive, rep.ConsumersAlive)
+	for _, in := range rep.Instances {
+		state := "alive"
+		if !in.Alive {
+			state = "DEAD (no heartbeat)"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s pid %d\t%s\tlast heartbeat %s ago\t%s\n", in.ID, in.Components, in.Hostname, in.PID, in.Version,
+			rep.At.Sub(in.HeartbeatAt).Round(time.Second), state)
+	}
+	return tw.Flush()
 }

@@ -1,0 +1,96 @@
+package app
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/ferry-dev/ferry/migrations"
+)
+
+// AdminHandler serves the admin endpoints:
+//
+//	GET  /metrics       Prometheus metrics
+//	GET  /healthz       the process is up
+//	GET  /readyz        database and broker reachable, migrations current (503 otherwise)
+//	POST /admin/prune   prune the outbox and the ledger now (Bearer FERRY_ADMIN_TOKEN)
+//
+// The admin server listens on loopback by default (FERRY_ADMIN_ADDR).
+func (a *App) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", a.Metrics.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		checks, ok := a.Ready(r.Context())
+		status := http.StatusOK
+		if !ok {
+			status = http.StatusServiceUnavailable
+		}
+		writeAdminJSON(w, status, checks)
+	})
+	mux.Handle("POST /admin/prune", a.requireToken(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, err := a.Prune(r.Context())
+		if err != nil {
+			writeAdminJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+			return
+		}
+		writeAdminJSON(w, http.StatusOK, res)
+	})))
+	return mux
+}
+
+// Ready checks what a process needs to do its work.
+func (a *App) Ready(ctx context.Context) (map[string]string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	checks, ok := map[string]string{}, true
+	fail := func(name string, err error) {
+		checks[name], ok = err.Error(), false
+	}
+	if err := a.Pool.Ping(ctx); err != nil {
+		fail("database", err)
+	} else {
+		checks["database"] = "ok"
+	}
+	if a.pubConn == nil || !a.pubConn.IsConnected() {
+		checks["broker"], ok = "not connected (reconnecting)", false
+	} else {
+		checks["broker"] = "ok"
+	}
+	if pending, err := migrations.Pending(ctx, a.DB); err != nil {
+		fail("migrations", err)
+	} else if pending {
+		checks["migrations"], ok = "pending: run ferry migrate up", false
+	} else {
+		checks["migrations"] = "ok"
+	}
+	return checks, ok
+}
+
+func (a *App) requireToken(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.cfg.AdminToken == "" {
+			writeAdminJSON(w, http.StatusForbidden, map[string]string{"error": "state-changing admin endpoints are off: set FERRY_ADMIN_TOKEN"})
+			return
+		}
+		got, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !found || subtle.ConstantTimeCompare([]byte(got), []byte(a.cfg.AdminToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			writeAdminJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong Bearer token"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeAdminJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

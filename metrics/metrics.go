@@ -1,0 +1,189 @@
+// Package metrics is Ferry's Prometheus instrumentation: the outbox gauges
+// the alerts are written against, the relay's dispatch histograms, and the
+// consumers' outcome counters. Names and labels are part of Ferry's
+// interface (dashboards and alert rules use them); they are listed in the
+// README.
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+)
+
+// DefaultRefreshInterval is how often the outbox gauges are recomputed: a
+// count over the pending rows is cheap but not free, so it is done on an
+// interval, never per scrape.
+const DefaultRefreshInterval = 15 * time.Second
+
+// Metrics holds Ferry's collectors on a registry of their own.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	pending          *prometheus.GaugeVec
+	pendingDue       *prometheus.GaugeVec
+	oldestPendingAge prometheus.Gauge
+	maxAttempts      prometheus.Gauge
+	poison           *prometheus.GaugeVec
+	dispatchLatency  *prometheus.HistogramVec
+	attempts         prometheus.Histogram
+	dispatched       *prometheus.CounterVec
+	publishErrors    *prometheus.CounterVec
+	consumer         *prometheus.CounterVec
+	refreshErrors    prometheus.Counter
+}
+
+// New creates the collectors, with Go runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outbox_pending_total", Help: "Undispatched outbox rows, delayed and backed-off ones included.",
+		}, []string{"topic"}),
+		pendingDue: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outbox_pending_due_total", Help: "Undispatched outbox rows that are due now (available_at <= now()).",
+		}, []string{"topic"}),
+		oldestPendingAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_oldest_pending_age_seconds", Help: "Age of the oldest due, undispatched outbox row (0 when none).",
+		}),
+		maxAttempts: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_pending_max_attempts", Help: "Most relay attempts of any undispatched outbox row.",
+		}),
+		poison: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_poison_messages", Help: "Messages in the poison store, by original topic.",
+		}, []string{"topic"}),
+		dispatchLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "outbox_dispatch_latency_seconds", Help: "From outbox row creation to the broker's confirm.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600},
+		}, []string{"topic"}),
+		attempts: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outbox_attempts", Help: "Relay attempts a row needed, observed when it is dispatched.",
+			Buckets: []float64{1, 2, 3, 4, 5, 6, 8, 10, 15, 20},
+		}),
+		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_dispatched_total", Help: "Outbox rows the broker confirmed.",
+		}, []string{"topic"}),
+		publishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_publish_errors_total", Help: "Relay publishes that failed (the row is retried with backoff).",
+		}, []string{"topic"}),
+		consumer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_consumer_messages_total",
+			Help: "Consumer outcomes per route: handled, duplicate, retry_scheduled, deferred, poisoned.",
+		}, []string{"handler", "outcome"}),
+		refreshErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
+		}),
+	}
+	m.Registry.MustRegister(m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison,
+		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.consumer, m.refreshErrors,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the registry in Prometheus' exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// ObserveRelay records a relay batch's outcomes (pgoutbox.RelayConfig.Observer).
+func (m *Metrics) ObserveRelay(outcomes []pgoutbox.Outcome) {
+	for _, o := range outcomes {
+		if o.Err != nil {
+			m.publishErrors.WithLabelValues(o.Topic).Inc()
+			continue
+		}
+		m.dispatched.WithLabelValues(o.Topic).Inc()
+		m.attempts.Observe(float64(o.Attempt))
+		if !o.CreatedAt.IsZero() && !o.At.IsZero() {
+			m.dispatchLatency.WithLabelValues(o.Topic).Observe(o.At.Sub(o.CreatedAt).Seconds())
+		}
+	}
+}
+
+// Record implements middleware.Recorder.
+func (m *Metrics) Record(handler string, outcome middleware.Outcome) {
+	m.consumer.WithLabelValues(handler, string(outcome)).Inc()
+}
+
+// Refresh recomputes the outbox and poison gauges from the database.
+func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
+	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()), max(attempts),
+		extract(epoch FROM now() - min(created_at) FILTER (WHERE available_at <= now()))
+		FROM outbox WHERE dispatched_at IS NULL GROUP BY topic`)
+	if err != nil {
+		return err
+	}
+	m.pending.Reset()
+	m.pendingDue.Reset()
+	var maxAttempts int
+	var oldest float64
+	for rows.Next() {
+		var (
+			topic      string
+			n, due     int
+			attempts   int
+			oldestSecs *float64
+		)
+		if err := rows.Scan(&topic, &n, &due, &attempts, &oldestSecs); err != nil {
+			rows.Close()
+			return err
+		}
+		m.pending.WithLabelValues(topic).Set(float64(n))
+		m.pendingDue.WithLabelValues(topic).Set(float64(due))
+		maxAttempts = max(maxAttempts, attempts)
+		if oldestSecs != nil {
+			oldest = max(oldest, *oldestSecs)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	m.maxAttempts.Set(float64(maxAttempts))
+	m.oldestPendingAge.Set(oldest)
+
+	prow, err := pool.Query(ctx, `SELECT topic, count(*) FROM poison_messages GROUP BY topic`)
+	if err != nil {
+		return err
+	}
+	defer prow.Close()
+	m.poison.Reset()
+	for prow.Next() {
+		var topic string
+		var n int
+		if err := prow.Scan(&topic, &n); err != nil {
+			return err
+		}
+		m.poison.WithLabelValues(topic).Set(float64(n))
+	}
+	return prow.Err()
+}
+
+// RunRefresher refreshes the gauges every interval until ctx ends.
+func (m *Metrics) RunRefresher(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, logger *slog.Logger) {
+	if interval <= 0 {
+		interval = DefaultRefreshInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if err := m.Refresh(ctx, pool); err != nil && ctx.Err() == nil {
+			m.refreshErrors.Inc()
+			logger.Warn("refreshing outbox metrics failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,30 @@
+package middleware
+
+// Outcome is what became of one delivery, for metrics.
+type Outcome string
+
+// Outcomes the chain records.
+const (
+	OutcomeHandled        Outcome = "handled"
+	OutcomeDuplicate      Outcome = "duplicate"
+	OutcomeRetryScheduled Outcome = "retry_scheduled"
+	OutcomeDeferred       Outcome = "deferred"
+	OutcomePoisoned       Outcome = "poisoned"
+)
+
+// Recorder is told the outcome of every delivery, by route name
+// (metrics.Metrics is Ferry's). Implementations must be safe for concurrent use.
+type Recorder interface {
+	Record(handler string, outcome Outcome)
+}
+
+type nopRecorder struct{}
+
+func (nopRecorder) Record(string, Outcome) {}
+
+func recorderOr(r Recorder) Recorder {
+	if r == nil {
+		return nopRecorder{}
+	}
+	return r
+}

@@ -1,0 +1,191 @@
+// Package pgstatus answers "is the pipeline healthy, and if not, why":
+// the outbox backlog per topic, its oldest due row, the rows that keep
+// failing with their last error, the poison store's depth, and which relay
+// and consumer processes are alive (their heartbeats in ferry_instances).
+package pgstatus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults.
+const (
+	DefaultHeartbeatInterval = 5 * time.Second
+	// AliveWithin is how recent a heartbeat must be for its process to count as alive.
+	AliveWithin = 3 * DefaultHeartbeatInterval
+	// DefaultAttemptsThreshold is the article's alert threshold: rows tried more often are listed.
+	DefaultAttemptsThreshold = 5
+)
+
+// TopicBacklog is one topic's undispatched rows.
+type TopicBacklog struct {
+	Topic         string  `json:"topic"`
+	Pending       int     `json:"pending"`
+	Due           int     `json:"due"`
+	Delayed       int     `json:"delayed"`
+	OldestDueAgeS float64 `json:"oldest_due_age_seconds"`
+	MaxAttempts   int     `json:"max_attempts"`
+}
+
+// FailingRow is an undispatched row tried more than the threshold.
+type FailingRow struct {
+	ID          int64     `json:"id"`
+	Topic       string    `json:"topic"`
+	AggregateID string    `json:"aggregate_id"`
+	Attempts    int       `json:"attempts"`
+	LastError   string    `json:"last_error"`
+	AvailableAt time.Time `json:"available_at"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// Instance is one Ferry process.
+type Instance struct {
+	ID          string    `json:"instance_id"`
+	Components  string    `json:"components"`
+	Hostname    string    `json:"hostname"`
+	PID         int       `json:"pid"`
+	Version     string    `json:"version"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	Alive       bool      `json:"alive"`
+}
+
+// Report is the pipeline's status.
+type Report struct {
+	At                time.Time      `json:"at"`
+	Backlog           []TopicBacklog `json:"backlog"`
+	PendingTotal      int            `json:"pending_total"`
+	OldestDueAgeS     float64        `json:"oldest_due_age_seconds"`
+	AttemptsThreshold int            `json:"attempts_threshold"`
+	Failing           []FailingRow   `json:"failing"`
+	Poison            map[string]int `json:"poison"`
+	PoisonTotal       int            `json:"poison_total"`
+	Instances         []Instance     `json:"instances"`
+	RelaysAlive       int            `json:"relays_alive"`
+	ConsumersAlive    int            `json:"consumers_alive"`
+}
+
+// Collect builds the report; failing lists at most 20 rows with more than
+// threshold attempts.
+func Collect(ctx context.Context, pool *pgxpool.Pool, threshold int) (Report, error) {
+	rep := Report{AttemptsThreshold: threshold, Poison: map[string]int{}}
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
+		return rep, fmt.Errorf("reading status: %w", err)
+	}
+	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()),
+		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE available_at <= now())), 0)::float8, max(attempts)
+		FROM outbox WHERE dispatched_at IS NULL GROUP BY topic ORDER BY topic`)
+	if err != nil {
+		return rep, fmt.Errorf("reading the outbox backlog: %w", err)
+	}
+	for rows.Next() {
+		var b TopicBacklog
+		if err := rows.Scan(&b.Topic, &b.Pending, &b.Due, &b.OldestDueAgeS, &b.MaxAttempts); err != nil {
+			rows.Close()
+			return rep, err
+		}
+		b.Delayed = b.Pending - b.Due
+		rep.Backlog = append(rep.Backlog, b)
+		rep.PendingTotal += b.Pending
+		rep.OldestDueAgeS = max(rep.OldestDueAgeS, b.OldestDueAgeS)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return rep, err
+	}
+	frows, err := pool.Query(ctx, `SELECT id, topic, aggregate_id, attempts, coalesce(last_error, ''), available_at, created_at
+		FROM outbox WHERE dispatched_at IS NULL AND attempts > $1 ORDER BY attempts DESC, id LIMIT 20`, threshold)
+	if err != nil {
+		return rep, fmt.Errorf("reading failing rows: %w", err)
+	}
+	rep.Failing, err = pgx.CollectRows(frows, pgx.RowToStructByPos[FailingRow])
+	if err != nil {
+		return rep, err
+	}
+	prows, err := pool.Query(ctx, `SELECT topic, count(*) FROM poison_messages GROUP BY topic`)
+	if err != nil {
+		return rep, fmt.Errorf("reading the poison store: %w", err)
+	}
+	for prows.Next() {
+		var t string
+		var n int
+		if err := prows.Scan(&t, &n); err != nil {
+			prows.Close()
+			return rep, err
+		}
+		rep.Poison[t] = n
+		rep.PoisonTotal += n
+	}
+	prows.Close()
+	irows, err := pool.Query(ctx, `SELECT instance_id, components, hostname, pid, version, started_at, heartbeat_at,
+		heartbeat_at > now() - $1 * interval '1 microsecond' FROM ferry_instances ORDER BY started_at`, AliveWithin.Microseconds())
+	if err != nil {
+		return rep, fmt.Errorf("reading instances: %w", err)
+	}
+	rep.Instances, err = pgx.CollectRows(irows, pgx.RowToStructByPos[Instance])
+	if err != nil {
+		return rep, err
+	}
+	for _, in := range rep.Instances {
+		if !in.Alive {
+			continue
+		}
+		if strings.Contains(in.Components, "relay") {
+			rep.RelaysAlive++
+		}
+		if strings.Contains(in.Components, "consumers") {
+			rep.ConsumersAlive++
+		}
+	}
+	return rep, nil
+}
+
+// Heartbeat keeps one process's row in ferry_instances fresh.
+type Heartbeat struct {
+	pool *pgxpool.Pool
+	id   string
+}
+
+// NewHeartbeat registers a process running components.
+func NewHeartbeat(ctx context.Context, pool *pgxpool.Pool, id string, components []string, version string) (*Heartbeat, error) {
+	if pool == nil || id == "" {
+		return nil, errors.New("pgstatus: NewHeartbeat needs a pool and an id")
+	}
+	host, _ := os.Hostname()
+	if _, err := pool.Exec(ctx, `INSERT INTO ferry_instances (instance_id, components, hostname, pid, version)
+		VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()`,
+		id, strings.Join(components, ","), host, os.Getpid(), version); err != nil {
+		return nil, fmt.Errorf("registering instance: %w", err)
+	}
+	return &Heartbeat{pool: pool, id: id}, nil
+}
+
+// Run beats every interval until ctx ends, then deletes the row: a clean
+// stop is not a death.
+func (h *Heartbeat) Run(ctx context.Context, interval time.Duration) {
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_, _ = h.pool.Exec(dctx, `DELETE FROM ferry_instances WHERE instance_id = $1`, h.id)
+			cancel()
+			return
+		case <-t.C:
+			_, _ = h.pool.Exec(ctx, `UPDATE ferry_instances SET heartbeat_at = now() WHERE instance_id = $1`, h.id)
+		}
+	}
+}

@@ -1,0 +1,116 @@
+// Package tracing carries W3C trace context (OpenTelemetry) through Ferry:
+// from an HTTP request into the events it causes (their traceparent header,
+// stored in the outbox row and sent as an AMQP header), from a consumed
+// message into its handler's context and spans, and on into the events the
+// handler publishes. The wire format is W3C Trace Context whatever the
+// process's global propagator; spans go to the TracerProvider given, or to
+// the global one (a no-op until the application installs an SDK, in which
+// case the trace id still travels unchanged).
+package tracing
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// TracerName names Ferry's tracer.
+const TracerName = "github.com/ferry-dev/ferry"
+
+var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+// Tracer starts Ferry's spans.
+type Tracer struct {
+	tracer trace.Tracer
+}
+
+// New returns a Tracer on provider (nil: the global TracerProvider).
+func New(provider trace.TracerProvider) *Tracer {
+	if provider == nil {
+		provider = otel.GetTracerProvider()
+	}
+	return &Tracer{tracer: provider.Tracer(TracerName)}
+}
+
+// metadataCarrier lets the propagator read and write message metadata.
+type metadataCarrier message.Metadata
+
+func (c metadataCarrier) Get(key string) string { return c[key] }
+func (c metadataCarrier) Set(key, value string) { c[key] = value }
+func (c metadataCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// withPipelineContext puts the current span's traceparent where
+// pipeline.NewEvent looks for it, so events published from ctx continue the trace.
+func withPipelineContext(ctx context.Context) context.Context {
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	if tp := carrier.Get("traceparent"); tp != "" {
+		ctx = pipeline.ContextWithTraceParent(ctx, tp)
+	}
+	return ctx
+}
+
+// HTTP continues the request's trace (its traceparent header, if any) in a
+// server span around next, and makes the events next publishes part of it.
+func (t *Tracer) HTTP(name string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
+		defer span.End()
+		next.ServeHTTP(w, r.WithContext(withPipelineContext(ctx)))
+	})
+}
+
+// Consumer is the chain link that continues a consumed message's trace in
+// a consumer span around the rest of the chain and the handler.
+func (t *Tracer) Consumer(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ctx := propagator.Extract(msg.Context(), metadataCarrier(msg.Metadata))
+		topic := pipeline.OriginalTopic(msg, message.SubscribeTopicFromCtx(ctx))
+		ctx, span := t.tracer.Start(ctx, "consume "+topic, trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(
+				attribute.String("messaging.system", "rabbitmq"),
+				attribute.String("messaging.destination.name", topic),
+				attribute.String("messaging.message.id", pipeline.MessageID(msg)),
+				attribute.String("messaging.consumer.group.name", pipeline.RouteName(message.HandlerNameFromCtx(ctx))),
+				attribute.Int("ferry.attempt", pipeline.DeliveryAttempt(msg)),
+			))
+		defer span.End()
+		if tid := span.SpanContext().TraceID(); tid.IsValid() {
+			msg.Metadata.Set(pipeline.MetaTraceID, tid.String())
+		}
+		msg.SetContext(withPipelineContext(ctx))
+		produced, err := h(msg)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		for _, p := range produced {
+			propagator.Inject(ctx, metadataCarrier(p.Metadata))
+		}
+		return produced, err
+	}
+}
+
+// TraceID returns the trace id of ctx's span, or "".
+func TraceID(ctx context.Context) string {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		return sc.TraceID().String()
+	}
+	return ""
+}
