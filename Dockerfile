@@ -11,6 +11,6 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ferry /usr/local/bin/ferry
 USER nonroot:nonroot
-EXPOSE 8080
+EXPOSE 8080 9091
 ENTRYPOINT ["/usr/local/bin/ferry"]
 CMD ["run", "--migrate"]

@@ -53,6 +53,9 @@ Commands:
   migrate up           apply pending database migrations
   migrate down         roll back the newest migration
   migrate status       list migrations and whether each is applied
+  healthcheck [--url URL]
+                       exit 0 if URL (default: the admin server's /readyz) answers 200; for
+                       container healthchecks, the image having no shell or curl
   help [config]        show this help, or the configuration variables
   version              print the version
 
@@ -106,6 +109,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = poison(ctx, rest, stdout)
 	case "status":
 		err = status(ctx, rest, stdout)
+	case "healthcheck":
+		err = healthcheck(ctx, rest, stdout)
 	case "prune":
 		err = prune(ctx, rest, stdout)
 	default:

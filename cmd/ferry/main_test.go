@@ -11,7 +11,7 @@ func TestHelpListsEveryCommand(t *testing.T) {
 	var out, errOut strings.Builder
 	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
 	for _, cmd := range []string{"demo", "run", "relay", "consume", "bench", "status", "poison list", "poison requeue", "poison discard",
-		"prune outbox", "prune ledger", "migrate up", "migrate down", "migrate status", "help", "version"} {
+		"prune outbox", "prune ledger", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
 	}
 	out.Reset()

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -259,4 +260,38 @@ func status(ctx context.Context, args []string, stdout io.Writer) error {
 			rep.At.Sub(in.HeartbeatAt).Round(time.Second), state)
 	}
 	return tw.Flush()
+}
+
+func healthcheck(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	url := fs.String("url", "", "URL to probe (default http://<FERRY_ADMIN_ADDR>/readyz)")
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if *url == "" {
+		cfg, err := loadConfig()
+		if err != nil {
+			return err
+		}
+		addr := strings.Replace(cfg.AdminAddr, "0.0.0.0", "127.0.0.1", 1)
+		*url = "http://" + addr + "/readyz"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, *url, nil)
+	if err != nil {
+		return usageError{err}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("probing %s: %w", *url, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s answered %d: %s", *url, resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	fmt.Fprintf(stdout, "ok: %s\n", strings.TrimSpace(string(body)))
+	return nil
 }
