@@ -144,6 +144,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if opts.Routes == nil {
 		opts.Routes = ExampleRoutes
 	}
+	if cfg.ChaosFaults != nil {
+		opts = chaosOptions(opts, *cfg.ChaosFaults)
+	}
 	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, Metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider)}
 	// The relay reports to the metrics, and to the caller's observer if any.
 	if user := cfg.Relay.Observer; user != nil {
@@ -157,7 +160,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		}
 	}()
 
-	a.Pool, err = pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry", MaxConns: cfg.DatabaseMaxConns})
+	a.Pool, err = pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: cfg.DatabaseAppName, MaxConns: cfg.DatabaseMaxConns})
 	if err != nil {
 		return nil, err
 	}

@@ -39,6 +39,8 @@ type Config struct {
 	DatabaseURL string
 	// DatabaseSchema puts Ferry's tables in this schema (search_path). FERRY_DATABASE_SCHEMA.
 	DatabaseSchema string
+	// DatabaseAppName is the application_name of Ferry's sessions. FERRY_DATABASE_APP_NAME.
+	DatabaseAppName string
 	// DatabaseMaxConns is the pool size. FERRY_DATABASE_MAX_CONNS.
 	DatabaseMaxConns int32
 	// AMQP configures RabbitMQ. FERRY_AMQP_*.
@@ -73,6 +75,9 @@ type Config struct {
 	Mail mail.Config
 	// ShutdownTimeout bounds a graceful stop. FERRY_SHUTDOWN_TIMEOUT.
 	ShutdownTimeout time.Duration
+	// ChaosFaults, for fault-injection runs only, makes handlers fail and
+	// panic at random. FERRY_CHAOS_FAULTS.
+	ChaosFaults *HandlerFaults
 	// LogLevel is debug, info, warn or error. FERRY_LOG_LEVEL.
 	LogLevel string
 	// LogFormat is json, text or auto (text on a terminal). FERRY_LOG_FORMAT.
@@ -112,6 +117,7 @@ func EnvVars() []EnvVar {
 			c.DatabaseMaxConns = int32(n)
 			return err
 		}},
+		{"FERRY_DATABASE_APP_NAME", "ferry", "application_name of Ferry's database sessions", func(c *Config, v string) error { c.DatabaseAppName = v; return nil }},
 		{"FERRY_AMQP_URL", rabbit.DefaultURL, "RabbitMQ URL, vhost included", func(c *Config, v string) error { c.AMQP.URL = v; return nil }},
 		{"FERRY_AMQP_NAMESPACE", "(none)", "prefix of every exchange and queue name", func(c *Config, v string) error { c.AMQP.Namespace = v; return nil }},
 		{"FERRY_AMQP_QUEUE_TYPE", rabbit.QueueTypeQuorum, "quorum or classic", func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
@@ -155,6 +161,11 @@ func EnvVars() []EnvVar {
 		{"FERRY_MAIL_FROM", mail.DefaultFrom, "sender of order mails", func(c *Config, v string) error { c.Mail.From = v; return nil }},
 		{"FERRY_MAIL_RECIPIENT_DOMAIN", mail.DefaultRecipientDomain, "domain appended to user ids for mail", func(c *Config, v string) error { c.Mail.RecipientDomain = v; return nil }},
 		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+		{"FERRY_CHAOS_FAULTS", "(none)", "testing only: inject handler faults, e.g. fail=0.1,panic=0.01,seed=7 (ferry chaos sets it)", func(c *Config, v string) error {
+			f, err := parseFaults(v)
+			c.ChaosFaults = f
+			return err
+		}},
 		{"FERRY_LOG_LEVEL", DefaultLogLevel, "debug, info, warn or error", func(c *Config, v string) error { c.LogLevel = v; return nil }},
 		{"FERRY_LOG_FORMAT", DefaultLogFormat, "json, text or auto (text on a terminal)", func(c *Config, v string) error { c.LogFormat = v; return nil }},
 	}
@@ -216,6 +227,9 @@ func unwrapNum(err error) error {
 func (c Config) WithDefaults() Config {
 	if c.DatabaseURL == "" {
 		c.DatabaseURL = DefaultDatabaseURL
+	}
+	if c.DatabaseAppName == "" {
+		c.DatabaseAppName = "ferry"
 	}
 	if c.DatabaseMaxConns == 0 {
 		c.DatabaseMaxConns = DefaultDatabaseMaxConns

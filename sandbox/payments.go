@@ -32,6 +32,15 @@ type PaymentProvider struct {
 	byKey    map[string]Charge
 	requests int
 	failures int // answer 503 to this many next requests
+	audit    []AuditEntry
+	auditKey map[string]bool
+}
+
+// AuditEntry is one audit event as first received (replays are dropped by
+// idempotency key, as a real receiver would).
+type AuditEntry struct {
+	Aggregate string `json:"aggregate"`
+	Seq       int64  `json:"seq"`
 }
 
 // StartPaymentProvider listens on addr ("127.0.0.1:0" for any free port).
@@ -40,9 +49,10 @@ func StartPaymentProvider(addr string) (*PaymentProvider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting payment provider: %w", err)
 	}
-	p := &PaymentProvider{ln: ln, byKey: map[string]Charge{}}
+	p := &PaymentProvider{ln: ln, byKey: map[string]Charge{}, auditKey: map[string]bool{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/charges", p.handleCharge)
+	mux.HandleFunc("POST /v1/audit", p.handleAudit)
 	p.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = p.srv.Serve(ln) }()
 	return p, nil
@@ -116,6 +126,29 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Unlock()
 	writeProviderJSON(w, http.StatusOK, map[string]any{"id": c.ID, "amount": c.Amount, "currency": c.Currency, "replayed": replay})
+}
+
+// Audit returns the audit events in the order they first arrived.
+func (p *PaymentProvider) Audit() []AuditEntry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]AuditEntry(nil), p.audit...)
+}
+
+func (p *PaymentProvider) handleAudit(w http.ResponseWriter, r *http.Request) {
+	var e AuditEntry
+	key := r.Header.Get("Idempotency-Key")
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<12)).Decode(&e); err != nil || key == "" {
+		writeProviderJSON(w, http.StatusBadRequest, map[string]string{"error": "want JSON {aggregate, seq} and an Idempotency-Key"})
+		return
+	}
+	p.mu.Lock()
+	if !p.auditKey[key] {
+		p.auditKey[key] = true
+		p.audit = append(p.audit, e)
+	}
+	p.mu.Unlock()
+	writeProviderJSON(w, http.StatusOK, map[string]string{"ok": "recorded"})
 }
 
 func writeProviderJSON(w http.ResponseWriter, status int, v any) {

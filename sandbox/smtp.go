@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/textproto"
 	"sync"
@@ -43,6 +44,9 @@ func StartSMTPSink(addr string) (*SMTPSink, error) {
 	s.srv.ReadTimeout = 10 * time.Second
 	s.srv.WriteTimeout = 10 * time.Second
 	s.srv.MaxMessageBytes = 1 << 20
+	// Clients that die mid-session (fault-injection runs kill them) are
+	// expected here, not news.
+	s.srv.ErrorLog = log.New(io.Discard, "", 0)
 	go func() { _ = s.srv.Serve(ln) }()
 	return s, nil
 }

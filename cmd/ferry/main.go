@@ -36,6 +36,10 @@ Commands:
   consume [--migrate]  run only the consumer router (every handler of the route table)
   bench [flags]        benchmark the pipeline against local PostgreSQL and RabbitMQ: one JSON
                        object per scenario on stdout, a table on stderr (ferry bench -h)
+  chaos [--long] [--orders N] [--rate R] [--seed S] [--json]
+                       fault-injection run: orders at a steady rate while relay and consumer
+                       processes are SIGKILLed, database backends terminated, broker connections
+                       cut and handlers fail/panic; exits non-zero if anything was lost or doubled
   status [--attempts N] [--json]
                        pending per topic, oldest pending, rows failing with their last error,
                        poison store depth, relay/consumer liveness
@@ -109,6 +113,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = poison(ctx, rest, stdout)
 	case "status":
 		err = status(ctx, rest, stdout)
+	case "chaos":
+		err = chaos(ctx, rest, stdout, stderr)
 	case "healthcheck":
 		err = healthcheck(ctx, rest, stdout)
 	case "prune":

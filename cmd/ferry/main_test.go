@@ -10,7 +10,7 @@ import (
 func TestHelpListsEveryCommand(t *testing.T) {
 	var out, errOut strings.Builder
 	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
-	for _, cmd := range []string{"demo", "run", "relay", "consume", "bench", "status", "poison list", "poison requeue", "poison discard",
+	for _, cmd := range []string{"demo", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue", "poison discard",
 		"prune outbox", "prune ledger", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
 	}

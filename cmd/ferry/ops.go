@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
@@ -293,5 +294,56 @@ func healthcheck(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("%s answered %d: %s", *url, resp.StatusCode, strings.TrimSpace(string(body)))
 	}
 	fmt.Fprintf(stdout, "ok: %s\n", strings.TrimSpace(string(body)))
+	return nil
+}
+
+func chaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var run app.ChaosRun
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	long := fs.Bool("long", false, "the long run: 10,000 orders, broker restarts among the faults")
+	fs.IntVar(&run.Orders, "orders", 2000, "orders to place")
+	fs.IntVar(&run.Rate, "rate", 200, "create_order calls per second")
+	fs.IntVar(&run.Relays, "relays", 2, "ferry relay processes")
+	fs.IntVar(&run.Consumers, "consumers", 2, "ferry consume processes")
+	seed := fs.Uint64("seed", 1, "seed of the orders and the faults, for replay")
+	fs.DurationVar(&run.FaultEvery, "fault-every", 500*time.Millisecond, "pause between injected faults")
+	fs.BoolVar(&run.RestartBroker, "restart-broker", false, "also restart RabbitMQ (hits every user of the broker)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return usageError{err}
+	}
+	run.Seed = *seed
+	if *long {
+		run.Orders = max(run.Orders, 10_000)
+		run.RestartBroker = true
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	logger, err := app.NewLogger(app.Config{LogLevel: "error", LogFormat: cfg.LogFormat}, stderr)
+	if err != nil {
+		return err
+	}
+	out := stdout
+	if *asJSON {
+		out = stderr
+	}
+	rep, err := app.Chaos(ctx, cfg, run, out, logger)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if err := writeJSON(stdout, rep); err != nil {
+			return err
+		}
+	}
+	if !rep.OK() {
+		return fmt.Errorf("%d invariant violation(s): %s", len(rep.Violations), rep.Violations[0])
+	}
 	return nil
 }
