@@ -320,12 +320,13 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 		{MessageId: "m2", Body: []byte(`{"order_id":1}`), Headers: amqp.Table{"schema_version": "1"}},                                                 // missing fields
 		{MessageId: "m3", Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": int32(99)}}, // unknown version, integer header
 		{Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": "1"}},                        // no message id
+		{MessageId: "m5", Body: []byte(`{"order_id":1,"user_id":"` + strings.Repeat("x", 2<<20) + `"}`), Headers: amqp.Table{"schema_version": "1"}},  // huge
 	}
 	for _, p := range bad {
 		require.NoError(t, ch.PublishWithContext(context.Background(), exchange, "", false, false, p))
 	}
 	var poisoned []pgpoison.Record
-	eventually(t, "four poisoned messages", func() bool {
+	eventually(t, "every malformed message poisoned", func() bool {
 		poisoned = h.poisoned(t)
 		return len(poisoned) == len(bad)
 	})
@@ -343,6 +344,7 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 	require.Contains(t, reasons["m2"], "user_id is missing")
 	require.Contains(t, reasons["m3"], `unknown schema_version "99"`)
 	require.Contains(t, reasons[""], "no id")
+	require.Contains(t, reasons["m5"], "more than 1048576")
 	mu.Lock()
 	defer mu.Unlock()
 	require.Zero(t, calls)

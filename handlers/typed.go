@@ -53,11 +53,18 @@ func Typed[T any](fn func(ctx context.Context, event *T) error, opts ...TypedOpt
 	}
 }
 
+// MaxPayloadBytes is the largest payload Decode accepts: what the outbox
+// accepts. A larger one did not come through Ferry and is refused.
+const MaxPayloadBytes = 1 << 20
+
 // Decode decodes msg's payload as a T, checking its schema version against
 // versions (default: pipeline.DefaultSchemaVersion). Its errors are Permanent.
 func Decode[T any](msg *message.Message, versions ...string) (*T, error) {
 	if len(versions) == 0 {
 		versions = []string{pipeline.DefaultSchemaVersion}
+	}
+	if len(msg.Payload) > MaxPayloadBytes {
+		return nil, pipeline.Permanent(fmt.Errorf("message %s payload is %d bytes, more than %d", msg.UUID, len(msg.Payload), MaxPayloadBytes))
 	}
 	v := msg.Metadata.Get(pipeline.MetaSchemaVersion)
 	if v == "" {

@@ -74,24 +74,17 @@ func Handler(svc *Service, logger *slog.Logger) http.Handler {
 			writeError(w, http.StatusBadRequest, APIError{Code: "missing_idempotency_key", Message: "the Idempotency-Key header is required"})
 			return
 		}
-		var req createOrderRequest
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
+		in, err := ParseCreateOrder(http.MaxBytesReader(w, r.Body, MaxRequestBytes), key)
+		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
 				writeError(w, http.StatusRequestEntityTooLarge, APIError{Code: "body_too_large", Message: fmt.Sprintf("the body must be at most %d bytes", MaxRequestBytes)})
 				return
 			}
-			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_json", Message: "the body is not a valid create_order JSON object: " + err.Error()})
+			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_json", Message: err.Error()})
 			return
 		}
-		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_json", Message: "the body must hold one JSON object"})
-			return
-		}
-
-		res, err := svc.CreateOrder(ctx, Input{UserID: req.UserID, Amount: req.Amount, Currency: req.Currency, IdempotencyKey: key})
+		res, err := svc.CreateOrder(ctx, in)
 		var verr *ValidationError
 		switch {
 		case errors.As(err, &verr):
@@ -108,6 +101,30 @@ func Handler(svc *Service, logger *slog.Logger) http.Handler {
 		}
 	})
 	return mux
+}
+
+// ParseCreateOrder reads one create_order JSON object from body (unknown
+// fields refused, nothing after it) into an Input with the idempotency key.
+// It does not validate the values; Input.Validate does.
+func ParseCreateOrder(body io.Reader, idempotencyKey string) (Input, error) {
+	var req createOrderRequest
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return Input{}, err
+		}
+		return Input{}, fmt.Errorf("the body is not a valid create_order JSON object: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return Input{}, err
+		}
+		return Input{}, errors.New("the body must hold one JSON object")
+	}
+	return Input{UserID: req.UserID, Amount: req.Amount, Currency: req.Currency, IdempotencyKey: idempotencyKey}, nil
 }
 
 func writeError(w http.ResponseWriter, status int, e APIError) {

@@ -148,8 +148,12 @@ func oneLine(err error) string {
 func hint(err error) string {
 	msg := err.Error()
 	switch {
+	case strings.Contains(msg, "PostgreSQL") && (strings.Contains(msg, "password authentication failed") || strings.Contains(msg, "does not exist")):
+		return " (check the user, password and database in FERRY_DATABASE_URL)"
 	case strings.Contains(msg, "cannot reach PostgreSQL"):
 		return " (is PostgreSQL running? check FERRY_DATABASE_URL)"
+	case strings.Contains(msg, "RabbitMQ") && (strings.Contains(msg, "403") || strings.Contains(msg, "not allowed")):
+		return " (check the user, password and vhost in FERRY_AMQP_URL)"
 	case strings.Contains(msg, "connecting to RabbitMQ"):
 		return " (is RabbitMQ running? check FERRY_AMQP_URL)"
 	}

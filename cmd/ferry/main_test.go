@@ -58,3 +58,31 @@ func TestUnreachableDatabaseIsReported(t *testing.T) {
 	require.Contains(t, errOut.String(), "check FERRY_DATABASE_URL")
 	require.Equal(t, 1, strings.Count(errOut.String(), "\n"))
 }
+
+func TestWrongCredentialsAreOneActionableLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
+	}
+	for name, env := range map[string][2]string{
+		"database": {"FERRY_DATABASE_URL", "postgres://nosuchuser@127.0.0.1:5432/test?sslmode=disable"},
+		"broker":   {"FERRY_AMQP_URL", "amqp://guest:wrong-password@127.0.0.1:5672/"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(env[0], env[1])
+			t.Setenv("FERRY_DATABASE_SCHEMA", "ferry_never_there")
+			var out, errOut strings.Builder
+			require.Equal(t, 1, run([]string{"relay", "--migrate"}, &out, &errOut))
+			msg := errOut.String()
+			require.Equal(t, 1, strings.Count(msg, "\n"), "one line: %q", msg)
+			require.NotContains(t, msg, "wrong-password", "credentials never reach the output")
+			switch name {
+			case "database":
+				require.Contains(t, msg, "nosuchuser")
+				require.Contains(t, msg, "check the user, password and database in FERRY_DATABASE_URL")
+			case "broker":
+				require.Contains(t, msg, "username or password not allowed")
+				require.Contains(t, msg, "check the user, password and vhost in FERRY_AMQP_URL")
+			}
+		})
+	}
+}
