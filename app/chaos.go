@@ -87,6 +87,8 @@ type ChaosReport struct {
 	Mails            int            `json:"mails_delivered"`
 	MailDuplicates   int            `json:"mail_duplicates_dropped_by_message_id"`
 	AuditEvents      int            `json:"audit_events"`
+	RelayRetries     int            `json:"rows_with_relay_retries"`
+	DurableRetries   int            `json:"durable_retries"`
 	Poisoned         int            `json:"poisoned"`
 	PoisonReasons    map[string]int `json:"poison_reasons"`
 	Redeliveries     int            `json:"ledger_duplicates_suppressed"`
@@ -307,16 +309,18 @@ func Chaos(ctx context.Context, cfg Config, run ChaosRun, out io.Writer, logger 
 	faultsWG.Go(func() {
 		frng := rand.New(rand.NewPCG(run.Seed^0xfa17, run.Seed))
 		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections"}
-		if run.RestartBroker {
-			kinds = append(kinds, "restart_broker")
-		}
-		for {
+		for n := 1; ; n++ {
 			select {
 			case <-faultCtx.Done():
 				return
 			case <-time.After(run.FaultEvery):
 			}
 			kind := kinds[frng.IntN(len(kinds))]
+			// A broker restart takes seconds and stops everything: every
+			// tenth fault at most, so the others still come thick and fast.
+			if run.RestartBroker && n%10 == 0 {
+				kind = "restart_broker"
+			}
 			var err error
 			switch kind {
 			case "kill_relay":
@@ -564,7 +568,9 @@ func checkChaos(ctx context.Context, a *App, p *sandbox.PaymentProvider, s *sand
 	if rep.AuditEvents+rep.Poisoned < expectAudit {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("%d audit events committed but %d arrived", expectAudit, rep.AuditEvents))
 	}
-	if err := a.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND available_at <= now()`).Scan(&rep.PendingDue); err != nil {
+	if err := a.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NULL AND available_at <= now()),
+		count(*) FILTER (WHERE attempts > 1), count(*) FILTER (WHERE topic = $1) FROM outbox`, pipeline.RetryTopic).
+		Scan(&rep.PendingDue, &rep.RelayRetries, &rep.DurableRetries); err != nil {
 		return err
 	}
 	if rep.PendingDue > 0 {
@@ -592,6 +598,7 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	fmt.Fprintf(&b, "  charges                %6d   (%d provider requests: %d replays absorbed by the Idempotency-Key)\n", r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges)
 	fmt.Fprintf(&b, "  mails                  %6d   (%d duplicate deliveries dropped by Message-ID)\n", r.Mails, r.MailDuplicates)
 	fmt.Fprintf(&b, "  ordered audit events   %6d   (%d order violations)\n", r.AuditEvents, r.OrderViolations)
+	fmt.Fprintf(&b, "  retries                %6d   (%d durable retries of failed handlers, %d rows that needed more than one relay attempt)\n", r.DurableRetries+r.RelayRetries, r.DurableRetries, r.RelayRetries)
 	fmt.Fprintf(&b, "  poisoned               %6d   %v\n", r.Poisoned, r.PoisonReasons)
 	fmt.Fprintf(&b, "  lost                   %6d\n", r.Lost)
 	fmt.Fprintf(&b, "  duplicated             %6d\n", r.Duplicated)

@@ -242,3 +242,36 @@ func TestConcurrentDuplicateDeliveriesRunOnce(t *testing.T) {
 	require.EqualValues(t, 1, effects.Load())
 	require.EqualValues(t, 1, entered.Load(), "the second delivery waited on the ledger row and skipped the handler")
 }
+
+// On an ordered topic a failing message holds its partition through its
+// retries: the later events of its aggregate are not handled before it.
+func TestOrderedRouteRetriesInPlace(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var handled []int
+	var failuresLeft atomic.Int32
+	failuresLeft.Store(5) // more than the quick retries (1 + 2): it needs a held retry
+	h := start(t, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "ordered.worker", Topic: "work.ordered", Ordered: true,
+			Handler: handlers.Typed(func(ctx context.Context, j *job) error {
+				if j.N == 0 && failuresLeft.Add(-1) >= 0 {
+					return errors.New("not yet")
+				}
+				mu.Lock()
+				handled = append(handled, j.N)
+				mu.Unlock()
+				return nil
+			})}}, nil
+	}}, app.Components{Relay: true, Consumers: true})
+	for i := range 3 {
+		publishEvent(t, h, "work.ordered", "acct-A", job{N: i})
+	}
+	eventually(t, "all three handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == 3 })
+	mu.Lock()
+	require.Equal(t, []int{0, 1, 2}, handled)
+	mu.Unlock()
+	var retries int
+	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE topic = $1`, pipeline.RetryTopic).Scan(&retries))
+	require.Zero(t, retries, "an ordered message is not rescheduled behind its successors")
+	require.Empty(t, h.poisoned(t))
+}

@@ -51,7 +51,8 @@ var transient = []string{
 // retries inside it are exhausted, it writes the message back, through the
 // scheduler, to be delivered again to this handler's queue only after the
 // next Backoff delay, and acks the delivery: the wait survives a consumer
-// restart and blocks nobody. The attempt count travels with the message
+// restart and blocks nobody. A partition of an ordered topic holds instead
+// (see holdPartition): there, order outranks throughput. The attempt count travels with the message
 // (pipeline.MetaAttempt). Permanent errors, the last attempt, and a
 // scheduling failure pass through to the poison link outside, with the
 // failure times recorded on the message. A deferral (pipeline.Defer) is
@@ -75,6 +76,9 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			if pipeline.IsPartition(message.HandlerNameFromCtx(msg.Context())) {
+				return c.holdPartition(h, msg, logger)
+			}
 			produced, err := h(msg)
 			if err == nil || errors.Is(err, context.Canceled) {
 				return produced, err
@@ -136,6 +140,58 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			return nil, nil
 		}
 	}, nil
+}
+
+// holdPartition is the retry of an ordered topic's message: rescheduling
+// it would let the later events of its aggregate overtake it, so the
+// partition waits instead, in process, through the same backoff and
+// attempts, and poisons only after the last. The delivery stays unacked
+// while it waits: a consumer that dies meanwhile hands the message, still
+// first in line, to the next one (the attempt count then starts over).
+// Keep the total wait under RabbitMQ's consumer_timeout (30 min by default).
+func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Message, logger *slog.Logger) ([]*message.Message, error) {
+	ctx := msg.Context()
+	handler := message.HandlerNameFromCtx(ctx)
+	attempt := pipeline.DeliveryAttempt(msg)
+	for {
+		produced, err := h(msg)
+		if err == nil || errors.Is(err, context.Canceled) {
+			return produced, err
+		}
+		delay, deferred := pipeline.Deferred(err)
+		if !deferred {
+			now := time.Now().UTC().Format(time.RFC3339Nano)
+			if msg.Metadata.Get(pipeline.MetaFirstFailedAt) == "" {
+				msg.Metadata.Set(pipeline.MetaFirstFailedAt, now)
+			}
+			msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
+			msg.Metadata.Set(pipeline.MetaLastError, truncateText(err.Error(), maxLastErrorLength))
+			if pipeline.IsPermanent(err) {
+				return nil, err
+			}
+			if attempt >= c.MaxAttempts {
+				return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+			}
+			delay = c.Backoff.Delay(attempt)
+			attempt++
+			msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
+		}
+		outcome := OutcomeRetryScheduled
+		if deferred {
+			outcome = OutcomeDeferred
+		}
+		recorderOr(c.Recorder).Record(pipeline.RouteName(handler), outcome)
+		logger.Warn("handler of an ordered topic failed; holding the partition until the retry",
+			"message_id", pipeline.MessageID(msg), "handler", handler, "next_attempt", attempt, "retry_in", delay,
+			"deferred", deferred, "aggregate_id", msg.Metadata.Get(pipeline.MetaAggregateID),
+			"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID),
+			"trace_id", msg.Metadata.Get(pipeline.MetaTraceID), "error", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err() // stopping: nacked, redelivered first in line
+		case <-time.After(delay):
+		}
+	}
 }
 
 func truncateText(s string, n int) string {

@@ -58,3 +58,13 @@ func TestPermanent(t *testing.T) {
 	require.False(t, pipeline.IsPermanent(base))
 	require.NoError(t, pipeline.Permanent(nil))
 }
+
+func TestNaming(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "payments.charge", pipeline.RouteName(pipeline.PartitionName("payments.charge", 3)))
+	require.True(t, pipeline.IsPartition("payments.charge@3"))
+	require.False(t, pipeline.IsPartition("notifications.mail@w2"))
+	require.False(t, pipeline.IsPartition("notifications.mail"))
+	require.Equal(t, "notifications.mail", pipeline.ConsumerQueue("notifications.mail@w2"))
+	require.Equal(t, "payments.charge@3", pipeline.ConsumerQueue("payments.charge@3"))
+}

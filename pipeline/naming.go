@@ -36,3 +36,14 @@ func ConsumerQueue(handlerName string) string {
 	}
 	return handlerName
 }
+
+// IsPartition reports whether a router handler consumes a partition of an
+// ordered topic ("payments.charge@3"), where messages must be handled in order.
+func IsPartition(handlerName string) bool {
+	i := strings.LastIndex(handlerName, PartitionSeparator)
+	if i < 0 || i == len(handlerName)-1 {
+		return false
+	}
+	_, err := strconv.Atoi(handlerName[i+1:])
+	return err == nil
+}
