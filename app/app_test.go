@@ -43,12 +43,10 @@ type harness struct {
 // for tests.
 func testConfig(t *testing.T) (app.Config, *sandbox.PaymentProvider, *sandbox.SMTPSink) {
 	t.Helper()
-	provider, err := sandbox.StartPaymentProvider("127.0.0.1:0")
+	world, err := sandbox.StartWorld()
 	require.NoError(t, err)
-	t.Cleanup(func() { provider.Close() })
-	sink, err := sandbox.StartSMTPSink("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { sink.Close() })
+	t.Cleanup(world.Close)
+	provider, sink := world.Payments, world.SMTP
 	cfg := app.Config{
 		DatabaseURL:    pipelinetest.DatabaseURL(),
 		DatabaseSchema: pipelinetest.Schema(t),

@@ -216,16 +216,12 @@ func Chaos(ctx context.Context, cfg Config, run ChaosRun, out io.Writer, logger 
 	id := fmt.Sprintf("%d", time.Now().UnixNano())
 	schema, vhost, appName := "ferry_chaos_"+id, "ferry_chaos_"+id, "ferry-chaos-"+id
 
-	provider, err := sandbox.StartPaymentProvider("127.0.0.1:0")
+	world, err := sandbox.StartWorld()
 	if err != nil {
 		return rep, err
 	}
-	defer provider.Close()
-	sink, err := sandbox.StartSMTPSink("127.0.0.1:0")
-	if err != nil {
-		return rep, err
-	}
-	defer sink.Close()
+	defer world.Close()
+	provider, sink := world.Payments, world.SMTP
 
 	// A vhost of its own: cutting "all" connections cuts only this run's.
 	if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {

@@ -52,7 +52,7 @@ func runs(done *sync.Map) (messages, total int) {
 func TestDurableRetrySurvivesConsumerRestart(t *testing.T) {
 	t.Parallel()
 	cfg, provider, sink := testConfig(t)
-	cfg.DurableRetry.Backoff = pipeline.Backoff{Initial: 1500 * time.Millisecond, Max: 2 * time.Second, Jitter: -1}
+	cfg.DurableRetry.Backoff = pipeline.Backoff{Initial: 4 * time.Second, Max: 5 * time.Second, Jitter: -1}
 	var failing atomic.Bool
 	failing.Store(true)
 	var done sync.Map

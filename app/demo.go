@@ -61,16 +61,12 @@ func Demo(ctx context.Context, cfg Config, out io.Writer, logger *slog.Logger) (
 		logger = slog.New(slog.DiscardHandler)
 	}
 
-	provider, err := sandbox.StartPaymentProvider("127.0.0.1:0")
+	world, err := sandbox.StartWorld()
 	if err != nil {
 		return rep, err
 	}
-	defer provider.Close()
-	sink, err := sandbox.StartSMTPSink("127.0.0.1:0")
-	if err != nil {
-		return rep, err
-	}
-	defer sink.Close()
+	defer world.Close()
+	provider, sink := world.Payments, world.SMTP
 	cfg.PaymentURL, cfg.SMTPAddr = provider.URL(), sink.Addr()
 
 	ctx, cancel := context.WithTimeout(ctx, DemoTimeout)

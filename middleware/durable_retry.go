@@ -83,23 +83,9 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			if err == nil || errors.Is(err, context.Canceled) {
 				return produced, err
 			}
-			attempt := pipeline.DeliveryAttempt(msg)
-			delay, deferred := pipeline.Deferred(err)
-			if !deferred {
-				now := time.Now().UTC().Format(time.RFC3339Nano)
-				if msg.Metadata.Get(pipeline.MetaFirstFailedAt) == "" {
-					msg.Metadata.Set(pipeline.MetaFirstFailedAt, now)
-				}
-				msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
-				msg.Metadata.Set(pipeline.MetaLastError, truncateText(err.Error(), maxLastErrorLength))
-				if pipeline.IsPermanent(err) {
-					return nil, err
-				}
-				if attempt >= c.MaxAttempts {
-					return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
-				}
-				delay = c.Backoff.Delay(attempt)
-				attempt++
+			attempt, delay, deferred, giveUp := c.nextTry(msg, pipeline.DeliveryAttempt(msg), err)
+			if giveUp != nil {
+				return nil, giveUp
 			}
 			ctx := msg.Context()
 			handler := message.HandlerNameFromCtx(ctx)
@@ -158,24 +144,12 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		if err == nil || errors.Is(err, context.Canceled) {
 			return produced, err
 		}
-		delay, deferred := pipeline.Deferred(err)
-		if !deferred {
-			now := time.Now().UTC().Format(time.RFC3339Nano)
-			if msg.Metadata.Get(pipeline.MetaFirstFailedAt) == "" {
-				msg.Metadata.Set(pipeline.MetaFirstFailedAt, now)
-			}
-			msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
-			msg.Metadata.Set(pipeline.MetaLastError, truncateText(err.Error(), maxLastErrorLength))
-			if pipeline.IsPermanent(err) {
-				return nil, err
-			}
-			if attempt >= c.MaxAttempts {
-				return nil, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
-			}
-			delay = c.Backoff.Delay(attempt)
-			attempt++
-			msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
+		next, delay, deferred, giveUp := c.nextTry(msg, attempt, err)
+		if giveUp != nil {
+			return nil, giveUp
 		}
+		attempt = next
+		msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
 		outcome := OutcomeRetryScheduled
 		if deferred {
 			outcome = OutcomeDeferred
@@ -192,6 +166,29 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		case <-time.After(delay):
 		}
 	}
+}
+
+// nextTry decides what follows a failed attempt: a deferral keeps the
+// attempt and takes its own delay; a failure records its times and error
+// on msg and takes the next backoff delay, unless it is permanent or the
+// last attempt, when giveUp is the error for the poison link.
+func (c DurableRetryConfig) nextTry(msg *message.Message, attempt int, err error) (next int, delay time.Duration, deferred bool, giveUp error) {
+	if delay, deferred = pipeline.Deferred(err); deferred {
+		return attempt, delay, true, nil
+	}
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	if msg.Metadata.Get(pipeline.MetaFirstFailedAt) == "" {
+		msg.Metadata.Set(pipeline.MetaFirstFailedAt, now)
+	}
+	msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
+	msg.Metadata.Set(pipeline.MetaLastError, truncateText(err.Error(), maxLastErrorLength))
+	switch {
+	case pipeline.IsPermanent(err):
+		return attempt, 0, false, err
+	case attempt >= c.MaxAttempts:
+		return attempt, 0, false, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
+	}
+	return attempt + 1, c.Backoff.Delay(attempt), false, nil
 }
 
 func truncateText(s string, n int) string {

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -305,15 +306,22 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if bc.History, err = intList(history); err != nil {
 		return usageError{fmt.Errorf("--history: %w", err)}
 	}
-	cfg, err := loadConfig()
-	if err != nil {
-		return err
-	}
-	logger, err := app.NewLogger(app.Config{LogLevel: "error", LogFormat: cfg.LogFormat}, stderr)
+	cfg, logger, err := quietConfig(stderr)
 	if err != nil {
 		return err
 	}
 	return app.Bench(ctx, cfg, bc, stdout, stderr, logger)
+}
+
+// quietConfig loads the configuration and a logger that prints only
+// errors, for commands whose own output is the point (bench, chaos).
+func quietConfig(stderr io.Writer) (app.Config, *slog.Logger, error) {
+	cfg, err := loadConfig()
+	if err != nil {
+		return cfg, nil, err
+	}
+	logger, err := app.NewLogger(app.Config{LogLevel: "error", LogFormat: cfg.LogFormat}, stderr)
+	return cfg, logger, err
 }
 
 func splitList(s string) []string {

@@ -321,11 +321,7 @@ func chaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		run.Orders = max(run.Orders, 10_000)
 		run.RestartBroker = true
 	}
-	cfg, err := loadConfig()
-	if err != nil {
-		return err
-	}
-	logger, err := app.NewLogger(app.Config{LogLevel: "error", LogFormat: cfg.LogFormat}, stderr)
+	cfg, logger, err := quietConfig(stderr)
 	if err != nil {
 		return err
 	}
