@@ -1,4 +1,4 @@
-.PHONY: help test test-race test-short lint demo build ci
+.PHONY: help test test-race test-short lint demo bench chaos chaos-long build ci
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -18,6 +18,15 @@ lint: ## gofmt and go vet
 
 demo: ## run the end-to-end demo
 	go run ./cmd/ferry demo
+
+bench: ## the benchmark (JSON on stdout, table on stderr)
+	go run ./cmd/ferry bench
+
+chaos: ## the short fault-injection run
+	go run ./cmd/ferry chaos
+
+chaos-long: ## the long fault-injection run (10,000 orders, broker restarts)
+	go run ./cmd/ferry chaos --long
 
 build: ## build bin/ferry
 	go build -o bin/ferry ./cmd/ferry

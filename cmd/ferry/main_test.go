@@ -1,10 +1,13 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/app"
 )
 
 func TestHelpListsEveryCommand(t *testing.T) {
@@ -13,6 +16,15 @@ func TestHelpListsEveryCommand(t *testing.T) {
 	for _, cmd := range []string{"demo", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue", "poison discard",
 		"prune outbox", "prune ledger", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	for _, cmd := range []string{"demo", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
+		"poison discard", "prune outbox", "prune ledger", "migrate up", "healthcheck", "help", "version"} {
+		require.Contains(t, string(readme), "`ferry "+cmd, "the README must document ferry %s", cmd)
+	}
+	for _, ev := range app.EnvVars() {
+		require.Contains(t, string(readme), "| `"+ev.Name+"` |", "the README's configuration table must list %s", ev.Name)
 	}
 	out.Reset()
 	require.Equal(t, 0, run([]string{"help", "config"}, &out, &errOut))
