@@ -4,6 +4,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // NewLogger returns the slog logger cfg asks for, writing to w (default
@@ -28,8 +30,9 @@ func NewLogger(cfg Config, w io.Writer) (*slog.Logger, error) {
 			}
 		}
 	}
+	// Lines logged with a message's context carry its ids (pipeline.LogHandler).
 	if format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(pipeline.LogHandler(slog.NewTextHandler(w, opts))), nil
 	}
-	return slog.New(slog.NewJSONHandler(w, opts)), nil
+	return slog.New(pipeline.LogHandler(slog.NewJSONHandler(w, opts))), nil
 }

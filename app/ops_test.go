@@ -2,10 +2,12 @@ package app_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -171,4 +173,60 @@ func TestTraceFollowsOneTraceIDAcrossHops(t *testing.T) {
 	require.True(t, names["POST /orders"])
 	require.True(t, names["consume stripe.charge"])
 	require.True(t, names["consume receipt.issued"])
+}
+
+// Consumer log lines carry the message's ids (pipeline.LogHandler).
+func TestConsumerLogLinesCarryMessageFields(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	cfg, err := app.ConfigFromLookup(func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	cfg.LogFormat = "json"
+	logger, err := app.NewLogger(cfg, &buf)
+	require.NoError(t, err)
+	h := start(t, app.Options{Logger: logger, Routes: func(d app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "log.worker", Topic: "work.log", Handler: handlers.Typed(func(ctx context.Context, j *job) error {
+			d.Logger.InfoContext(ctx, "working on it", "n", j.N)
+			return nil
+		})}}, nil
+	}}, app.Components{Relay: true, Consumers: true})
+	ctx := pipeline.ContextWithTraceParent(context.Background(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	msg, err := pipeline.NewEvent(pipeline.ContextWithCorrelationID(ctx, "corr-log"), "acct-9", job{N: 9})
+	require.NoError(t, err)
+	tx, err := h.app.DB.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	require.NoError(t, h.app.Outbox.PublishTx(context.Background(), tx, "work.log", msg))
+	require.NoError(t, tx.Commit())
+	var line map[string]any
+	eventually(t, "the handler's log line", func() bool {
+		for _, l := range strings.Split(buf.String(), "\n") {
+			if strings.Contains(l, `"working on it"`) {
+				return json.Unmarshal([]byte(l), &line) == nil
+			}
+		}
+		return false
+	})
+	require.Equal(t, "work.log", line["topic"])
+	require.Equal(t, "acct-9", line["aggregate_id"])
+	require.Equal(t, "corr-log", line["correlation_id"])
+	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", line["trace_id"])
+	require.EqualValues(t, 1, line["attempt"])
+	require.NotEmpty(t, line["message_id"])
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

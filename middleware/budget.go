@@ -140,13 +140,13 @@ func (b *Budget) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		switch {
 		case errors.Is(err, ErrBudgetExhausted):
 			b.deferredBudget.Add(1)
-			b.logger.Warn("message deferred: budget exhausted", "budget", b.cfg.Name, "limit", b.cfg.Limit,
-				"window", b.cfg.Window, "retry_in", retryAfter, "message_id", pipeline.MessageID(msg))
+			b.logger.WarnContext(msg.Context(), "message deferred: budget exhausted", "budget", b.cfg.Name, "limit", b.cfg.Limit,
+				"window", b.cfg.Window, "retry_in", retryAfter)
 			return nil, pipeline.Defer(fmt.Errorf("budget %q: %w", b.cfg.Name, ErrBudgetExhausted), retryAfter)
 		case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
 			b.deferredBreaker.Add(1)
-			b.logger.Warn("message deferred: circuit open", "budget", b.cfg.Name,
-				"retry_in", b.cfg.BreakerOpenTimeout, "message_id", pipeline.MessageID(msg))
+			b.logger.WarnContext(msg.Context(), "message deferred: circuit open", "budget", b.cfg.Name,
+				"retry_in", b.cfg.BreakerOpenTimeout)
 			return nil, pipeline.Defer(fmt.Errorf("budget %q: %w", b.cfg.Name, ErrCircuitOpen), b.cfg.BreakerOpenTimeout)
 		}
 		return produced, err

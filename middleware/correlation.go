@@ -1,6 +1,8 @@
 package middleware
 
 import (
+	"log/slog"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -26,6 +28,19 @@ func Correlation(h message.HandlerFunc) message.HandlerFunc {
 		if tenant := msg.Metadata.Get(pipeline.MetaTenantID); tenant != "" {
 			ctx = pipeline.ContextWithTenantID(ctx, tenant)
 		}
+		// Every line logged with this context, the handler's own included,
+		// says which message it is about.
+		attrs := []slog.Attr{
+			slog.String("message_id", pipeline.MessageID(msg)),
+			slog.String("topic", pipeline.OriginalTopic(msg, message.SubscribeTopicFromCtx(ctx))),
+			slog.String("aggregate_id", msg.Metadata.Get(pipeline.MetaAggregateID)),
+			slog.Int("attempt", pipeline.DeliveryAttempt(msg)),
+			slog.String("correlation_id", id),
+		}
+		if tid := msg.Metadata.Get(pipeline.MetaTraceID); tid != "" {
+			attrs = append(attrs, slog.String("trace_id", tid))
+		}
+		ctx = pipeline.ContextWithLogAttrs(ctx, attrs...)
 		msg.SetContext(ctx)
 
 		produced, err := h(msg)

@@ -117,12 +117,8 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 				outcome = OutcomeDeferred
 			}
 			recorderOr(c.Recorder).Record(pipeline.RouteName(handler), outcome)
-			logger.Warn("handler failed; durable retry scheduled",
-				"message_id", pipeline.MessageID(msg), "handler", handler, "next_attempt", attempt,
-				"retry_in", delay, "deferred", deferred,
-				"aggregate_id", msg.Metadata.Get(pipeline.MetaAggregateID),
-				"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID),
-				"trace_id", msg.Metadata.Get(pipeline.MetaTraceID), "error", err)
+			logger.WarnContext(ctx, "handler failed; durable retry scheduled",
+				"handler", handler, "next_attempt", attempt, "retry_in", delay, "deferred", deferred, "error", err)
 			return nil, nil
 		}
 	}, nil
@@ -155,11 +151,8 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 			outcome = OutcomeDeferred
 		}
 		recorderOr(c.Recorder).Record(pipeline.RouteName(handler), outcome)
-		logger.Warn("handler of an ordered topic failed; holding the partition until the retry",
-			"message_id", pipeline.MessageID(msg), "handler", handler, "next_attempt", attempt, "retry_in", delay,
-			"deferred", deferred, "aggregate_id", msg.Metadata.Get(pipeline.MetaAggregateID),
-			"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID),
-			"trace_id", msg.Metadata.Get(pipeline.MetaTraceID), "error", err)
+		logger.WarnContext(ctx, "handler of an ordered topic failed; holding the partition until the retry",
+			"handler", handler, "next_attempt", attempt, "retry_in", delay, "deferred", deferred, "error", err)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err() // stopping: nacked, redelivered first in line

@@ -73,9 +73,7 @@ func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		} else {
 			recorderOr(i.Recorder).Record(consumer, OutcomeDuplicate)
 			i.duplicates.Add(1)
-			i.logger.Info("duplicate delivery suppressed",
-				"message_id", id, "handler", consumer,
-				"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID))
+			i.logger.InfoContext(outer, "duplicate delivery suppressed", "handler", consumer)
 		}
 		return produced, nil
 	}

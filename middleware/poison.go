@@ -70,13 +70,8 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 			produced, err := poisoned(msg)
 			if handlerErr != nil && err == nil {
 				recorderOr(c.Recorder).Record(pipeline.RouteName(message.HandlerNameFromCtx(msg.Context())), OutcomePoisoned)
-				logger.Warn("message moved to poison queue",
-					"message_id", pipeline.MessageID(msg), "handler", message.HandlerNameFromCtx(msg.Context()),
-					"topic", message.SubscribeTopicFromCtx(msg.Context()), "poison_topic", c.Topic,
-					"aggregate_id", msg.Metadata.Get(pipeline.MetaAggregateID),
-					"correlation_id", msg.Metadata.Get(pipeline.MetaCorrelationID),
-					"trace_id", msg.Metadata.Get(pipeline.MetaTraceID),
-					"attempt", pipeline.DeliveryAttempt(msg),
+				logger.WarnContext(msg.Context(), "message moved to the poison store",
+					"handler", message.HandlerNameFromCtx(msg.Context()), "final_attempt", pipeline.DeliveryAttempt(msg),
 					"reason", handlerErr.Error())
 			}
 			return produced, err

@@ -10,6 +10,7 @@ package tracing
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -92,6 +93,11 @@ func (t *Tracer) Consumer(h message.HandlerFunc) message.HandlerFunc {
 			))
 		defer span.End()
 		if tid := span.SpanContext().TraceID(); tid.IsValid() {
+			if msg.Metadata.Get(pipeline.MetaTraceID) == "" {
+				// A trace that starts here: its id joins the log attributes
+				// the correlation link set from the message.
+				ctx = pipeline.ContextWithLogAttrs(ctx, slog.String("trace_id", tid.String()))
+			}
 			msg.Metadata.Set(pipeline.MetaTraceID, tid.String())
 		}
 		msg.SetContext(withPipelineContext(ctx))

@@ -61,8 +61,7 @@ func Route(c Charger, logger *slog.Logger) handlers.Route {
 			if err != nil {
 				return fmt.Errorf("charging order %d: %w", e.OrderID, err)
 			}
-			logger.Info("order charged", "order_id", e.OrderID, "charge_id", id,
-				"correlation_id", pipeline.CorrelationIDFromContext(ctx))
+			logger.InfoContext(ctx, "order charged", "order_id", e.OrderID, "charge_id", id)
 			return nil
 		}),
 	}

@@ -78,8 +78,7 @@ func Route(s Sender, cfg Config, logger *slog.Logger) handlers.Route {
 			if err := s.Send(ctx, m); err != nil {
 				return fmt.Errorf("mailing order %d: %w", e.OrderID, err)
 			}
-			logger.Info("order mail sent", "order_id", e.OrderID, "to", m.To,
-				"correlation_id", pipeline.CorrelationIDFromContext(ctx))
+			logger.InfoContext(ctx, "order mail sent", "order_id", e.OrderID, "to", m.To)
 			return nil
 		}),
 	}

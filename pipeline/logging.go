@@ -1,0 +1,48 @@
+package pipeline
+
+import (
+	"context"
+	"log/slog"
+)
+
+type logAttrsKey struct{}
+
+// ContextWithLogAttrs returns ctx carrying attrs, which every log line
+// written with a *Context slog call on ctx gets (through LogHandler): the
+// consumer chain puts the message id, topic, aggregate id, attempt,
+// correlation and trace ids there, so a handler's own lines carry them too.
+func ContextWithLogAttrs(ctx context.Context, attrs ...slog.Attr) context.Context {
+	prev := LogAttrs(ctx)
+	merged := make([]slog.Attr, 0, len(prev)+len(attrs))
+	merged = append(append(merged, prev...), attrs...)
+	return context.WithValue(ctx, logAttrsKey{}, merged)
+}
+
+// LogAttrs returns the attributes ContextWithLogAttrs put in ctx.
+func LogAttrs(ctx context.Context) []slog.Attr {
+	if ctx == nil {
+		return nil
+	}
+	a, _ := ctx.Value(logAttrsKey{}).([]slog.Attr)
+	return a
+}
+
+// LogHandler wraps h so that records logged with a context carry that
+// context's LogAttrs.
+func LogHandler(h slog.Handler) slog.Handler { return logHandler{h} }
+
+type logHandler struct{ slog.Handler }
+
+func (l logHandler) Handle(ctx context.Context, r slog.Record) error {
+	if attrs := LogAttrs(ctx); len(attrs) > 0 {
+		r = r.Clone()
+		r.AddAttrs(attrs...)
+	}
+	return l.Handler.Handle(ctx, r)
+}
+
+func (l logHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return logHandler{l.Handler.WithAttrs(attrs)}
+}
+
+func (l logHandler) WithGroup(name string) slog.Handler { return logHandler{l.Handler.WithGroup(name)} }
