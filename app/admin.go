@@ -58,7 +58,9 @@ func (a *App) Ready(ctx context.Context) (map[string]string, bool) {
 	} else {
 		checks["database"] = "ok"
 	}
-	if a.pubConn == nil || !a.pubConn.IsConnected() {
+	if a.opts.WithoutBroker {
+		checks["broker"] = "not used"
+	} else if a.pubConn == nil || !a.pubConn.IsConnected() {
 		checks["broker"], ok = "not connected (reconnecting)", false
 	} else {
 		checks["broker"] = "ok"

@@ -62,6 +62,10 @@ type Options struct {
 	TracerProvider trace.TracerProvider
 	// Version is reported in ferry status. Default "dev".
 	Version string
+	// WithoutBroker builds an app that only writes events (a web service
+	// placing orders): no broker connection, so no relay and no consumers.
+	// The relays declare the topology when they start.
+	WithoutBroker bool
 }
 
 // ExampleRoutes is the route table of the orders example: the application's
@@ -204,6 +208,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	a.cfg = cfg
 	if a.Topology, err = rabbit.NewTopology(cfg.AMQP); err != nil {
 		return nil, fmt.Errorf("FERRY_AMQP_*: %w", err)
+	}
+	if opts.WithoutBroker {
+		return a, nil
 	}
 	if a.pubConn, err = rabbit.Dial(cfg.AMQP, "ferry-publisher", a.watermillLogger()); err != nil {
 		return nil, err
@@ -378,6 +385,9 @@ func (a *App) NewRouter() (*message.Router, *wamqp.ConnectionWrapper, error) {
 // ready, if not nil, is closed once the consumers (if any) are consuming and
 // the HTTP API (if any) is listening.
 func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) error {
+	if a.opts.WithoutBroker && (what.Relay || what.Consumers) {
+		return errors.New("an app built WithoutBroker runs neither relay nor consumers")
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	var waits []<-chan struct{}
 

@@ -245,7 +245,9 @@ func Chaos(ctx context.Context, cfg Config, run ChaosRun, out io.Writer, logger 
 	c.PaymentURL, c.SMTPAddr = provider.URL(), sink.Addr()
 	c.AdminAddr = "off"
 	c.ChaosFaults = &HandlerFaults{FailRate: run.HandlerFail, PanicRate: run.HandlerPanic, Seed: run.Seed}
-	driver, err := New(ctx, c, Options{Migrate: true, Logger: logger})
+	// The driver only places orders: it holds no broker connection for the
+	// faults to cut (the relays declare the topology when they start).
+	driver, err := New(ctx, c, Options{Migrate: true, Logger: logger, WithoutBroker: true})
 	if err != nil {
 		return rep, err
 	}
