@@ -150,9 +150,16 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, threshold int) (Report, er
 
 // Heartbeat keeps one process's row in ferry_instances fresh.
 type Heartbeat struct {
-	pool *pgxpool.Pool
-	id   string
+	pool       *pgxpool.Pool
+	id         string
+	components string
+	host       string
+	version    string
 }
+
+const upsertInstance = `INSERT INTO ferry_instances (instance_id, components, hostname, pid, version)
+	VALUES ($1, $2, $3, $4, $5)
+	ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()`
 
 // NewHeartbeat registers a process running components.
 func NewHeartbeat(ctx context.Context, pool *pgxpool.Pool, id string, components []string, version string) (*Heartbeat, error) {
@@ -160,13 +167,18 @@ func NewHeartbeat(ctx context.Context, pool *pgxpool.Pool, id string, components
 		return nil, errors.New("pgstatus: NewHeartbeat needs a pool and an id")
 	}
 	host, _ := os.Hostname()
-	if _, err := pool.Exec(ctx, `INSERT INTO ferry_instances (instance_id, components, hostname, pid, version)
-		VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()`,
-		id, strings.Join(components, ","), host, os.Getpid(), version); err != nil {
+	h := &Heartbeat{pool: pool, id: id, components: strings.Join(components, ","), host: host, version: version}
+	if err := h.beat(ctx); err != nil {
 		return nil, fmt.Errorf("registering instance: %w", err)
 	}
-	return &Heartbeat{pool: pool, id: id}, nil
+	return h, nil
+}
+
+// beat upserts, so that a row pruned by hand (or lost with a restored
+// database) comes back on the next beat.
+func (h *Heartbeat) beat(ctx context.Context) error {
+	_, err := h.pool.Exec(ctx, upsertInstance, h.id, h.components, h.host, os.Getpid(), h.version)
+	return err
 }
 
 // Run beats every interval until ctx ends, then deletes the row: a clean
@@ -185,7 +197,7 @@ func (h *Heartbeat) Run(ctx context.Context, interval time.Duration) {
 			cancel()
 			return
 		case <-t.C:
-			_, _ = h.pool.Exec(ctx, `UPDATE ferry_instances SET heartbeat_at = now() WHERE instance_id = $1`, h.id)
+			_ = h.beat(ctx) // a missed beat shows as staleness in ferry status; nothing else to do
 		}
 	}
 }
