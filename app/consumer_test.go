@@ -148,21 +148,10 @@ func TestBudgetDefersWithoutLosingOrDuplicating(t *testing.T) {
 	var calls atomic.Int32
 	var done sync.Map
 	var budget *middleware.Budget
-	h := startWith(t, cfg, provider, sink, app.Options{Routes: func(d app.Deps) ([]handlers.Route, error) {
-		spender, err := pgbudget.New(mustPool(t, d))
-		if err != nil {
-			return nil, err
-		}
-		budget, err = middleware.NewBudget(middleware.BudgetConfig{
-			Name: "llm-" + d.Config.DatabaseSchema, Limit: 3, Window: 2 * time.Second, Spender: spender,
-		}, nil)
-		if err != nil {
-			return nil, err
-		}
-		r := counting("llm.summarise", "work.llm", func(*message.Message) error { calls.Add(1); return nil }, &done)
-		r.Middleware = []message.HandlerMiddleware{budget.Middleware}
-		return []handlers.Route{r}, nil
-	}}, app.Components{Relay: true, Consumers: true})
+	h := startWith(t, cfg, provider, sink, app.Options{Routes: budgeted(t, &budget,
+		middleware.BudgetConfig{Name: "llm", Limit: 3, Window: 2 * time.Second},
+		counting("llm.summarise", "work.llm", func(*message.Message) error { calls.Add(1); return nil }, &done))},
+		app.Components{Relay: true, Consumers: true})
 	for i := range jobs {
 		publishEvent(t, h, "work.llm", fmt.Sprint("doc-", i), job{N: i})
 	}
@@ -186,27 +175,15 @@ func TestOpenCircuitDefersInsteadOfPoisoning(t *testing.T) {
 	var failures atomic.Int32
 	var done sync.Map
 	var budget *middleware.Budget
-	h := startWith(t, cfg, provider, sink, app.Options{Routes: func(d app.Deps) ([]handlers.Route, error) {
-		spender, err := pgbudget.New(mustPool(t, d))
-		if err != nil {
-			return nil, err
-		}
-		budget, err = middleware.NewBudget(middleware.BudgetConfig{
-			Name: "api-" + d.Config.DatabaseSchema, Limit: 1000, Window: time.Minute, Spender: spender,
-			BreakerFailures: 3, BreakerOpenTimeout: 400 * time.Millisecond,
-		}, nil)
-		if err != nil {
-			return nil, err
-		}
-		r := counting("api.call", "work.api", func(*message.Message) error {
+	h := startWith(t, cfg, provider, sink, app.Options{Routes: budgeted(t, &budget,
+		middleware.BudgetConfig{Name: "api", Limit: 1000, Window: time.Minute, BreakerFailures: 3, BreakerOpenTimeout: 400 * time.Millisecond},
+		counting("api.call", "work.api", func(*message.Message) error {
 			if failures.Add(1) <= 6 {
 				return errors.New("503 from the provider")
 			}
 			return nil
-		}, &done)
-		r.Middleware = []message.HandlerMiddleware{budget.Middleware}
-		return []handlers.Route{r}, nil
-	}}, app.Components{Relay: true, Consumers: true})
+		}, &done))},
+		app.Components{Relay: true, Consumers: true})
 	for i := range 4 {
 		publishEvent(t, h, "work.api", fmt.Sprint("req-", i), job{N: i})
 	}
@@ -274,4 +251,22 @@ func TestOrderedRouteRetriesInPlace(t *testing.T) {
 	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE topic = $1`, pipeline.RetryTopic).Scan(&retries))
 	require.Zero(t, retries, "an ordered message is not rescheduled behind its successors")
 	require.Empty(t, h.poisoned(t))
+}
+
+// budgeted is a route table of one route behind a budget breaker on the
+// test's schema; the breaker is stored in *b for the test to inspect.
+func budgeted(t *testing.T, b **middleware.Budget, cfg middleware.BudgetConfig, r handlers.Route) func(app.Deps) ([]handlers.Route, error) {
+	return func(d app.Deps) ([]handlers.Route, error) {
+		spender, err := pgbudget.New(mustPool(t, d))
+		if err != nil {
+			return nil, err
+		}
+		cfg.Name += "-" + d.Config.DatabaseSchema // budgets are shared by name: one per test
+		cfg.Spender = spender
+		if *b, err = middleware.NewBudget(cfg, nil); err != nil {
+			return nil, err
+		}
+		r.Middleware = []message.HandlerMiddleware{(*b).Middleware}
+		return []handlers.Route{r}, nil
+	}
 }

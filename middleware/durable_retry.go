@@ -112,11 +112,7 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			}); serr != nil {
 				return nil, errors.Join(err, fmt.Errorf("scheduling durable retry: %w", serr))
 			}
-			outcome := OutcomeRetryScheduled
-			if deferred {
-				outcome = OutcomeDeferred
-			}
-			recorderOr(c.Recorder).Record(pipeline.RouteName(handler), outcome)
+			c.recordRetry(handler, deferred)
 			logger.WarnContext(ctx, "handler failed; durable retry scheduled",
 				"handler", handler, "next_attempt", attempt, "retry_in", delay, "deferred", deferred, "error", err)
 			return nil, nil
@@ -146,11 +142,7 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		}
 		attempt = next
 		msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
-		outcome := OutcomeRetryScheduled
-		if deferred {
-			outcome = OutcomeDeferred
-		}
-		recorderOr(c.Recorder).Record(pipeline.RouteName(handler), outcome)
+		c.recordRetry(handler, deferred)
 		logger.WarnContext(ctx, "handler of an ordered topic failed; holding the partition until the retry",
 			"handler", handler, "next_attempt", attempt, "retry_in", delay, "deferred", deferred, "error", err)
 		select {
@@ -182,6 +174,14 @@ func (c DurableRetryConfig) nextTry(msg *message.Message, attempt int, err error
 		return attempt, 0, false, fmt.Errorf("gave up after %d attempts: %w", attempt, err)
 	}
 	return attempt + 1, c.Backoff.Delay(attempt), false, nil
+}
+
+func (c DurableRetryConfig) recordRetry(handler string, deferred bool) {
+	outcome := OutcomeRetryScheduled
+	if deferred {
+		outcome = OutcomeDeferred
+	}
+	recorderOr(c.Recorder).Record(pipeline.RouteName(handler), outcome)
 }
 
 func truncateText(s string, n int) string {
