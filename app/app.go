@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -485,6 +486,32 @@ func (c Components) names() []string {
 		}
 	}
 	return n
+}
+
+// Start runs the selected components in the background and returns once
+// they are ready (see Run). stop ends them and returns Run's error; it may
+// be called more than once, so it can be deferred and called early.
+func (a *App) Start(ctx context.Context, what Components) (stop func() error, err error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx, what, ready) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
+	select {
+	case <-ready:
+		return stop, nil
+	case err := <-done:
+		once.Do(func() { cancel(); runErr = err })
+		return nil, err
+	case <-ctx.Done():
+		_ = stop()
+		return nil, ctx.Err()
+	}
 }
 
 // HTTPHandler is the HTTP API: POST /orders and GET /healthz.

@@ -687,16 +687,11 @@ func benchEndToEnd(ctx context.Context, cfg Config, bc BenchConfig, logger *slog
 	}
 	defer a.Close()
 	defer func() { _ = a.Topology.Teardown(a.pubConn.Connection()) }()
-	rctx, stop := context.WithCancel(ctx)
-	defer stop()
-	ready := make(chan struct{})
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(rctx, Components{Relay: true, Consumers: true}, ready) }()
-	select {
-	case <-ready:
-	case err := <-runErr:
+	stop, err := a.Start(ctx, Components{Relay: true, Consumers: true})
+	if err != nil {
 		return benchReport{}, err
 	}
+	defer stop()
 
 	// A steady producer: event i is due at origin+i/rate; several workers
 	// keep to the schedule when one transaction is slow.
@@ -732,8 +727,7 @@ func benchEndToEnd(ctx context.Context, cfg Config, bc BenchConfig, logger *slog
 	for handled.Load() < int64(total) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	stop()
-	if err := <-runErr; err != nil {
+	if err := stop(); err != nil {
 		return benchReport{}, err
 	}
 	var toConfirm, toHandler latencies

@@ -100,18 +100,11 @@ func Demo(ctx context.Context, cfg Config, out io.Writer, logger *slog.Logger) (
 		return rep, err
 	}
 
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	ready := make(chan struct{})
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(runCtx, Components{Relay: true, Consumers: true}, ready) }()
-	select {
-	case <-ready:
-	case err := <-runErr:
+	stop, err := a.Start(ctx, Components{Relay: true, Consumers: true})
+	if err != nil {
 		return rep, fmt.Errorf("starting pipeline: %w", err)
-	case <-ctx.Done():
-		return rep, fmt.Errorf("starting pipeline: %w", ctx.Err())
 	}
+	defer stop()
 
 	inputs := []orders.Input{
 		{UserID: "alice", Amount: 1200, Currency: orders.CurrencyJPY, IdempotencyKey: "demo-order-1"},
@@ -150,8 +143,7 @@ func Demo(ctx context.Context, cfg Config, out io.Writer, logger *slog.Logger) (
 	}
 	// A moment for any effect that should not happen to show itself.
 	time.Sleep(200 * time.Millisecond)
-	stop()
-	if err := <-runErr; err != nil {
+	if err := stop(); err != nil {
 		return rep, fmt.Errorf("pipeline: %w", err)
 	}
 
