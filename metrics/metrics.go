@@ -18,6 +18,8 @@ import (
 
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
 // DefaultRefreshInterval is how often the outbox gauges are recomputed: a
@@ -114,11 +116,14 @@ func (m *Metrics) Record(handler string, outcome middleware.Outcome) {
 	m.consumer.WithLabelValues(handler, string(outcome)).Inc()
 }
 
-// Refresh recomputes the outbox and poison gauges from the database.
+// Refresh recomputes the outbox and poison gauges from the database (the
+// same reads as `ferry status`).
 func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
-	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()), max(attempts),
-		extract(epoch FROM now() - min(created_at) FILTER (WHERE available_at <= now()))
-		FROM outbox WHERE dispatched_at IS NULL GROUP BY topic`)
+	backlog, err := pgstatus.Backlog(ctx, pool)
+	if err != nil {
+		return err
+	}
+	poison, err := pgpoison.Depth(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -126,46 +131,19 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	m.pendingDue.Reset()
 	var maxAttempts int
 	var oldest float64
-	for rows.Next() {
-		var (
-			topic      string
-			n, due     int
-			attempts   int
-			oldestSecs *float64
-		)
-		if err := rows.Scan(&topic, &n, &due, &attempts, &oldestSecs); err != nil {
-			rows.Close()
-			return err
-		}
-		m.pending.WithLabelValues(topic).Set(float64(n))
-		m.pendingDue.WithLabelValues(topic).Set(float64(due))
-		maxAttempts = max(maxAttempts, attempts)
-		if oldestSecs != nil {
-			oldest = max(oldest, *oldestSecs)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
+	for _, b := range backlog {
+		m.pending.WithLabelValues(b.Topic).Set(float64(b.Pending))
+		m.pendingDue.WithLabelValues(b.Topic).Set(float64(b.Due))
+		maxAttempts = max(maxAttempts, b.MaxAttempts)
+		oldest = max(oldest, b.OldestDueAgeS)
 	}
 	m.maxAttempts.Set(float64(maxAttempts))
 	m.oldestPendingAge.Set(oldest)
-
-	prow, err := pool.Query(ctx, `SELECT topic, count(*) FROM poison_messages GROUP BY topic`)
-	if err != nil {
-		return err
-	}
-	defer prow.Close()
 	m.poison.Reset()
-	for prow.Next() {
-		var topic string
-		var n int
-		if err := prow.Scan(&topic, &n); err != nil {
-			return err
-		}
+	for topic, n := range poison {
 		m.poison.WithLabelValues(topic).Set(float64(n))
 	}
-	return prow.Err()
+	return nil
 }
 
 // RunRefresher refreshes the gauges every interval until ctx ends.

@@ -105,11 +105,15 @@ func (s *Store) List(ctx context.Context, topic string, limit int) ([]Record, er
 }
 
 // Depth counts poisoned messages per topic.
-func (s *Store) Depth(ctx context.Context) (map[string]int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT topic, count(*) FROM `+Table+` GROUP BY topic`)
+func (s *Store) Depth(ctx context.Context) (map[string]int, error) { return Depth(ctx, s.pool) }
+
+// Depth counts the poisoned messages in pool's store, per original topic.
+func Depth(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
+	rows, err := pool.Query(ctx, `SELECT topic, count(*) FROM `+Table+` GROUP BY topic`)
 	if err != nil {
 		return nil, fmt.Errorf("counting poisoned messages: %w", err)
 	}
+	defer rows.Close()
 	out := map[string]int{}
 	for rows.Next() {
 		var t string

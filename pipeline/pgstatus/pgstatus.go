@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
 // Defaults.
@@ -76,30 +78,18 @@ type Report struct {
 // Collect builds the report; failing lists at most 20 rows with more than
 // threshold attempts.
 func Collect(ctx context.Context, pool *pgxpool.Pool, threshold int) (Report, error) {
-	rep := Report{AttemptsThreshold: threshold, Poison: map[string]int{}}
+	rep := Report{AttemptsThreshold: threshold}
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
 		return rep, fmt.Errorf("reading status: %w", err)
 	}
-	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()),
-		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE available_at <= now())), 0)::float8, max(attempts)
-		FROM outbox WHERE dispatched_at IS NULL GROUP BY topic ORDER BY topic`)
+	backlog, err := Backlog(ctx, pool)
 	if err != nil {
-		return rep, fmt.Errorf("reading the outbox backlog: %w", err)
+		return rep, err
 	}
-	for rows.Next() {
-		var b TopicBacklog
-		if err := rows.Scan(&b.Topic, &b.Pending, &b.Due, &b.OldestDueAgeS, &b.MaxAttempts); err != nil {
-			rows.Close()
-			return rep, err
-		}
-		b.Delayed = b.Pending - b.Due
-		rep.Backlog = append(rep.Backlog, b)
+	rep.Backlog = backlog
+	for _, b := range backlog {
 		rep.PendingTotal += b.Pending
 		rep.OldestDueAgeS = max(rep.OldestDueAgeS, b.OldestDueAgeS)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return rep, err
 	}
 	frows, err := pool.Query(ctx, `SELECT id, topic, aggregate_id, attempts, coalesce(last_error, ''), available_at, created_at
 		FROM outbox WHERE dispatched_at IS NULL AND attempts > $1 ORDER BY attempts DESC, id LIMIT 20`, threshold)
@@ -110,21 +100,12 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, threshold int) (Report, er
 	if err != nil {
 		return rep, err
 	}
-	prows, err := pool.Query(ctx, `SELECT topic, count(*) FROM poison_messages GROUP BY topic`)
-	if err != nil {
-		return rep, fmt.Errorf("reading the poison store: %w", err)
+	if rep.Poison, err = pgpoison.Depth(ctx, pool); err != nil {
+		return rep, err
 	}
-	for prows.Next() {
-		var t string
-		var n int
-		if err := prows.Scan(&t, &n); err != nil {
-			prows.Close()
-			return rep, err
-		}
-		rep.Poison[t] = n
+	for _, n := range rep.Poison {
 		rep.PoisonTotal += n
 	}
-	prows.Close()
 	irows, err := pool.Query(ctx, `SELECT instance_id, components, hostname, pid, version, started_at, heartbeat_at,
 		heartbeat_at > now() - $1 * interval '1 microsecond' FROM ferry_instances ORDER BY started_at`, AliveWithin.Microseconds())
 	if err != nil {
@@ -146,6 +127,23 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, threshold int) (Report, er
 		}
 	}
 	return rep, nil
+}
+
+// Backlog is the outbox's undispatched rows per topic, read over the
+// partial indexes (they hold only pending rows).
+func Backlog(ctx context.Context, pool *pgxpool.Pool) ([]TopicBacklog, error) {
+	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()),
+		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE available_at <= now())), 0)::float8, max(attempts)
+		FROM outbox WHERE dispatched_at IS NULL GROUP BY topic ORDER BY topic`)
+	if err != nil {
+		return nil, fmt.Errorf("reading the outbox backlog: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (TopicBacklog, error) {
+		var b TopicBacklog
+		err := row.Scan(&b.Topic, &b.Pending, &b.Due, &b.OldestDueAgeS, &b.MaxAttempts)
+		b.Delayed = b.Pending - b.Due
+		return b, err
+	})
 }
 
 // Heartbeat keeps one process's row in ferry_instances fresh.
