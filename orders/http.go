@@ -110,17 +110,14 @@ func ParseCreateOrder(body io.Reader, idempotencyKey string) (Input, error) {
 	var req createOrderRequest
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
+	// Read errors stay wrapped, so a caller can still tell an oversize body
+	// (*http.MaxBytesError) from a malformed one.
 	if err := dec.Decode(&req); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return Input{}, err
-		}
 		return Input{}, fmt.Errorf("the body is not a valid create_order JSON object: %w", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return Input{}, err
+		if err != nil {
+			return Input{}, fmt.Errorf("the body must hold one JSON object: %w", err)
 		}
 		return Input{}, errors.New("the body must hold one JSON object")
 	}
