@@ -245,7 +245,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue // more is due: no sleep
 		}
 		sleep := r.cfg.PollInterval
-		if err == nil {
+		if err == nil && res.Claimed == 0 {
+			// Idle: sleep only until the next delayed or backed-off row is
+			// due. A relay that just relayed skips this read on its hot path;
+			// new commits wake it, and PollInterval bounds the rest.
 			sleep = r.untilNextDue(ctx)
 		}
 		timer := time.NewTimer(sleep)
