@@ -4,6 +4,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,7 +12,8 @@ import (
 
 // The dependency arrows point one way; this test is the depguard of the
 // layout: the core speaks Watermill and the standard library, handlers know
-// no driver, nothing but the binary imports app.
+// no driver, the library imports no example and no rig (examples/,
+// internal/), and only the CLI, binaries, examples and rigs import app.
 func TestLayering(t *testing.T) {
 	const mod = "github.com/ferry-dev/ferry"
 	imports := map[string][]string{} // package dir -> imports of its non-test files
@@ -53,10 +55,24 @@ func TestLayering(t *testing.T) {
 			return strings.Contains(imp, "jackc/pgx") || strings.Contains(imp, "amqp") || imp == mod+"/app" || imp == mod+"/handlers"
 		}, "middleware takes its stores through interfaces"},
 	}
+	// The importable library holds no example and no test rig: only the
+	// binary's tree and the examples may import them.
+	library := func(dir string) bool {
+		return !strings.HasPrefix(dir, "cmd/") && !strings.HasPrefix(dir, "examples/") && !strings.HasPrefix(dir, "internal/")
+	}
 	for dir, imps := range imports {
 		for _, imp := range imps {
-			if imp == mod+"/app" && dir != "cmd/ferry" {
-				t.Errorf("%s imports app: only cmd/ferry may (app is the composition root)", dir)
+			if imp == mod+"/app" && library(dir) && dir != "cli" {
+				t.Errorf("%s imports app: only cli, binaries, examples and rigs may (app is the composition root)", dir)
+			}
+			if library(dir) && (strings.HasPrefix(imp, mod+"/examples/") || strings.HasPrefix(imp, mod+"/internal/")) {
+				t.Errorf("%s imports %s: the library holds no example and no test rig", dir, imp)
+			}
+			if strings.HasPrefix(dir, "examples/") && strings.HasPrefix(imp, mod+"/internal/") {
+				t.Errorf("%s imports %s: examples use only the public API", dir, imp)
+			}
+			if strings.HasPrefix(dir, "examples/invoices") && strings.HasPrefix(imp, mod+"/examples/orders") {
+				t.Errorf("%s imports %s: the user application stands on the library alone", dir, imp)
 			}
 			for _, r := range rules {
 				if (dir == r.dir || strings.HasPrefix(dir, r.dir+"/") && r.dir != "pipeline") && r.banned(imp) {
@@ -66,6 +82,29 @@ func TestLayering(t *testing.T) {
 			if strings.HasPrefix(dir, "pipeline/") && (imp == mod+"/app" || imp == mod+"/handlers" || imp == mod+"/middleware") {
 				t.Errorf("%s imports %s: pipeline packages sit below handlers and middleware", dir, imp)
 			}
+		}
+	}
+}
+
+// `go list -deps ./app` names no example and no rig, and `go doc ./app`
+// shows no bench, chaos, scenario or fault-injection symbol.
+func TestAppIsTheRuntimeOnly(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "./app", "./cli").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.Contains(pkg, "ferry-dev/ferry/examples") || strings.Contains(pkg, "ferry-dev/ferry/internal") {
+			t.Errorf("app or cli depends on %s", pkg)
+		}
+	}
+	doc, err := exec.Command("go", "doc", "-all", "./app").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go doc: %v\n%s", err, doc)
+	}
+	for _, word := range []string{"Bench", "Chaos", "Scenario", "Fault", "Demo", "Orders", "PaymentURL", "SMTP", "ExampleRoutes"} {
+		if strings.Contains(string(doc), word) {
+			t.Errorf("go doc ./app mentions %q: the runtime carries no example or rig", word)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,16 +18,14 @@ import (
 	wmetrics "github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-dev/ferry/handlers"
-	"github.com/ferry-dev/ferry/handlers/charge"
-	"github.com/ferry-dev/ferry/handlers/mail"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/migrations"
-	"github.com/ferry-dev/ferry/orders"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -45,16 +44,29 @@ var ErrMigrationsPending = errors.New("database migrations are pending: run `fer
 type Deps struct {
 	Config Config
 	Logger *slog.Logger
+	// Pool is the PostgreSQL pool (the handlers' ledger transactions come
+	// from it; pgledger.TxFromContext hands a handler its own).
+	Pool *pgxpool.Pool
+	// DB is a database/sql handle over Pool.
+	DB *sql.DB
+	// Outbox publishes follow-up events; inside a handler, into the ledger
+	// transaction: Outbox.PublishTx(ctx, pgoutbox.PgxTx(pgledger.TxFromContext(ctx)), ...).
+	Outbox *pgoutbox.Outbox
 }
 
 // Options are the application's extension points.
 type Options struct {
-	// Routes builds the route table: every consumer handler. Default
-	// ExampleRoutes (the orders example's charge and mail handlers).
+	// Routes builds the route table: every consumer handler. Required.
 	Routes func(Deps) ([]handlers.Route, error)
-	// Chain edits the router-wide middleware chain, for instance
+	// Chain edits the middleware chain around every route, for instance
 	// c.InsertAfter(middleware.LinkCorrelation, myLoggingLink) or c.Append(...).
 	Chain func(middleware.Chain) (middleware.Chain, error)
+	// Migrations are the application's own migration sets, applied after
+	// Ferry's (Migrate) and checked at start like them.
+	Migrations []migrations.Set
+	// HTTP, if set, builds the application's HTTP API, served on
+	// Config.HTTPAddr when Components.HTTP is on.
+	HTTP func(*App) (http.Handler, error)
 	// Migrate applies pending migrations at start instead of refusing to start.
 	Migrate bool
 	// Logger receives every log line. Default: NewLogger(cfg, os.Stderr).
@@ -69,22 +81,9 @@ type Options struct {
 	WithoutBroker bool
 }
 
-// ExampleRoutes is the route table of the orders example: the application's
-// contents page. An application of your own returns its own list here.
-func ExampleRoutes(d Deps) ([]handlers.Route, error) {
-	payments, err := charge.NewHTTPClient(d.Config.PaymentURL)
-	if err != nil {
-		return nil, fmt.Errorf("FERRY_PAYMENT_URL: %w", err)
-	}
-	smtp, err := mail.NewSMTPSender(d.Config.SMTPAddr)
-	if err != nil {
-		return nil, fmt.Errorf("FERRY_SMTP_ADDR: %w", err)
-	}
-	return []handlers.Route{
-		charge.Route(payments, d.Logger),          // stripe.charge → payment provider (ordered per order)
-		mail.Route(smtp, d.Config.Mail, d.Logger), // mail.send → SMTP
-	}, nil
-}
+// ErrNoRoutes is returned by New without Options.Routes: an application
+// says what it consumes (an empty table is fine for a relay-only process).
+var ErrNoRoutes = errors.New("app: Options.Routes is required (return an empty table for a process without consumers)")
 
 // App is a wired Ferry application.
 type App struct {
@@ -95,7 +94,6 @@ type App struct {
 	Pool        *pgxpool.Pool
 	DB          *sql.DB
 	Outbox      *pgoutbox.Outbox
-	Orders      *orders.Service
 	Topology    *rabbit.Topology
 	Relay       *pgoutbox.Relay
 	Ledger      *pgledger.Ledger
@@ -113,24 +111,9 @@ type App struct {
 }
 
 // OrderedTopics is the sorted set of topics consumed in per-aggregate order:
-// those of routes marked Ordered plus Config.OrderedTopics.
-func (a *App) OrderedTopics() []string {
-	set := map[string]bool{}
-	for _, t := range a.cfg.OrderedTopics {
-		set[t] = true
-	}
-	for _, r := range a.Routes {
-		if r.Ordered {
-			set[r.Topic] = true
-		}
-	}
-	out := make([]string, 0, len(set))
-	for t := range set {
-		out = append(out, t)
-	}
-	slices.Sort(out)
-	return out
-}
+// those of routes marked Ordered plus FERRY_ORDERED_TOPICS. The topology
+// holds it; the relay and the outbox read it from there.
+func (a *App) OrderedTopics() []string { return a.Topology.OrderedTopics() }
 
 // New connects to PostgreSQL and RabbitMQ, checks the schema, declares the
 // broker topology of the route table and wires every component. It fails
@@ -140,19 +123,25 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}
+	if opts.Routes == nil {
+		return nil, ErrNoRoutes
+	}
+	for _, s := range opts.Migrations {
+		if err := s.Validate(); err != nil {
+			return nil, fmt.Errorf("Options.Migrations: %w", err)
+		}
+		if s.VersionTable == migrations.VersionTable {
+			return nil, fmt.Errorf("Options.Migrations: set %q uses Ferry's own version table %s", s.Name, s.VersionTable)
+		}
+	}
 	if opts.Logger == nil {
 		opts.Logger, err = NewLogger(cfg, nil)
 		if err != nil {
 			return nil, err
 		}
 	}
-	if opts.Routes == nil {
-		opts.Routes = ExampleRoutes
-	}
-	if cfg.ChaosFaults != nil {
-		opts = chaosOptions(opts, *cfg.ChaosFaults)
-	}
 	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, Metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider)}
+	a.Metrics.OutboxTable = cfg.Relay.Table
 	// The relay reports to the metrics, and to the caller's observer if any.
 	if user := cfg.Relay.Observer; user != nil {
 		cfg.Relay.Observer = func(o []pgoutbox.Outcome) { a.Metrics.ObserveRelay(o); user(o) }
@@ -174,9 +163,11 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 
-	a.Outbox = pgoutbox.New(pgoutbox.SchemaAdapter{}, a.logger)
-	if a.Orders, err = orders.NewService(a.DB, a.Outbox, a.logger); err != nil {
-		return nil, err
+	// The outbox asks the topology (built below, once the route table says
+	// which topics are ordered) whether a topic needs aggregate ids.
+	adapter := pgoutbox.SchemaAdapter{Table: cfg.Relay.Table, Ordered: func(topic string) bool { return a.Topology.Ordered(topic) }}
+	if a.Outbox, err = pgoutbox.New(adapter, a.logger); err != nil {
+		return nil, fmt.Errorf("RelayConfig.Table: %w", err)
 	}
 	if a.Ledger, err = pgledger.New(a.Pool, pgledger.Config{}, a.logger); err != nil {
 		return nil, err
@@ -184,32 +175,38 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if a.Idempotency, err = middleware.NewIdempotency(a.Ledger, a.logger); err != nil {
 		return nil, err
 	}
-	if a.Rescheduler, err = pgoutbox.NewRescheduler(a.Pool, ""); err != nil {
+	if a.Rescheduler, err = pgoutbox.NewRescheduler(a.Pool, a.Outbox); err != nil {
 		return nil, err
 	}
 	if a.poisonPublisher, err = pgpoison.NewPublisher(a.DB); err != nil {
 		return nil, err
 	}
-	if a.Poison, err = pgpoison.NewStore(a.Pool, ""); err != nil {
+	if a.Poison, err = pgpoison.NewStore(a.Pool, a.Outbox); err != nil {
 		return nil, err
 	}
 
-	if a.Routes, err = opts.Routes(Deps{Config: cfg, Logger: a.logger}); err != nil {
+	if a.Routes, err = opts.Routes(Deps{Config: cfg, Logger: a.logger, Pool: a.Pool, DB: a.DB, Outbox: a.Outbox}); err != nil {
 		return nil, fmt.Errorf("building routes: %w", err)
 	}
 	if err := handlers.ValidateRoutes(a.Routes); err != nil {
 		return nil, fmt.Errorf("invalid route table: %w", err)
 	}
 
-	// The ordering unit, visible in one place: a topic is ordered when a
-	// route on it says so or FERRY_ORDERED_TOPICS names it; the relay and
-	// the broker topology then agree on it.
-	ordered := a.OrderedTopics()
-	cfg.AMQP.OrderedTopics, cfg.Relay.OrderedTopics = ordered, ordered
-	a.cfg = cfg
-	if a.Topology, err = rabbit.NewTopology(cfg.AMQP); err != nil {
+	// The ordering unit, derived once: a topic is ordered when a route on it
+	// says so or FERRY_ORDERED_TOPICS names it. The topology keeps the set;
+	// the relay (through its publisher) and the outbox ask it.
+	amqpCfg := cfg.AMQP
+	amqpCfg.OrderedTopics = slices.Clone(cfg.AMQP.OrderedTopics)
+	for _, r := range a.Routes {
+		if r.Ordered {
+			amqpCfg.OrderedTopics = append(amqpCfg.OrderedTopics, r.Topic)
+		}
+	}
+	if a.Topology, err = rabbit.NewTopology(amqpCfg); err != nil {
 		return nil, fmt.Errorf("FERRY_AMQP_*: %w", err)
 	}
+	cfg.AMQP = a.Topology.Config()
+	a.cfg = cfg
 	if opts.WithoutBroker {
 		return a, nil
 	}
@@ -237,22 +234,29 @@ func (a *App) checkSchema(ctx context.Context) error {
 			return err
 		}
 	}
-	pending, err := migrations.Pending(ctx, a.DB)
-	if err != nil {
-		return err
+	for _, set := range a.MigrationSets() {
+		pending, err := set.Pending(ctx, a.DB)
+		if err != nil {
+			return err
+		}
+		if !pending {
+			continue
+		}
+		if !a.opts.Migrate {
+			return fmt.Errorf("%w (set %s)", ErrMigrationsPending, set.Name)
+		}
+		n, err := set.Up(ctx, a.DB)
+		if err != nil {
+			return err
+		}
+		a.logger.Info("applied database migrations", "set", set.Name, "count", n, "schema", a.cfg.DatabaseSchema)
 	}
-	if !pending {
-		return nil
-	}
-	if !a.opts.Migrate {
-		return ErrMigrationsPending
-	}
-	n, err := migrations.Up(ctx, a.DB)
-	if err != nil {
-		return err
-	}
-	a.logger.Info("applied database migrations", "count", n, "schema", a.cfg.DatabaseSchema)
 	return nil
+}
+
+// MigrationSets are Ferry's migrations followed by the application's.
+func (a *App) MigrationSets() []migrations.Set {
+	return append([]migrations.Set{migrations.Library}, a.opts.Migrations...)
 }
 
 // bindings is the broker topology of the route table.
@@ -268,6 +272,15 @@ func (a *App) bindings() []rabbit.Binding {
 // started, connection opened) are Debug here, its errors stay errors.
 func (a *App) watermillLogger() watermill.LoggerAdapter {
 	return watermill.NewSlogLoggerWithLevelMapping(a.logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+}
+
+// Broker is the publisher's broker connection (nil WithoutBroker), for
+// tools that inspect, purge or tear down the topology.
+func (a *App) Broker() *amqp.Connection {
+	if a.pubConn == nil {
+		return nil
+	}
+	return a.pubConn.Connection()
 }
 
 // Publisher is watermill-amqp's confirmed publisher on Ferry's topology
@@ -292,7 +305,7 @@ var All = Components{Relay: true, Consumers: true, HTTP: true, Pruner: true}
 // Prune removes dispatched outbox rows and ledger rows past their retention.
 func (a *App) Prune(ctx context.Context) ([]pgretention.Result, error) {
 	r := a.cfg.Retention
-	out, err := pgretention.Prune(ctx, a.Pool, pgretention.Outbox, pgretention.Options{OlderThan: r.Outbox, BatchSize: r.BatchSize, Archive: r.ArchiveOutbox})
+	out, err := pgretention.Prune(ctx, a.Pool, pgretention.Outbox, pgretention.Options{OlderThan: r.Outbox, BatchSize: r.BatchSize, Archive: r.ArchiveOutbox, Table: a.cfg.Relay.Table})
 	if err != nil {
 		return nil, err
 	}
@@ -329,14 +342,28 @@ func (a *App) runPruner(ctx context.Context) error {
 	}
 }
 
-// NewRouter builds the consumer router: the middleware chain (edited by
-// Options.Chain) around every route of the table, each consuming its own
-// queue over one shared connection.
-func (a *App) NewRouter() (*message.Router, *wamqp.ConnectionWrapper, error) {
+// NewRouter builds Ferry's own consumer router: Watermill's router metrics
+// router-wide, and the route table mounted on it (see Mount). The returned
+// closer releases the consumers' connection once the router has stopped.
+func (a *App) NewRouter() (*message.Router, io.Closer, error) {
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: a.cfg.ShutdownTimeout}, a.watermillLogger())
 	if err != nil {
 		return nil, nil, err
 	}
+	// Watermill's own router metrics (handler execution time, publish and
+	// subscribe counts) go to the same registry; added first, so outermost.
+	wmetrics.NewPrometheusMetricsBuilder(a.Metrics.Registry, "", "").AddPrometheusRouterMetrics(router)
+	conn, err := a.Mount(router)
+	if err != nil {
+		return nil, nil, err
+	}
+	return router, conn, nil
+}
+
+// Chain is the middleware chain every route runs in: the default chain
+// wired to this app's ledger, poison store, retries, metrics and tracing,
+// as edited by Options.Chain.
+func (a *App) Chain() (middleware.Chain, error) {
 	durable := a.cfg.DurableRetry
 	durable.Scheduler = a.Rescheduler
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
@@ -349,22 +376,43 @@ func (a *App) NewRouter() (*message.Router, *wamqp.ConnectionWrapper, error) {
 		Tracing:      a.tracer.Consumer,
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if a.opts.Chain != nil {
 		if chain, err = a.opts.Chain(chain); err != nil {
-			return nil, nil, fmt.Errorf("editing middleware chain: %w", err)
+			return nil, fmt.Errorf("editing middleware chain: %w", err)
 		}
 	}
-	// Watermill's own router metrics (handler execution time, publish and
-	// subscribe counts) go to the same registry; added first, so outermost.
-	wmetrics.NewPrometheusMetricsBuilder(a.Metrics.Registry, "", "").AddPrometheusRouterMetrics(router)
-	router.AddMiddleware(chain.Middlewares()...)
-	// One connection for every consumer of the process; the router's
-	// subscribers share it and Run closes it when the router has stopped.
+	return chain, nil
+}
+
+// Mount adds the route table to router, a Watermill router of the caller's
+// (with middleware and handlers of its own) or Ferry's: every route gets
+// Ferry's chain (Chain) and its own middleware, and consumes its queue, or
+// one queue per partition for an ordered topic, as the topology says. The
+// topology is declared first. Mount adds nothing router-wide.
+//
+// The consumers share one broker connection; close it after the router has
+// stopped.
+func (a *App) Mount(router *message.Router) (io.Closer, error) {
+	if router == nil {
+		return nil, errors.New("app: Mount needs a router")
+	}
+	if a.opts.WithoutBroker {
+		return nil, errors.New("app: an app built WithoutBroker has no consumers to mount")
+	}
+	chain, err := a.Chain()
+	if err != nil {
+		return nil, err
+	}
+	mws := chain.Middlewares()
 	conn, err := rabbit.Dial(a.cfg.AMQP, "ferry-consumer", a.watermillLogger())
 	if err != nil {
-		return nil, nil, err
+		return nil, err
+	}
+	if err := a.Topology.Declare(conn.Connection(), a.bindings()...); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("declaring RabbitMQ topology: %w", err)
 	}
 	for _, r := range a.Routes {
 		// An ordered route consumes one queue per partition, each its own
@@ -373,13 +421,14 @@ func (a *App) NewRouter() (*message.Router, *wamqp.ConnectionWrapper, error) {
 			sub, err := wamqp.NewSubscriberWithConnection(s.Config, a.watermillLogger(), conn)
 			if err != nil {
 				conn.Close()
-				return nil, nil, fmt.Errorf("subscribing %s to %s: %w", s.Name, r.Topic, err)
+				return nil, fmt.Errorf("subscribing %s to %s: %w", s.Name, r.Topic, err)
 			}
 			h := router.AddConsumerHandler(s.Name, r.Topic, sub, r.Handler)
+			h.AddMiddleware(mws...)
 			h.AddMiddleware(r.Middleware...)
 		}
 	}
-	return router, conn, nil
+	return conn, nil
 }
 
 // Run runs the selected components until ctx is done or one fails.
@@ -425,8 +474,12 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) e
 			return nil
 		})
 	}
-	if what.HTTP {
-		if err := a.serve(ctx, g, "HTTP API", a.cfg.HTTPAddr, a.HTTPHandler()); err != nil {
+	if what.HTTP && a.opts.HTTP != nil {
+		h, err := a.opts.HTTP(a)
+		if err != nil {
+			return fmt.Errorf("building the HTTP API: %w", err)
+		}
+		if err := a.serve(ctx, g, "HTTP API", a.cfg.HTTPAddr, h); err != nil {
 			return err
 		}
 	}
@@ -514,16 +567,10 @@ func (a *App) Start(ctx context.Context, what Components) (stop func() error, er
 	}
 }
 
-// HTTPHandler is the HTTP API: POST /orders and GET /healthz.
-func (a *App) HTTPHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("POST /orders", a.tracer.HTTP("POST /orders", orders.Handler(a.Orders, a.logger)))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	return mux
-}
+// TraceHTTP wraps an HTTP handler of the application's API so that the
+// request's W3C trace context and X-Correlation-ID reach the events it
+// publishes (and answers with the correlation id).
+func (a *App) TraceHTTP(route string, h http.Handler) http.Handler { return a.tracer.HTTP(route, h) }
 
 // Close releases every connection. It is safe after a failed New.
 func (a *App) Close() error {

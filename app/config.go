@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferry-dev/ferry/handlers/mail"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -22,8 +21,6 @@ const (
 	DefaultDatabaseURL     = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	DefaultHTTPAddr        = "127.0.0.1:8080"
 	DefaultAdminAddr       = "127.0.0.1:9091"
-	DefaultPaymentURL      = "http://127.0.0.1:12111"
-	DefaultSMTPAddr        = "127.0.0.1:2525"
 	DefaultShutdownTimeout = 30 * time.Second
 	// DefaultDatabaseMaxConns leaves room for every default consumer's
 	// ledger transaction, the relay and its listener.
@@ -49,9 +46,6 @@ type Config struct {
 	Relay pgoutbox.RelayConfig
 	// Retry configures the consumers' in-process retries. FERRY_RETRY_*.
 	Retry middleware.RetryConfig
-	// OrderedTopics adds topics consumed in per-aggregate order to those of
-	// routes marked Ordered. FERRY_ORDERED_TOPICS (comma-separated).
-	OrderedTopics []string
 	// DurableRetry configures the consumers' delayed retries (its Scheduler
 	// is wired by the app). FERRY_DURABLE_RETRY_*.
 	DurableRetry middleware.DurableRetryConfig
@@ -65,19 +59,11 @@ type Config struct {
 	AdminToken string
 	// MetricsRefresh is how often the outbox gauges are recomputed. FERRY_METRICS_REFRESH.
 	MetricsRefresh time.Duration
-	// HTTPAddr is where the create_order HTTP API listens. FERRY_HTTP_ADDR.
+	// HTTPAddr is where the application's HTTP API (Options.HTTP) listens.
+	// FERRY_HTTP_ADDR.
 	HTTPAddr string
-	// PaymentURL is the payment provider's base URL. FERRY_PAYMENT_URL.
-	PaymentURL string
-	// SMTPAddr is the SMTP server (host:port). FERRY_SMTP_ADDR.
-	SMTPAddr string
-	// Mail configures the mail handler. FERRY_MAIL_FROM, FERRY_MAIL_RECIPIENT_DOMAIN.
-	Mail mail.Config
 	// ShutdownTimeout bounds a graceful stop. FERRY_SHUTDOWN_TIMEOUT.
 	ShutdownTimeout time.Duration
-	// ChaosFaults, for fault-injection runs only, makes handlers fail and
-	// panic at random. FERRY_CHAOS_FAULTS.
-	ChaosFaults *HandlerFaults
 	// LogLevel is debug, info, warn or error. FERRY_LOG_LEVEL.
 	LogLevel string
 	// LogFormat is json, text or auto (text on a terminal). FERRY_LOG_FORMAT.
@@ -100,7 +86,9 @@ type RetentionConfig struct {
 	BatchSize int
 }
 
-// EnvVar documents one environment variable.
+// EnvVar documents one environment variable. Applications list their own
+// variables in the same shape (without a setter) so that `ferry help config`
+// and the README show them beside Ferry's.
 type EnvVar struct {
 	Name, Default, Doc string
 	set                func(c *Config, v string) error
@@ -128,7 +116,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_ORDERED_TOPICS", "(routes marked Ordered)", "more topics kept in per-aggregate order, comma-separated", func(c *Config, v string) error {
 			for _, t := range strings.Split(v, ",") {
 				if t = strings.TrimSpace(t); t != "" {
-					c.OrderedTopics = append(c.OrderedTopics, t)
+					c.AMQP.OrderedTopics = append(c.AMQP.OrderedTopics, t)
 				}
 			}
 			return nil
@@ -155,17 +143,8 @@ func EnvVars() []EnvVar {
 		{"FERRY_ADMIN_ADDR", DefaultAdminAddr, "admin server (/metrics, /healthz, /readyz, /admin/*); off to disable", func(c *Config, v string) error { c.AdminAddr = v; return nil }},
 		{"FERRY_ADMIN_TOKEN", "(none: state-changing admin endpoints refuse)", "Bearer token of the state-changing admin endpoints", func(c *Config, v string) error { c.AdminToken = v; return nil }},
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
-		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "create_order HTTP API listen address", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
-		{"FERRY_PAYMENT_URL", DefaultPaymentURL, "payment provider base URL", func(c *Config, v string) error { c.PaymentURL = v; return nil }},
-		{"FERRY_SMTP_ADDR", DefaultSMTPAddr, "SMTP server host:port", func(c *Config, v string) error { c.SMTPAddr = v; return nil }},
-		{"FERRY_MAIL_FROM", mail.DefaultFrom, "sender of order mails", func(c *Config, v string) error { c.Mail.From = v; return nil }},
-		{"FERRY_MAIL_RECIPIENT_DOMAIN", mail.DefaultRecipientDomain, "domain appended to user ids for mail", func(c *Config, v string) error { c.Mail.RecipientDomain = v; return nil }},
+		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "listen address of the application's HTTP API (Options.HTTP)", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
 		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
-		{"FERRY_CHAOS_FAULTS", "(none)", "testing only: inject handler faults, e.g. fail=0.1,panic=0.01,seed=7 (ferry chaos sets it)", func(c *Config, v string) error {
-			f, err := parseFaults(v)
-			c.ChaosFaults = f
-			return err
-		}},
 		{"FERRY_LOG_LEVEL", DefaultLogLevel, "debug, info, warn or error", func(c *Config, v string) error { c.LogLevel = v; return nil }},
 		{"FERRY_LOG_FORMAT", DefaultLogFormat, "json, text or auto (text on a terminal)", func(c *Config, v string) error { c.LogFormat = v; return nil }},
 	}
@@ -261,12 +240,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MetricsRefresh == 0 {
 		c.MetricsRefresh = metrics.DefaultRefreshInterval
-	}
-	if c.PaymentURL == "" {
-		c.PaymentURL = DefaultPaymentURL
-	}
-	if c.SMTPAddr == "" {
-		c.SMTPAddr = DefaultSMTPAddr
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout

@@ -6,6 +6,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/ferry-dev/ferry/app"
@@ -17,6 +18,19 @@ type userSignedUp struct {
 	UserID string `json:"user_id"`
 }
 
+// routes is an application's route table: its contents page.
+func routes(d app.Deps) ([]handlers.Route, error) {
+	return []handlers.Route{{
+		Name:  "crm.sync-signup", // stable: names the queue and the ledger key
+		Topic: "user.signed_up",
+		Handler: handlers.Typed(func(ctx context.Context, e *userSignedUp) error {
+			key, err := handlers.IdempotencyKey(ctx) // pass to the CRM's API
+			_ = key
+			return err
+		}),
+	}}, nil
+}
+
 // An application registers its handlers in one route table and adds its own
 // middleware at a chosen place of the chain, then runs everything.
 func Example() {
@@ -25,21 +39,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	opts := app.Options{
-		Routes: func(d app.Deps) ([]handlers.Route, error) {
-			routes, err := app.ExampleRoutes(d) // keep the example's charge and mail handlers
-			if err != nil {
-				return nil, err
-			}
-			return append(routes, handlers.Route{
-				Name:  "crm.sync-signup", // stable: names the queue and the ledger key
-				Topic: "user.signed_up",
-				Handler: handlers.Typed(func(ctx context.Context, e *userSignedUp) error {
-					key, err := handlers.IdempotencyKey(ctx) // pass to the CRM's API
-					_ = key
-					return err
-				}),
-			}), nil
-		},
+		Routes: routes,
 		Chain: func(c middleware.Chain) (middleware.Chain, error) {
 			return c.InsertAfter(middleware.LinkCorrelation, middleware.Link{
 				Name: "audit",
@@ -58,6 +58,35 @@ func Example() {
 	}
 	defer a.Close()
 	if err := a.Run(ctx, app.All, nil); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A Watermill user mounts the route table on the router they already run,
+// beside handlers of their own; Ferry adds its chain per handler, nothing
+// router-wide.
+func ExampleApp_Mount() {
+	cfg, err := app.ConfigFromEnv()
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	a, err := app.New(ctx, cfg, app.Options{Routes: routes})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	consumers, err := a.Mount(router)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer consumers.Close() // after the router has stopped
+	if err := router.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -30,6 +30,9 @@ const DefaultRefreshInterval = 15 * time.Second
 // Metrics holds Ferry's collectors on a registry of their own.
 type Metrics struct {
 	Registry *prometheus.Registry
+	// OutboxTable is the outbox table the gauges read (see
+	// pgoutbox.QuoteTable). Default "outbox".
+	OutboxTable string
 
 	pending          *prometheus.GaugeVec
 	pendingDue       *prometheus.GaugeVec
@@ -119,7 +122,7 @@ func (m *Metrics) Record(handler string, outcome middleware.Outcome) {
 // Refresh recomputes the outbox and poison gauges from the database (the
 // same reads as `ferry status`).
 func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
-	backlog, err := pgstatus.Backlog(ctx, pool)
+	backlog, err := pgstatus.Backlog(ctx, pool, m.OutboxTable)
 	if err != nil {
 		return err
 	}

@@ -27,7 +27,7 @@ func defaultChain(t testing.TB) middleware.Chain {
 	require.NoError(t, err)
 	guard, err := middleware.NewIdempotency(ledger, nil)
 	require.NoError(t, err)
-	resched, err := pgoutbox.NewRescheduler(pool, "")
+	resched, err := pgoutbox.NewRescheduler(pool, newOutbox(t))
 	require.NoError(t, err)
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
 		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
@@ -140,11 +140,22 @@ func defaultChainForExample() middleware.Chain {
 	pool, _ := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/app")
 	ledger, _ := pgledger.New(pool, pgledger.Config{}, nil)
 	guard, _ := middleware.NewIdempotency(ledger, nil)
-	resched, _ := pgoutbox.NewRescheduler(pool, "")
+	outbox, _ := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	resched, _ := pgoutbox.NewRescheduler(pool, outbox)
 	chain, _ := middleware.DefaultChain(middleware.ChainConfig{
 		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
 		DurableRetry: middleware.DurableRetryConfig{Scheduler: resched},
 		Idempotency:  guard,
 	})
 	return chain
+}
+
+// newOutbox is an Outbox on the default table.
+func newOutbox(t testing.TB) *pgoutbox.Outbox {
+	t.Helper()
+	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
 }

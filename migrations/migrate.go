@@ -3,7 +3,9 @@ package migrations
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
 
 	"github.com/pressly/goose/v3"
 )
@@ -11,19 +13,66 @@ import (
 // VersionTable is goose's bookkeeping table, in the same schema as Ferry's tables.
 const VersionTable = "ferry_schema_version"
 
-func provider(db *sql.DB) (*goose.Provider, error) {
-	p, err := goose.NewProvider(goose.DialectPostgres, db, FS,
-		goose.WithTableName(VersionTable),
+// Set is one independent series of goose migrations with its own version
+// table: Ferry's library tables (Library), or an application's own tables,
+// which it migrates with the same commands (app.Options.Migrations,
+// cli.Options.Migrations) without mixing version numbers with Ferry's.
+type Set struct {
+	// Name identifies the set in messages and `ferry migrate status`.
+	Name string
+	// FS holds the "NNNNN_name.sql" files (go:embed them).
+	FS fs.FS
+	// VersionTable is goose's bookkeeping table of this set; it must differ
+	// from every other set's.
+	VersionTable string
+}
+
+// Library is Ferry's own set: the outbox, ledger, poison store and the rest.
+var Library = Set{Name: "ferry", FS: FS, VersionTable: VersionTable}
+
+// Validate reports a set that cannot work.
+func (s Set) Validate() error {
+	var errs []error
+	if s.Name == "" {
+		errs = append(errs, errors.New("migration set has no name"))
+	}
+	if s.FS == nil {
+		errs = append(errs, fmt.Errorf("migration set %q has no files", s.Name))
+	}
+	if s.VersionTable == "" {
+		errs = append(errs, fmt.Errorf("migration set %q has no version table", s.Name))
+	}
+	return errors.Join(errs...)
+}
+
+func (s Set) provider(db *sql.DB) (*goose.Provider, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, s.FS,
+		goose.WithTableName(s.VersionTable),
 		goose.WithDisableGlobalRegistry(true))
 	if err != nil {
-		return nil, fmt.Errorf("loading migrations: %w", err)
+		return nil, fmt.Errorf("loading migrations of %s: %w", s.Name, err)
 	}
 	return p, nil
 }
 
-// Up applies every pending migration and returns how many it applied.
-func Up(ctx context.Context, db *sql.DB) (int, error) {
-	p, err := provider(db)
+// Up applies Ferry's pending migrations and returns how many it applied.
+func Up(ctx context.Context, db *sql.DB) (int, error) { return Library.Up(ctx, db) }
+
+// Down rolls back Ferry's newest applied migration.
+func Down(ctx context.Context, db *sql.DB) error { return Library.Down(ctx, db) }
+
+// Status lists Ferry's migrations and whether each is applied.
+func Status(ctx context.Context, db *sql.DB) ([]State, error) { return Library.Status(ctx, db) }
+
+// Pending reports whether one of Ferry's migrations is not applied yet.
+func Pending(ctx context.Context, db *sql.DB) (bool, error) { return Library.Pending(ctx, db) }
+
+// Up applies every pending migration of s and returns how many it applied.
+func (s Set) Up(ctx context.Context, db *sql.DB) (int, error) {
+	p, err := s.provider(db)
 	if err != nil {
 		return 0, err
 	}
@@ -34,9 +83,9 @@ func Up(ctx context.Context, db *sql.DB) (int, error) {
 	return len(res), nil
 }
 
-// Down rolls back the newest applied migration.
-func Down(ctx context.Context, db *sql.DB) error {
-	p, err := provider(db)
+// Down rolls back the newest applied migration of s.
+func (s Set) Down(ctx context.Context, db *sql.DB) error {
+	p, err := s.provider(db)
 	if err != nil {
 		return err
 	}
@@ -53,13 +102,13 @@ type State struct {
 	Applied bool
 }
 
-// Status lists every migration and whether it is applied.
-func Status(ctx context.Context, db *sql.DB) ([]State, error) {
-	p, err := provider(db)
+// Status lists every migration of s and whether it is applied.
+func (s Set) Status(ctx context.Context, db *sql.DB) ([]State, error) {
+	p, err := s.provider(db)
 	if err != nil {
 		return nil, err
 	}
-	exists, err := versionTableExists(ctx, db)
+	exists, err := versionTableExists(ctx, db, s.VersionTable)
 	if err != nil {
 		return nil, err
 	}
@@ -81,17 +130,17 @@ func Status(ctx context.Context, db *sql.DB) ([]State, error) {
 	return out, nil
 }
 
-// Pending reports whether some migration is not applied yet (all of them,
-// when the schema has never been migrated).
-func Pending(ctx context.Context, db *sql.DB) (bool, error) {
-	exists, err := versionTableExists(ctx, db)
+// Pending reports whether some migration of s is not applied yet (all of
+// them, when the schema has never been migrated).
+func (s Set) Pending(ctx context.Context, db *sql.DB) (bool, error) {
+	exists, err := versionTableExists(ctx, db, s.VersionTable)
 	if err != nil {
 		return false, err
 	}
 	if !exists {
 		return true, nil
 	}
-	p, err := provider(db)
+	p, err := s.provider(db)
 	if err != nil {
 		return false, err
 	}
@@ -102,9 +151,11 @@ func Pending(ctx context.Context, db *sql.DB) (bool, error) {
 	return pending, nil
 }
 
-func versionTableExists(ctx context.Context, db *sql.DB) (bool, error) {
+func versionTableExists(ctx context.Context, db *sql.DB, table string) (bool, error) {
 	var exists bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, VersionTable).Scan(&exists); err != nil {
+	// quote_ident: the version table's name is taken literally, in the
+	// connection's search_path, like goose does.
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass(quote_ident($1)) IS NOT NULL`, table).Scan(&exists); err != nil {
 		return false, fmt.Errorf("looking for the migration table: %w", err)
 	}
 	return exists, nil

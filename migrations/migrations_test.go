@@ -24,7 +24,7 @@ func TestUpDownUp(t *testing.T) {
 	require.False(t, pending)
 	states, err := migrations.Status(ctx, db)
 	require.NoError(t, err)
-	require.Len(t, states, 8)
+	require.Len(t, states, 9)
 	for _, s := range states {
 		require.True(t, s.Applied, s.Name)
 	}
@@ -61,7 +61,7 @@ func TestStatusOfAnUnmigratedSchema(t *testing.T) {
 	defer db.Close()
 	states, err := migrations.Status(context.Background(), db)
 	require.NoError(t, err)
-	require.Len(t, states, 8)
+	require.Len(t, states, 9)
 	for _, s := range states {
 		require.False(t, s.Applied)
 	}

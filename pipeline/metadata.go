@@ -36,6 +36,9 @@ const (
 	// MetaOutboxCreatedAt is set by the relay: when the outbox row was
 	// written (RFC 3339), so consumers can measure end-to-end latency.
 	MetaOutboxCreatedAt = "outbox_created_at"
+	// MetaOutboxID is set by the relay: the outbox row's id. The message's
+	// UUID is the publisher's own; the row id is only the row's key.
+	MetaOutboxID = "ferry_outbox_id"
 	// MetaOutboxAttempt is set by the relay: which relay attempt this
 	// publish is (1 for the first).
 	MetaOutboxAttempt = "outbox_attempt"

@@ -19,3 +19,11 @@ type Outgoing struct {
 type BatchPublisher interface {
 	PublishBatch(ctx context.Context, batch []Outgoing) []error
 }
+
+// Ordering is implemented by publishers whose topology keeps some topics in
+// per-aggregate order (rabbit.BatchPublisher). The relay takes its ordered
+// topics from its publisher, so relay and broker topology cannot disagree.
+type Ordering interface {
+	// OrderedTopics returns the sorted ordered topics.
+	OrderedTopics() []string
+}

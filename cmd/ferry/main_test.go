@@ -2,33 +2,58 @@ package main
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 func TestHelpListsEveryCommand(t *testing.T) {
 	var out, errOut strings.Builder
 	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
-	for _, cmd := range []string{"demo", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue", "poison discard",
+	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue", "poison discard",
 		"prune outbox", "prune ledger", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
 	}
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
-	for _, cmd := range []string{"demo", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
-		"poison discard", "prune outbox", "prune ledger", "migrate up", "healthcheck", "help", "version"} {
+	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
+		"poison discard", "prune outbox", "prune ledger", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, string(readme), "`ferry "+cmd, "the README must document ferry %s", cmd)
 	}
-	for _, ev := range app.EnvVars() {
+	for _, ev := range append(app.EnvVars(), options().EnvVars...) {
 		require.Contains(t, string(readme), "| `"+ev.Name+"` |", "the README's configuration table must list %s", ev.Name)
 	}
 	out.Reset()
 	require.Equal(t, 0, run([]string{"help", "config"}, &out, &errOut))
 	require.Contains(t, out.String(), "FERRY_DATABASE_URL")
+}
+
+// Every command and sub-command answers -h (and --help, and `help <cmd>`)
+// with its own flags and exit status 0.
+func TestEveryCommandHasHelp(t *testing.T) {
+	for _, path := range [][]string{{"run"}, {"relay"}, {"consume"}, {"migrate"}, {"migrate", "up"}, {"migrate", "down"}, {"migrate", "status"},
+		{"status"}, {"poison"}, {"poison", "list"}, {"poison", "requeue"}, {"poison", "discard"}, {"prune"}, {"prune", "outbox"}, {"prune", "ledger"},
+		{"healthcheck"}, {"demo"}, {"sandbox"}, {"bench"}, {"chaos"}, {"help"}, {"version"}} {
+		for _, h := range []string{"-h", "--help"} {
+			var out, errOut strings.Builder
+			require.Equal(t, 0, run(append(slices.Clone(path), h), &out, &errOut), "ferry %v %s: %s", path, h, errOut.String())
+			require.Contains(t, out.String(), "ferry "+strings.Join(path, " ")+":", "ferry %v %s prints the command's help", path, h)
+			require.Contains(t, out.String(), "Usage:")
+		}
+		var out, errOut strings.Builder
+		require.Equal(t, 0, run(append([]string{"help"}, path...), &out, &errOut))
+		require.Contains(t, out.String(), "ferry "+strings.Join(path, " ")+":")
+	}
+	var out, errOut strings.Builder
+	require.Equal(t, 0, run([]string{"poison", "requeue", "-h"}, &out, &errOut))
+	for _, flag := range []string{"-dry-run", "-id", "-topic", "-all", "-limit", "-json"} {
+		require.Contains(t, out.String(), flag)
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -80,8 +105,10 @@ func TestWrongCredentialsAreOneActionableLine(t *testing.T) {
 		"broker":   {"FERRY_AMQP_URL", "amqp://guest:wrong-password@127.0.0.1:5672/"},
 	} {
 		t.Run(name, func(t *testing.T) {
+			// Never outside the test database, in a schema of the test's own.
+			t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+			t.Setenv("FERRY_DATABASE_SCHEMA", pipelinetest.Schema(t))
 			t.Setenv(env[0], env[1])
-			t.Setenv("FERRY_DATABASE_SCHEMA", "ferry_never_there")
 			var out, errOut strings.Builder
 			require.Equal(t, 1, run([]string{"relay", "--migrate"}, &out, &errOut))
 			msg := errOut.String()

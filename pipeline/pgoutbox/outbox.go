@@ -2,7 +2,6 @@ package pgoutbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,33 +21,40 @@ type Outbox struct {
 }
 
 // New returns an Outbox writing through adapter. A nil logger discards logs.
-func New(adapter SchemaAdapter, logger *slog.Logger) *Outbox {
+// The adapter's table name is checked here (see QuoteTable).
+func New(adapter SchemaAdapter, logger *slog.Logger) (*Outbox, error) {
+	if _, err := QuoteTable(adapter.Table); err != nil {
+		return nil, err
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Outbox{adapter: adapter, logger: watermill.NewSlogLogger(logger)}
+	return &Outbox{adapter: adapter, logger: watermill.NewSlogLogger(logger)}, nil
 }
+
+// Table is the outbox table's name as configured ("" for the default).
+func (o *Outbox) Table() string { return o.adapter.Table }
 
 // PublishTx writes msgs for topic into the outbox as part of tx. Nothing is
 // visible to the relay until tx commits, and nothing remains if it rolls
 // back: that is the whole contract of an outbox.
 //
-// The write goes through Watermill's SQL publisher bound to tx, so any
-// Watermill publisher decorator works here too. tx must come from a
-// database/sql handle over pgx (stdlib.OpenDBFromPool).
-func (o *Outbox) PublishTx(ctx context.Context, tx *sql.Tx, topic string, msgs ...*message.Message) error {
+// tx is a database/sql transaction (*sql.Tx, over pgx's stdlib driver) or a
+// pgx transaction wrapped with PgxTx: a handler's ledger transaction is one,
+// so a follow-up event commits with the handler's ledger row. The write goes
+// through Watermill's SQL publisher bound to tx, so any Watermill publisher
+// decorator works here too. A *sql.DB works as well, but then each call is
+// its own transaction and atomicity with the business write is gone.
+func (o *Outbox) PublishTx(ctx context.Context, tx wsql.ContextExecutor, topic string, msgs ...*message.Message) error {
 	if tx == nil {
 		return errors.New("pgoutbox: PublishTx needs a transaction")
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("publishing to outbox: %w", err)
 	}
-	// A publisher per call is cheap (no I/O) and binds Watermill's publisher
-	// to this one transaction; AutoInitializeSchema stays off, as it must
-	// inside a transaction.
-	pub, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: o.adapter}, o.logger)
+	pub, err := o.Publisher(tx)
 	if err != nil {
-		return fmt.Errorf("creating outbox publisher: %w", err)
+		return err
 	}
 	if err := pub.Publish(topic, msgs...); err != nil {
 		return fmt.Errorf("publishing %d event(s) to outbox topic %q: %w", len(msgs), topic, err)
@@ -56,10 +62,24 @@ func (o *Outbox) PublishTx(ctx context.Context, tx *sql.Tx, topic string, msgs .
 	return nil
 }
 
+// Publisher returns Watermill's SQL publisher writing to the outbox through
+// db. Bound to a transaction it joins it; bound to a *sql.DB every Publish is
+// a transaction of its own, which makes the outbox, the relay and a
+// rabbit.Subscriber one Watermill Pub/Sub. Creating one costs no I/O.
+func (o *Outbox) Publisher(db wsql.ContextExecutor) (message.Publisher, error) {
+	// AutoInitializeSchema stays off, as it must inside a transaction:
+	// migrations own the table.
+	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: o.adapter}, o.logger)
+	if err != nil {
+		return nil, fmt.Errorf("creating outbox publisher: %w", err)
+	}
+	return pub, nil
+}
+
 // PublishEventsTx writes events of any topics into the outbox as part of
 // tx, in one statement: one round trip for all the events of a business
 // transaction, however many topics they have.
-func (o *Outbox) PublishEventsTx(ctx context.Context, tx *sql.Tx, events ...pipeline.Outgoing) error {
+func (o *Outbox) PublishEventsTx(ctx context.Context, tx wsql.ContextExecutor, events ...pipeline.Outgoing) error {
 	if len(events) == 0 {
 		return nil
 	}

@@ -22,7 +22,7 @@ func publish(t *testing.T, pool *pgxpool.Pool, topic string, msgs ...*message.Me
 	db := pgconn.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	require.NoError(t, pgoutbox.New(pgoutbox.SchemaAdapter{}, nil).PublishTx(context.Background(), tx, topic, msgs...))
+	require.NoError(t, newOutbox(t).PublishTx(context.Background(), tx, topic, msgs...))
 	require.NoError(t, tx.Commit())
 }
 
@@ -81,7 +81,7 @@ func TestPublishTxRollbackLeavesNothing(t *testing.T) {
 	db := pgconn.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	require.NoError(t, pgoutbox.New(pgoutbox.SchemaAdapter{}, nil).PublishTx(context.Background(), tx, "t", event(t, "a", 1)))
+	require.NoError(t, newOutbox(t).PublishTx(context.Background(), tx, "t", event(t, "a", 1)))
 	require.NoError(t, tx.Rollback())
 	require.Zero(t, countRows(t, pool))
 }
@@ -158,7 +158,7 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 			defer tx.Rollback()
 			// The good message first: a bad one in the same call must still
 			// leave nothing behind.
-			err = pgoutbox.New(pgoutbox.SchemaAdapter{}, nil).PublishTx(context.Background(), tx, tc.topic, good, tc.msg)
+			err = newOutbox(t).PublishTx(context.Background(), tx, tc.topic, good, tc.msg)
 			require.ErrorContains(t, err, tc.want)
 			if tc.topic != "" {
 				require.ErrorIs(t, err, pipeline.ErrInvalidEvent)
@@ -176,7 +176,7 @@ func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
 	db := pgconn.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	ob := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	ob := newOutbox(t)
 	require.NoError(t, ob.PublishEventsTx(context.Background(), tx,
 		pipeline.Outgoing{Topic: "stripe.charge", Msg: event(t, "o1", 1)},
 		pipeline.Outgoing{Topic: "mail.send", Msg: event(t, "o1", 2)}))
@@ -194,4 +194,14 @@ func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
 		topics = append(topics, topic)
 	}
 	require.Equal(t, []string{"stripe.charge", "mail.send"}, topics)
+}
+
+// newOutbox is an Outbox on the default table.
+func newOutbox(t testing.TB) *pgoutbox.Outbox {
+	t.Helper()
+	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
 }

@@ -43,12 +43,6 @@ type RelayConfig struct {
 	Backoff pipeline.Backoff
 	// MaxErrorLength truncates last_error. Default 2048 bytes.
 	MaxErrorLength int
-	// OrderedTopics are the topics whose events reach the broker in
-	// per-aggregate id order: a row of an ordered topic is claimed only when
-	// no earlier row of its aggregate (on any ordered topic) is pending, so
-	// a failing head event holds back the later ones instead of being
-	// overtaken. Default: none.
-	OrderedTopics []string
 	// PollOnly turns off the LISTEN/NOTIFY wake-up (migration 00004), leaving
 	// only polling. Default false: the relay wakes when events commit.
 	PollOnly bool
@@ -76,9 +70,6 @@ type Outcome struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c RelayConfig) WithDefaults() RelayConfig {
-	if c.Table == "" {
-		c.Table = "outbox"
-	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultRelayBatchSize
 	}
@@ -107,6 +98,9 @@ func (c RelayConfig) Validate() error {
 	if err := c.Backoff.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("RelayConfig.%w", err))
 	}
+	if _, err := QuoteTable(c.Table); err != nil {
+		errs = append(errs, fmt.Errorf("RelayConfig.Table: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -118,12 +112,18 @@ func (c RelayConfig) Validate() error {
 // recording attempts and last_error. If the relay dies anywhere before the
 // commit, its locks go with its connection and another relay (or its next
 // run) publishes those rows again: delivery is at least once, and consumers
-// deduplicate by message id, which is the outbox id.
+// deduplicate by message id: the publisher's message UUID.
+//
+// Ordered topics come from the publisher (pipeline.Ordering): a row of an
+// ordered topic is claimed only when no earlier row of its aggregate (on any
+// ordered topic) is pending, so a failing head event holds back the later
+// ones instead of being overtaken.
 type Relay struct {
-	pool   *pgxpool.Pool
-	pub    message.Publisher
-	cfg    RelayConfig
-	logger *slog.Logger
+	pool    *pgxpool.Pool
+	pub     message.Publisher
+	cfg     RelayConfig
+	logger  *slog.Logger
+	ordered []string
 
 	claimSQL, dispatchedSQL, failedSQL, nextDueSQL string
 
@@ -134,7 +134,7 @@ type Relay struct {
 // ClaimSQL is the relay's claim query for table (with $1 the batch size
 // and, when ordered, $2 the ordered topics), for EXPLAIN and benchmarks.
 func ClaimSQL(table string, ordered bool) string {
-	return claimSQL(pgx.Identifier{table}.Sanitize(), ordered)
+	return claimSQL(mustQuoteTable(table), ordered)
 }
 
 // claimSQL selects due, unclaimed rows. ORDER BY available_at follows the
@@ -145,7 +145,8 @@ func ClaimSQL(table string, ordered bool) string {
 // claimed by another relay is locked and skipped, and its successors are
 // not heads, so two relays never hold rows of one ordered aggregate at once.
 func claimSQL(table string, ordered bool) string {
-	q := `SELECT o.id, o.aggregate_id, o.topic, o.payload, o.headers, o.attempts, o.created_at
+	q := `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
+		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at
 		FROM ` + table + ` o
 		WHERE o.dispatched_at IS NULL AND o.available_at <= now()`
 	if ordered {
@@ -176,14 +177,19 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	t := pgx.Identifier{cfg.Table}.Sanitize()
+	t := mustQuoteTable(cfg.Table)
+	var ordered []string
+	if o, ok := pub.(pipeline.Ordering); ok {
+		ordered = o.OrderedTopics()
+	}
 	return &Relay{
 		pool:          pool,
 		pub:           pub,
 		cfg:           cfg,
+		ordered:       ordered,
 		logger:        logger.With("component", "relay"),
 		wake:          make(chan struct{}, 1),
-		claimSQL:      claimSQL(t, len(cfg.OrderedTopics) > 0),
+		claimSQL:      claimSQL(t, len(ordered) > 0),
 		dispatchedSQL: `UPDATE ` + t + ` SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
 		nextDueSQL:    `SELECT min(available_at) FROM ` + t + ` WHERE dispatched_at IS NULL`,
 		failedSQL: `UPDATE ` + t + ` AS o
@@ -226,7 +232,7 @@ func (r *Relay) Wake() {
 // place where work waits out an outage.
 func (r *Relay) Run(ctx context.Context) error {
 	r.logger.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval,
-		"ordered_topics", r.cfg.OrderedTopics, "notify", !r.cfg.PollOnly)
+		"ordered_topics", r.ordered, "notify", !r.cfg.PollOnly)
 	defer r.logger.Info("relay stopped")
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -324,6 +330,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 
 type claimedRow struct {
 	id          int64
+	uuid        *string
 	aggregateID string
 	topic       string
 	payload     []byte
@@ -348,8 +355,8 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	}()
 
 	args := []any{r.cfg.BatchSize}
-	if len(r.cfg.OrderedTopics) > 0 {
-		args = append(args, r.cfg.OrderedTopics)
+	if len(r.ordered) > 0 {
+		args = append(args, r.ordered)
 	}
 	rows, err := tx.Query(ctx, r.claimSQL, args...)
 	if err != nil {
@@ -357,7 +364,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	}
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
 		var c claimedRow
-		err := row.Scan(&c.id, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt)
+		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt)
 		return c, err
 	})
 	if err != nil {
@@ -433,11 +440,19 @@ func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
 	outcomes := make([]Outcome, len(rows))
 	batch := make([]pipeline.Outgoing, len(rows))
 	for i, row := range rows {
-		msg := message.NewMessage(strconv.FormatInt(row.id, 10), row.payload)
+		id := strconv.FormatInt(row.id, 10)
+		uuid := id // rows written before migration 00009 have no UUID of their own
+		if row.uuid != nil {
+			uuid = *row.uuid
+		}
+		msg := message.NewMessage(uuid, row.payload)
 		for k, v := range row.headers {
 			msg.Metadata.Set(k, headerValue(v))
 		}
-		msg.Metadata.Set(pipeline.MetaAggregateID, row.aggregateID)
+		if row.aggregateID != "" {
+			msg.Metadata.Set(pipeline.MetaAggregateID, row.aggregateID)
+		}
+		msg.Metadata.Set(pipeline.MetaOutboxID, id)
 		msg.Metadata.Set(pipeline.MetaOutboxCreatedAt, row.createdAt.UTC().Format(time.RFC3339Nano))
 		msg.Metadata.Set(pipeline.MetaOutboxAttempt, strconv.Itoa(row.attempts+1))
 		msg.SetContext(ctx)

@@ -102,6 +102,15 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// orderedRecorder is a recorder whose topology orders topics: the relay
+// takes its ordered topics from its publisher.
+type orderedRecorder struct {
+	*recorder
+	ordered []string
+}
+
+func (o orderedRecorder) OrderedTopics() []string { return o.ordered }
+
 func seed(t *testing.T, pool *pgxpool.Pool, topic string, n, aggregates int) {
 	t.Helper()
 	const chunk = 500
@@ -190,7 +199,8 @@ func TestRelayCarriesIDAndHeaders(t *testing.T) {
 	require.Equal(t, uint8(amqp.Persistent), d.DeliveryMode)
 	got, err := rabbit.Marshaler{}.Unmarshal(d)
 	require.NoError(t, err)
-	require.Equal(t, fmt.Sprint(id), got.UUID, "message id is the outbox id")
+	require.Equal(t, msg.UUID, got.UUID, "the publisher's message UUID travels end to end")
+	require.Equal(t, fmt.Sprint(id), got.Metadata.Get(pipeline.MetaOutboxID), "the outbox id travels in metadata")
 	require.Equal(t, "user-9", got.Metadata.Get(pipeline.MetaAggregateID))
 	require.Equal(t, "corr-7", got.Metadata.Get(pipeline.MetaCorrelationID))
 	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", got.Metadata.Get(pipeline.MetaTraceID))
@@ -351,14 +361,13 @@ func TestFailingHeadHoldsBackOnlyItsOrderedAggregate(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM outbox WHERE aggregate_id = 'A'`).Scan(&aHead))
 	headID[fmt.Sprint(aHead)] = true
 	rec := &recorder{Publisher: b.pub, before: func(m *message.Message) error {
-		if headID[m.UUID] {
+		if headID[m.Metadata.Get(pipeline.MetaOutboxID)] {
 			return errors.New("provider of A is down")
 		}
 		return nil
 	}}
-	relay := newRelay(t, pool, rec, pgoutbox.RelayConfig{
-		OrderedTopics: []string{"stripe.charge"},
-		Backoff:       pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 50 * time.Millisecond, Jitter: -1},
+	relay := newRelay(t, pool, orderedRecorder{rec, []string{"stripe.charge"}}, pgoutbox.RelayConfig{
+		Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 50 * time.Millisecond, Jitter: -1},
 	})
 	for range 5 {
 		_, err := relay.RelayBatch(context.Background())

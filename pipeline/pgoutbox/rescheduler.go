@@ -2,11 +2,10 @@ package pgoutbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
@@ -20,31 +19,36 @@ import (
 // waiting retry is visible, survives restarts and blocks no queue, with no
 // per-delay queues to declare.
 type Rescheduler struct {
-	pool      *pgxpool.Pool
-	insertSQL string
+	pool   *pgxpool.Pool
+	outbox *Outbox
 }
 
-// NewRescheduler returns a Rescheduler writing to pool's outbox (table, default "outbox").
-func NewRescheduler(pool *pgxpool.Pool, table string) (*Rescheduler, error) {
-	if pool == nil {
-		return nil, errors.New("pgoutbox: NewRescheduler needs a pool")
+// NewRescheduler returns a Rescheduler writing through outbox (the one
+// INSERT path) on pool.
+func NewRescheduler(pool *pgxpool.Pool, outbox *Outbox) (*Rescheduler, error) {
+	if pool == nil || outbox == nil {
+		return nil, errors.New("pgoutbox: NewRescheduler needs a pool and an outbox")
 	}
-	if table == "" {
-		table = "outbox"
-	}
-	return &Rescheduler{pool: pool, insertSQL: `INSERT INTO ` + pgx.Identifier{table}.Sanitize() +
-		` (aggregate_id, topic, payload, headers, available_at) VALUES ($1, $2, $3::jsonb, $4, now() + $5 * interval '1 microsecond')`}, nil
+	return &Rescheduler{pool: pool, outbox: outbox}, nil
 }
 
-// ScheduleRetry implements the durable retry link's RetryScheduler.
+// ScheduleRetry implements the durable retry link's RetryScheduler. The
+// retry keeps the message's id as its UUID: it is the same message.
 func (r *Rescheduler) ScheduleRetry(ctx context.Context, rt pipeline.Retry) error {
-	if !json.Valid(rt.Payload) {
-		return errors.New("payload is not JSON: it cannot be stored in the outbox for a retry")
-	}
 	if rt.Headers[pipeline.MetaRetryQueue] == "" {
 		return errors.New("retry has no queue to go back to")
 	}
-	if _, err := r.pool.Exec(ctx, r.insertSQL, rt.AggregateID, pipeline.RetryTopic, string(rt.Payload), rt.Headers, rt.Delay.Microseconds()); err != nil {
+	id := rt.Headers[pipeline.MetaMessageID]
+	if id == "" {
+		return errors.New("retry has no message id")
+	}
+	msg := message.NewMessage(id, rt.Payload)
+	for k, v := range rt.Headers {
+		msg.Metadata.Set(k, v)
+	}
+	msg.Metadata.Set(pipeline.MetaAggregateID, rt.AggregateID)
+	pipeline.WithDelay(msg, rt.Delay)
+	if err := r.outbox.PublishTx(ctx, PgxTx(r.pool), pipeline.RetryTopic, msg); err != nil {
 		return fmt.Errorf("writing retry into the outbox: %w", err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package pgoutbox
 
 import (
+	"bytes"
 	stdsql "database/sql"
 	"encoding/json"
 	"errors"
@@ -31,26 +32,31 @@ const (
 var ErrInsertOnly = errors.New("pgoutbox.SchemaAdapter is insert-only: use pgoutbox.Relay to read the outbox")
 
 // SchemaAdapter is a watermill-sql SchemaAdapter that writes Ferry's outbox
-// table instead of watermill-sql's per-topic message tables. The message's
-// metadata supplies the aggregate id (pipeline.MetaAggregateID, required)
-// and the delay (pipeline.MetaDelay or pipeline.MetaDeliverAt); the rest of
-// the metadata becomes the row's headers.
+// table instead of watermill-sql's per-topic message tables. It is the one
+// way rows get into the outbox: events of producers, durable retries and
+// poison requeues all go through it.
+//
+// The message's UUID is stored and travels to the consumers unchanged; its
+// payload is stored byte for byte (payload_raw) and, when it is JSON, also
+// as jsonb (payload), so JSON events stay queryable. The metadata supplies
+// the aggregate id (pipeline.MetaAggregateID: required on ordered topics,
+// optional elsewhere) and the delay (pipeline.MetaDelay or
+// pipeline.MetaDeliverAt); the rest of it becomes the row's headers.
 //
 // It creates no schema (migrations own the table), so it is safe to use
 // with a transaction as the publisher's database handle.
 type SchemaAdapter struct {
-	// Table is the outbox table's name, optionally schema-qualified. Default "outbox".
+	// Table is the outbox table's name, optionally schema-qualified (see
+	// QuoteTable). Default "outbox".
 	Table string
+	// Ordered reports whether a topic is consumed in per-aggregate order;
+	// events of such topics must carry an aggregate id. Pass the topology's
+	// Ordered (rabbit.Topology.Ordered), the one home of that set. Default:
+	// no topic is ordered.
+	Ordered func(topic string) bool
 }
 
 var _ wsql.SchemaAdapter = SchemaAdapter{}
-
-func (a SchemaAdapter) table() string {
-	if a.Table == "" {
-		return "outbox"
-	}
-	return a.Table
-}
 
 // InsertQuery returns one multi-row INSERT for msgs. It validates every
 // message first, so a bad one fails the whole call before anything is written.
@@ -61,19 +67,16 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 	if err := validateTopic(topic); err != nil {
 		return wsql.Query{}, err
 	}
+	table, err := QuoteTable(a.Table)
+	if err != nil {
+		return wsql.Query{}, err
+	}
 	var (
 		sb   strings.Builder
-		args = make([]any, 0, len(msgs)*6)
+		args = make([]any, 0, len(msgs)*8)
 	)
-	fmt.Fprintf(&sb, "INSERT INTO %s (aggregate_id, topic, payload, headers, available_at) VALUES ", a.table())
+	fmt.Fprintf(&sb, "INSERT INTO %s (message_uuid, aggregate_id, topic, payload, payload_raw, headers, available_at) VALUES ", table)
 	for i, msg := range msgs {
-		row, err := outboxRowFromMessage(msg)
-		if err != nil {
-			return wsql.Query{}, fmt.Errorf("message %d (%s): %w", i, msg.UUID, err)
-		}
-		if i > 0 {
-			sb.WriteString(", ")
-		}
 		rowTopic := topic
 		if t := msg.Metadata.Get(pipeline.MetaTopic); t != "" {
 			if err := validateTopic(t); err != nil {
@@ -81,27 +84,41 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 			}
 			rowTopic = t
 		}
+		row, err := outboxRowFromMessage(msg, a.Ordered != nil && a.Ordered(rowTopic))
+		if err != nil {
+			return wsql.Query{}, fmt.Errorf("message %d (%s): %w", i, msg.UUID, err)
+		}
+		if i > 0 {
+			sb.WriteString(", ")
+		}
 		n := len(args)
-		fmt.Fprintf(&sb, "($%d, $%d, $%d::jsonb, $%d::jsonb, COALESCE($%d::timestamptz, now() + $%d::bigint * interval '1 microsecond'))",
-			n+1, n+2, n+3, n+4, n+5, n+6)
-		args = append(args, row.aggregateID, rowTopic, string(msg.Payload), string(row.headers), row.deliverAt, row.delay.Microseconds())
+		fmt.Fprintf(&sb, "($%d, $%d, $%d, $%d::jsonb, $%d::bytea, $%d::jsonb, COALESCE($%d::timestamptz, now() + $%d::bigint * interval '1 microsecond'))",
+			n+1, n+2, n+3, n+4, n+5, n+6, n+7, n+8)
+		args = append(args, msg.UUID, row.aggregateID, rowTopic, row.jsonPayload, msg.Payload, string(row.headers), row.deliverAt, row.delay.Microseconds())
 	}
 	return wsql.Query{Query: sb.String(), Args: args}, nil
 }
 
 type insertRow struct {
 	aggregateID string
+	// jsonPayload is the payload as text when it is JSON that jsonb can
+	// hold, nil otherwise.
+	jsonPayload *string
 	headers     []byte
 	delay       time.Duration
 	deliverAt   *time.Time
 }
 
-func outboxRowFromMessage(msg *message.Message) (insertRow, error) {
+func outboxRowFromMessage(msg *message.Message, ordered bool) (insertRow, error) {
 	var row insertRow
 	row.aggregateID = msg.Metadata.Get(pipeline.MetaAggregateID)
 	switch {
-	case row.aggregateID == "":
-		return row, fmt.Errorf("%w: metadata %q is missing", pipeline.ErrInvalidEvent, pipeline.MetaAggregateID)
+	case msg.UUID == "":
+		return row, fmt.Errorf("%w: message has no UUID", pipeline.ErrInvalidEvent)
+	case len(msg.UUID) > MaxAggregateIDLength || !utf8.ValidString(msg.UUID) || strings.ContainsRune(msg.UUID, 0):
+		return row, fmt.Errorf("%w: message UUID must be valid UTF-8 without NUL, at most %d bytes", pipeline.ErrInvalidEvent, MaxAggregateIDLength)
+	case row.aggregateID == "" && ordered:
+		return row, fmt.Errorf("%w: metadata %q is missing, and the topic is ordered (per aggregate)", pipeline.ErrInvalidEvent, pipeline.MetaAggregateID)
 	case len(row.aggregateID) > MaxAggregateIDLength:
 		return row, fmt.Errorf("%w: aggregate id is longer than %d bytes", pipeline.ErrInvalidEvent, MaxAggregateIDLength)
 	case !utf8.ValidString(row.aggregateID):
@@ -110,8 +127,9 @@ func outboxRowFromMessage(msg *message.Message) (insertRow, error) {
 	if len(msg.Payload) > MaxPayloadBytes {
 		return row, fmt.Errorf("%w: payload is %d bytes, more than %d", pipeline.ErrInvalidEvent, len(msg.Payload), MaxPayloadBytes)
 	}
-	if !json.Valid(msg.Payload) {
-		return row, fmt.Errorf("%w: payload is not valid JSON", pipeline.ErrInvalidEvent)
+	if jsonbCanHold(msg.Payload) {
+		text := string(msg.Payload)
+		row.jsonPayload = &text
 	}
 
 	headers := make(map[string]string, len(msg.Metadata))
@@ -144,6 +162,13 @@ func outboxRowFromMessage(msg *message.Message) (insertRow, error) {
 		return row, fmt.Errorf("encoding headers: %w", err)
 	}
 	return row, nil
+}
+
+// jsonbCanHold reports whether payload is JSON that PostgreSQL's jsonb
+// accepts: valid JSON, and no \u0000 escape (jsonb cannot store NUL in
+// text). Anything else is still published, as bytes only.
+func jsonbCanHold(payload []byte) bool {
+	return json.Valid(payload) && !bytes.Contains(payload, []byte(`\u0000`))
 }
 
 func validateTopic(topic string) error {

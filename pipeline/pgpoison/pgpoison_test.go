@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
@@ -33,7 +34,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	pub, err := pgpoison.NewPublisher(db)
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("ignored", poisoned("1", "a.topic", `{"ok":1}`), poisoned("2", "b.topic", "not json")))
-	store, err := pgpoison.NewStore(pool, "")
+	store, err := pgpoison.NewStore(pool, newOutbox(t))
 	require.NoError(t, err)
 
 	all, err := store.List(context.Background(), "", 0)
@@ -55,7 +56,7 @@ func TestStoreRoundTrip(t *testing.T) {
 
 	var topic string
 	var headers map[string]string
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT topic, headers FROM outbox WHERE id = $1`, res.OutboxIDs[0]).Scan(&topic, &headers))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT topic, headers FROM outbox WHERE message_uuid = $1`, res.MessageIDs[0]).Scan(&topic, &headers))
 	require.Equal(t, "a.topic", topic)
 	require.Equal(t, "1", headers[pipeline.MetaMessageID], "the message keeps its id")
 	require.NotContains(t, headers, pipeline.MetaAttempt, "the attempt count is reset")
@@ -67,4 +68,14 @@ func TestStoreRoundTrip(t *testing.T) {
 	require.Len(t, left, 1)
 	require.Error(t, pgpoison.Selector{}.Validate())
 	require.Error(t, pgpoison.Selector{All: true, Topic: "x"}.Validate())
+}
+
+// newOutbox is an Outbox on the default table.
+func newOutbox(t testing.TB) *pgoutbox.Outbox {
+	t.Helper()
+	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
 }

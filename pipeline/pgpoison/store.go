@@ -2,16 +2,17 @@ package pgpoison
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 // Record is one poisoned message.
@@ -66,19 +67,17 @@ func (s Selector) Validate() error {
 
 // Store reads and acts on the poison store.
 type Store struct {
-	pool        *pgxpool.Pool
-	outboxTable string
+	pool   *pgxpool.Pool
+	outbox *pgoutbox.Outbox
 }
 
-// NewStore returns the store over pool, requeueing into outboxTable (default "outbox").
-func NewStore(pool *pgxpool.Pool, outboxTable string) (*Store, error) {
-	if pool == nil {
-		return nil, errors.New("pgpoison: NewStore needs a pool")
+// NewStore returns the store over pool, requeueing through outbox (the one
+// INSERT path into the outbox).
+func NewStore(pool *pgxpool.Pool, outbox *pgoutbox.Outbox) (*Store, error) {
+	if pool == nil || outbox == nil {
+		return nil, errors.New("pgpoison: NewStore needs a pool and an outbox")
 	}
-	if outboxTable == "" {
-		outboxTable = "outbox"
-	}
-	return &Store{pool: pool, outboxTable: outboxTable}, nil
+	return &Store{pool: pool, outbox: outbox}, nil
 }
 
 const columns = `id, message_id, topic, handler, consumer, aggregate_id, payload, headers, reason, permanent,
@@ -149,17 +148,17 @@ type Skipped struct {
 type RequeueResult struct {
 	Requeued []Record  `json:"requeued"`
 	Skipped  []Skipped `json:"skipped"`
-	// OutboxIDs are the new outbox rows, one per requeued message.
-	OutboxIDs []int64 `json:"outbox_ids"`
-	DryRun    bool    `json:"dry_run"`
+	// MessageIDs are the requeued messages' ids: the UUIDs of the new
+	// outbox rows (message_uuid), one per requeued message.
+	MessageIDs []string `json:"message_ids"`
+	DryRun     bool     `json:"dry_run"`
 }
 
 // Requeue sends the selected messages back to their original topic: in one
 // transaction it writes each into the outbox (message id kept, attempt
 // count reset, failure bookkeeping dropped) and deletes it here. Handlers
 // that had already processed the message skip it through their ledger; the
-// one that failed runs it. A payload that is not JSON cannot go back into
-// the outbox and is skipped with the reason.
+// one that failed runs it. Payloads go back byte for byte, JSON or not.
 func (s *Store) Requeue(ctx context.Context, sel Selector, dryRun bool) (RequeueResult, error) {
 	res := RequeueResult{DryRun: dryRun}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -168,10 +167,6 @@ func (s *Store) Requeue(ctx context.Context, sel Selector, dryRun bool) (Requeue
 			return err
 		}
 		for _, r := range recs {
-			if !json.Valid(r.Payload) {
-				res.Skipped = append(res.Skipped, Skipped{Record: r, Why: "payload is not JSON: discard it, or fix and republish it from its producer"})
-				continue
-			}
 			res.Requeued = append(res.Requeued, r)
 			if dryRun {
 				continue
@@ -184,19 +179,19 @@ func (s *Store) Requeue(ctx context.Context, sel Selector, dryRun bool) (Requeue
 			}
 			headers[pipeline.MetaMessageID] = r.MessageID
 			headers["ferry_requeued_from_poison_id"] = fmt.Sprint(r.ID)
-			aggregate := r.AggregateID
-			if aggregate == "" {
-				aggregate = r.MessageID
+			// The same message again: its UUID is its id, as at first.
+			msg := message.NewMessage(r.MessageID, r.Payload)
+			for k, v := range headers {
+				msg.Metadata.Set(k, v)
 			}
-			var id int64
-			if err := tx.QueryRow(ctx, `INSERT INTO `+pgx.Identifier{s.outboxTable}.Sanitize()+` (aggregate_id, topic, payload, headers)
-				VALUES ($1, $2, $3::jsonb, $4) RETURNING id`, aggregate, r.Topic, string(r.Payload), headers).Scan(&id); err != nil {
+			msg.Metadata.Set(pipeline.MetaAggregateID, r.AggregateID)
+			if err := s.outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), r.Topic, msg); err != nil {
 				return fmt.Errorf("requeueing poisoned message %d into the outbox: %w", r.ID, err)
 			}
 			if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = $1`, r.ID); err != nil {
 				return fmt.Errorf("removing requeued message %d: %w", r.ID, err)
 			}
-			res.OutboxIDs = append(res.OutboxIDs, id)
+			res.MessageIDs = append(res.MessageIDs, r.MessageID)
 		}
 		if dryRun {
 			return errDryRun

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 // Defaults.
@@ -45,8 +47,11 @@ type Options struct {
 	OlderThan time.Duration
 	// BatchSize is how many rows one transaction removes. Default 10,000.
 	BatchSize int
-	// Archive moves outbox rows into outbox_archive instead of deleting them.
+	// Archive moves outbox rows into the archive table (the outbox's name
+	// with "_archive") instead of deleting them.
 	Archive bool
+	// Table is the outbox table (see pgoutbox.QuoteTable). Default "outbox".
+	Table string
 	// DryRun counts what would go and removes nothing.
 	DryRun bool
 }
@@ -83,6 +88,18 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 	}
 	res.Cutoff = cutoff
 
+	table := o.Table
+	if table == "" {
+		table = pgoutbox.DefaultTable
+	}
+	outbox, err := pgoutbox.QuoteTable(table)
+	if err != nil {
+		return res, err
+	}
+	archive, err := pgoutbox.QuoteTable(table + "_archive")
+	if err != nil {
+		return res, err
+	}
 	var count, batch string
 	switch {
 	case t == Ledger:
@@ -91,16 +108,16 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 			SELECT consumer, message_id FROM processed_messages WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
 			DELETE FROM processed_messages p USING doomed d WHERE p.consumer = d.consumer AND p.message_id = d.message_id`
 	case o.Archive:
-		count = `SELECT count(*) FROM outbox WHERE dispatched_at < $1`
+		count = `SELECT count(*) FROM ` + outbox + ` WHERE dispatched_at < $1`
 		batch = `WITH doomed AS (
-			SELECT id FROM outbox WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
-			moved AS (DELETE FROM outbox o USING doomed d WHERE o.id = d.id RETURNING o.*)
-			INSERT INTO outbox_archive SELECT * FROM moved ON CONFLICT (id) DO NOTHING`
+			SELECT id FROM ` + outbox + ` WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
+			moved AS (DELETE FROM ` + outbox + ` o USING doomed d WHERE o.id = d.id RETURNING o.*)
+			INSERT INTO ` + archive + ` SELECT * FROM moved ON CONFLICT (id) DO NOTHING`
 	default:
-		count = `SELECT count(*) FROM outbox WHERE dispatched_at < $1`
+		count = `SELECT count(*) FROM ` + outbox + ` WHERE dispatched_at < $1`
 		batch = `WITH doomed AS (
-			SELECT id FROM outbox WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
-			DELETE FROM outbox o USING doomed d WHERE o.id = d.id`
+			SELECT id FROM ` + outbox + ` WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+			DELETE FROM ` + outbox + ` o USING doomed d WHERE o.id = d.id`
 	}
 	if o.DryRun {
 		err := pool.QueryRow(ctx, count, cutoff).Scan(&res.Removed)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
@@ -75,14 +76,19 @@ type Report struct {
 	ConsumersAlive    int            `json:"consumers_alive"`
 }
 
-// Collect builds the report; failing lists at most 20 rows with more than
+// Collect builds the report for the outbox table (see pgoutbox.QuoteTable;
+// "" for the default); failing lists at most 20 rows with more than
 // threshold attempts.
-func Collect(ctx context.Context, pool *pgxpool.Pool, threshold int) (Report, error) {
+func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold int) (Report, error) {
 	rep := Report{AttemptsThreshold: threshold}
+	t, err := pgoutbox.QuoteTable(table)
+	if err != nil {
+		return rep, err
+	}
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
 		return rep, fmt.Errorf("reading status: %w", err)
 	}
-	backlog, err := Backlog(ctx, pool)
+	backlog, err := Backlog(ctx, pool, table)
 	if err != nil {
 		return rep, err
 	}
@@ -92,7 +98,7 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, threshold int) (Report, er
 		rep.OldestDueAgeS = max(rep.OldestDueAgeS, b.OldestDueAgeS)
 	}
 	frows, err := pool.Query(ctx, `SELECT id, topic, aggregate_id, attempts, coalesce(last_error, ''), available_at, created_at
-		FROM outbox WHERE dispatched_at IS NULL AND attempts > $1 ORDER BY attempts DESC, id LIMIT 20`, threshold)
+		FROM `+t+` WHERE dispatched_at IS NULL AND attempts > $1 ORDER BY attempts DESC, id LIMIT 20`, threshold)
 	if err != nil {
 		return rep, fmt.Errorf("reading failing rows: %w", err)
 	}
@@ -131,10 +137,14 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, threshold int) (Report, er
 
 // Backlog is the outbox's undispatched rows per topic, read over the
 // partial indexes (they hold only pending rows).
-func Backlog(ctx context.Context, pool *pgxpool.Pool) ([]TopicBacklog, error) {
+func Backlog(ctx context.Context, pool *pgxpool.Pool, table string) ([]TopicBacklog, error) {
+	t, err := pgoutbox.QuoteTable(table)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()),
 		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE available_at <= now())), 0)::float8, max(attempts)
-		FROM outbox WHERE dispatched_at IS NULL GROUP BY topic ORDER BY topic`)
+		FROM `+t+` WHERE dispatched_at IS NULL GROUP BY topic ORDER BY topic`)
 	if err != nil {
 		return nil, fmt.Errorf("reading the outbox backlog: %w", err)
 	}

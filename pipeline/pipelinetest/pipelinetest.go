@@ -63,9 +63,10 @@ func skipShort(t testing.TB) {
 	}
 }
 
-// Schema creates a fresh, migrated schema and returns its name; it is
+// Schema creates a fresh schema, migrated with Ferry's migrations and then the
+// application's own sets (extra), and returns its name; it is
 // dropped when the test ends.
-func Schema(t testing.TB) string {
+func Schema(t testing.TB, extra ...migrations.Set) string {
 	t.Helper()
 	skipShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -96,8 +97,10 @@ func Schema(t testing.TB) string {
 	defer pool.Close()
 	db := pgconn.SQLDB(pool)
 	defer db.Close()
-	if _, err := migrations.Up(ctx, db); err != nil {
-		t.Fatalf("migrating test schema %s: %v", schema, err)
+	for _, set := range append([]migrations.Set{migrations.Library}, extra...) {
+		if _, err := set.Up(ctx, db); err != nil {
+			t.Fatalf("migrating test schema %s (%s): %v", schema, set.Name, err)
+		}
 	}
 	return schema
 }
@@ -123,10 +126,11 @@ func Pool(t testing.TB, schema, appName string) *pgxpool.Pool {
 	return pool
 }
 
-// Postgres is Schema plus Pool: a pool on a fresh, migrated schema.
-func Postgres(t testing.TB) *pgxpool.Pool {
+// Postgres is Schema plus Pool: a pool on a fresh, migrated schema, with
+// the application's own migration sets (extra) applied after Ferry's.
+func Postgres(t testing.TB, extra ...migrations.Set) *pgxpool.Pool {
 	t.Helper()
-	return Pool(t, Schema(t), "ferry-test")
+	return Pool(t, Schema(t, extra...), "ferry-test")
 }
 
 // Rabbit returns a RabbitMQ configuration with a namespace of its own, after

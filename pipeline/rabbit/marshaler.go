@@ -24,7 +24,7 @@ type Marshaler struct{}
 
 var _ wamqp.Marshaler = Marshaler{}
 
-// Marshal makes a persistent JSON publishing carrying the metadata as headers
+// Marshal makes a persistent publishing carrying the metadata as headers
 // and the message UUID both as a header and as the AMQP message-id.
 func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	p, err := wamqp.DefaultMarshaler{}.Marshal(msg)
@@ -32,7 +32,11 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		return p, err
 	}
 	p.MessageId = msg.UUID
-	p.ContentType = "application/json"
+	// Payloads are any bytes, delivered as published; say which are JSON.
+	p.ContentType = "application/octet-stream"
+	if json.Valid(msg.Payload) {
+		p.ContentType = "application/json"
+	}
 	p.CorrelationId = msg.Metadata.Get(pipeline.MetaCorrelationID)
 	p.Timestamp = time.Now()
 	return p, nil

@@ -59,6 +59,10 @@ func NewBatchPublisher(conn *wamqp.ConnectionWrapper, topo *Topology) (*BatchPub
 	return p, nil
 }
 
+// OrderedTopics implements pipeline.Ordering: the relay takes its ordered
+// topics from the topology this publisher routes by.
+func (p *BatchPublisher) OrderedTopics() []string { return p.topo.OrderedTopics() }
+
 // Publish implements message.Publisher: all of msgs, confirmed, or an error.
 func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 	batch := make([]Outgoing, len(msgs))

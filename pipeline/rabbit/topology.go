@@ -65,6 +65,15 @@ func NewTopology(cfg Config) (*Topology, error) {
 // Config returns the configuration the topology was built with (defaults applied).
 func (t *Topology) Config() Config { return t.cfg }
 
+// OrderedTopics returns the ordered topics, sorted: the one home of that
+// set. The relay (through BatchPublisher) and the outbox's validation read
+// it from here.
+func (t *Topology) OrderedTopics() []string {
+	out := slices.Clone(t.cfg.OrderedTopics)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // Ordered reports whether topic is one of the ordered topics.
 func (t *Topology) Ordered(topic string) bool { return slices.Contains(t.cfg.OrderedTopics, topic) }
 

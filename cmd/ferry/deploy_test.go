@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/ferry-dev/ferry/app"
+)
+
+type composeFile struct {
+	FerryEnv map[string]string `yaml:"x-ferry-env"`
+	Services map[string]struct {
+		Image       string            `yaml:"image"`
+		Build       any               `yaml:"build"`
+		Command     []string          `yaml:"command"`
+		Environment map[string]string `yaml:"environment"`
+		Ports       []string          `yaml:"ports"`
+		Volumes     []string          `yaml:"volumes"`
+		Healthcheck *struct {
+			Test []string `yaml:"test"`
+		} `yaml:"healthcheck"`
+		DependsOn map[string]struct {
+			Condition string `yaml:"condition"`
+		} `yaml:"depends_on"`
+	} `yaml:"services"`
+	Volumes map[string]any `yaml:"volumes"`
+}
+
+// docker compose cannot run here; this keeps docker-compose.yml in step
+// with what the binary reads and serves.
+func TestDockerComposeMatchesTheBinary(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	require.NoError(t, err)
+	var c composeFile
+	require.NoError(t, yaml.Unmarshal(raw, &c))
+
+	known := map[string]bool{}
+	for _, ev := range append(app.EnvVars(), options().EnvVars...) {
+		known[ev.Name] = true
+	}
+	for k := range c.FerryEnv {
+		require.True(t, known[k], "docker-compose.yml sets %s, which ferry does not read", k)
+	}
+	env := map[string]string{}
+	for k, v := range c.FerryEnv {
+		env[k] = regexp.MustCompile(`\$\{[A-Z_]+:-([^}]*)\}`).ReplaceAllString(v, "$1")
+	}
+	cfg, err := app.ConfigFromLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	require.NoError(t, err, "the compose environment must be a valid configuration")
+
+	for _, name := range []string{"postgres", "rabbitmq", "ferry", "migrate", "prometheus", "grafana"} {
+		require.Contains(t, c.Services, name)
+	}
+	for _, name := range []string{"postgres", "rabbitmq", "ferry", "prometheus", "grafana"} {
+		require.NotNil(t, c.Services[name].Healthcheck, "%s needs a healthcheck", name)
+	}
+	ferry := c.Services["ferry"]
+	require.Equal(t, []string{"run"}, ferry.Command)
+	require.Equal(t, []string{"migrate", "up"}, c.Services["migrate"].Command)
+	require.Equal(t, "service_completed_successfully", ferry.DependsOn["migrate"].Condition, "ferry waits for its schema")
+	require.Equal(t, "service_healthy", ferry.DependsOn["rabbitmq"].Condition, "ferry waits for its broker")
+	require.Equal(t, "service_healthy", c.Services["migrate"].DependsOn["postgres"].Condition)
+	require.Equal(t, "healthcheck", ferry.Healthcheck.Test[2])
+	adminPort := cfg.AdminAddr[strings.LastIndex(cfg.AdminAddr, ":")+1:]
+	require.Contains(t, ferry.Ports, "127.0.0.1:"+adminPort+":"+adminPort)
+	require.Contains(t, ferry.Healthcheck.Test, "http://127.0.0.1:"+adminPort+"/readyz")
+
+	prom, err := os.ReadFile("../../deploy/prometheus/prometheus.yml")
+	require.NoError(t, err)
+	require.Contains(t, string(prom), `"ferry:`+adminPort+`"`, "Prometheus scrapes the admin port")
+
+	for name, s := range c.Services {
+		for _, v := range s.Volumes {
+			src, _, _ := strings.Cut(v, ":")
+			if strings.HasPrefix(src, "./") {
+				_, err := os.Stat(filepath.Join("..", src))
+				require.NoError(t, err, "%s mounts %s, which must exist", name, src)
+			} else {
+				require.Contains(t, c.Volumes, src, "%s uses the named volume %s, which must be declared", name, src)
+			}
+		}
+	}
+}
+
+// The dashboard is valid JSON and charts only metrics Ferry exports.
+func TestGrafanaDashboardUsesFerrysMetrics(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../deploy/grafana/dashboards/ferry.json")
+	require.NoError(t, err)
+	var dash struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dash))
+	require.NotEmpty(t, dash.UID)
+	exported := []string{
+		"outbox_pending_total", "outbox_pending_due_total", "outbox_oldest_pending_age_seconds", "outbox_pending_max_attempts",
+		"outbox_dispatch_latency_seconds_bucket", "outbox_attempts_bucket", "outbox_dispatched_total",
+		"outbox_relay_publish_errors_total", "ferry_consumer_messages_total", "ferry_poison_messages",
+		"handler_execution_time_seconds_bucket",
+	}
+	metric := regexp.MustCompile(`\b(outbox_[a-z_]+|ferry_[a-z_]+|handler_execution_[a-z_]+)\b`)
+	charted := map[string]bool{}
+	for _, p := range dash.Panels {
+		require.NotEmpty(t, p.Targets, p.Title)
+		for _, tg := range p.Targets {
+			for _, m := range metric.FindAllString(tg.Expr, -1) {
+				require.True(t, slices.Contains(exported, m), "panel %q charts %s, which Ferry does not export", p.Title, m)
+				charted[m] = true
+			}
+		}
+	}
+	for _, must := range []string{"outbox_pending_total", "outbox_dispatch_latency_seconds_bucket", "outbox_attempts_bucket", "outbox_dispatched_total", "ferry_poison_messages"} {
+		require.True(t, charted[must], "the dashboard must chart %s", must)
+	}
+}

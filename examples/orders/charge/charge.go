@@ -1,0 +1,139 @@
+// Package charge is the stripe.charge consumer: it charges an order through
+// a payment provider's HTTP API, with the message's idempotency key so that
+// a redelivery never charges twice.
+package charge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/ferry-dev/ferry/examples/orders/orders"
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// HandlerName is the route name (and queue name) of the charge handler.
+const HandlerName = "payments.charge"
+
+// DefaultTimeout bounds one call to the provider.
+const DefaultTimeout = 10 * time.Second
+
+// Request is one charge sent to the provider.
+type Request struct {
+	Amount   int64             `json:"amount"`
+	Currency string            `json:"currency"`
+	Customer string            `json:"customer"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// Charger makes a charge; the same idempotency key must never charge twice.
+type Charger interface {
+	Charge(ctx context.Context, req Request, idempotencyKey string) (chargeID string, err error)
+}
+
+// Route is the stripe.charge route, charging through c.
+func Route(c Charger, logger *slog.Logger) handlers.Route {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return handlers.Route{
+		Name:  HandlerName,
+		Topic: orders.TopicChargeRequested,
+		// A charge and a later refund of one order must not swap places.
+		Ordered: true,
+		Handler: handlers.Typed(func(ctx context.Context, e *orders.ChargeRequested) error {
+			key, err := handlers.IdempotencyKey(ctx)
+			if err != nil {
+				return err
+			}
+			id, err := c.Charge(ctx, Request{
+				Amount: e.Amount, Currency: e.Currency, Customer: e.UserID,
+				Metadata: map[string]string{"order_id": fmt.Sprint(e.OrderID)},
+			}, key)
+			if err != nil {
+				return fmt.Errorf("charging order %d: %w", e.OrderID, err)
+			}
+			logger.InfoContext(ctx, "order charged", "order_id", e.OrderID, "charge_id", id)
+			return nil
+		}),
+	}
+}
+
+// HTTPClient calls a Stripe-like payment API: POST {BaseURL}/v1/charges
+// with a JSON body and an Idempotency-Key header, answering {"id": "..."}.
+type HTTPClient struct {
+	BaseURL string
+	HTTP    *http.Client
+}
+
+// NewHTTPClient returns a client of the provider at baseURL.
+func NewHTTPClient(baseURL string) (*HTTPClient, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("payment provider URL must be an http(s) URL, got %q", baseURL)
+	}
+	return &HTTPClient{BaseURL: baseURL, HTTP: &http.Client{Timeout: DefaultTimeout}}, nil
+}
+
+// StatusError is the provider's refusal.
+type StatusError struct {
+	Status int
+	Body   string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("payment provider answered %d: %s", e.Status, e.Body)
+}
+
+// Charge implements Charger. A 4xx answer other than 408, 409 and 429 is
+// Permanent: the provider has judged the request itself, and asking again
+// gets the same answer.
+func (c *HTTPClient) Charge(ctx context.Context, req Request, idempotencyKey string) (string, error) {
+	if idempotencyKey == "" {
+		return "", errors.New("refusing to charge without an idempotency key")
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return "", fmt.Errorf("encoding charge: %w", err)
+	}
+	httpReq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/v1/charges", bytes.NewReader(body))
+	if err != nil {
+		return "", fmt.Errorf("building charge request: %w", err)
+	}
+	httpReq.Header.Set("Content-Type", "application/json")
+	httpReq.Header.Set("Idempotency-Key", idempotencyKey)
+	resp, err := c.HTTP.Do(httpReq)
+	if err != nil {
+		return "", fmt.Errorf("calling payment provider: %w", err)
+	}
+	defer resp.Body.Close()
+	respBody, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "", fmt.Errorf("reading payment provider answer: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		serr := &StatusError{Status: resp.StatusCode, Body: string(bytes.TrimSpace(respBody))}
+		switch {
+		case resp.StatusCode == http.StatusRequestTimeout, resp.StatusCode == http.StatusConflict,
+			resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode >= 500:
+			return "", serr
+		default:
+			return "", pipeline.Permanent(serr)
+		}
+	}
+	var out struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(respBody, &out); err != nil || out.ID == "" {
+		return "", fmt.Errorf("payment provider answered %d without a charge id", resp.StatusCode)
+	}
+	return out.ID, nil
+}

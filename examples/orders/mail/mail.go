@@ -1,0 +1,150 @@
+// Package mail is the mail.send consumer: it sends the order mail over SMTP.
+//
+// SMTP has no idempotency key, so exactly-once rests on the ledger around
+// the handler; the message's idempotency key still goes out as the mail's
+// Message-ID, which lets a receiving system drop the rare duplicate left by
+// a crash between the SMTP DATA and the ledger commit.
+package mail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/smtp"
+	"strings"
+	"time"
+
+	"github.com/ferry-dev/ferry/examples/orders/orders"
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// HandlerName is the route name (and queue name) of the mail handler.
+const HandlerName = "notifications.mail"
+
+// Defaults of Config.
+const (
+	DefaultFrom            = "orders@ferry.local"
+	DefaultRecipientDomain = "example.com"
+	DefaultTimeout         = 10 * time.Second
+)
+
+// Mail is one message to send.
+type Mail struct {
+	From, To, Subject, Body string
+	MessageID               string
+}
+
+// Sender sends a mail.
+type Sender interface {
+	Send(ctx context.Context, m Mail) error
+}
+
+// Config configures the mail route.
+type Config struct {
+	// From is the sender address. Default "orders@ferry.local".
+	From string
+	// RecipientDomain turns a user id into an address (user@domain), since
+	// the example has no user directory. Default "example.com".
+	RecipientDomain string
+}
+
+// Route is the mail.send route, sending through s.
+func Route(s Sender, cfg Config, logger *slog.Logger) handlers.Route {
+	if cfg.From == "" {
+		cfg.From = DefaultFrom
+	}
+	if cfg.RecipientDomain == "" {
+		cfg.RecipientDomain = DefaultRecipientDomain
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return handlers.Route{
+		Name:  HandlerName,
+		Topic: orders.TopicMailRequested,
+		Handler: handlers.Typed(func(ctx context.Context, e *orders.MailRequested) error {
+			key, err := handlers.IdempotencyKey(ctx)
+			if err != nil {
+				return err
+			}
+			m := Mail{
+				From: cfg.From, To: e.UserID + "@" + cfg.RecipientDomain,
+				Subject: e.Subject, Body: e.Body,
+				MessageID: "<" + key + "@ferry>",
+			}
+			if err := s.Send(ctx, m); err != nil {
+				return fmt.Errorf("mailing order %d: %w", e.OrderID, err)
+			}
+			logger.InfoContext(ctx, "order mail sent", "order_id", e.OrderID, "to", m.To)
+			return nil
+		}),
+	}
+}
+
+// SMTPSender sends through an SMTP server without authentication (a local
+// relay or sidecar, as is usual next to a service).
+type SMTPSender struct {
+	Addr    string
+	Timeout time.Duration
+}
+
+// NewSMTPSender returns a sender to the SMTP server at addr (host:port).
+func NewSMTPSender(addr string) (*SMTPSender, error) {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("SMTP address must be host:port, got %q: %w", addr, err)
+	}
+	return &SMTPSender{Addr: addr, Timeout: DefaultTimeout}, nil
+}
+
+var errHeaderInjection = errors.New("mail header contains a line break")
+
+// Send implements Sender.
+func (s *SMTPSender) Send(ctx context.Context, m Mail) error {
+	for _, h := range []string{m.From, m.To, m.Subject, m.MessageID} {
+		if strings.ContainsAny(h, "\r\n") {
+			return pipeline.Permanent(errHeaderInjection)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", s.Addr)
+	if err != nil {
+		return fmt.Errorf("connecting to SMTP server %s: %w", s.Addr, err)
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	}
+	host, _, _ := net.SplitHostPort(s.Addr)
+	c, err := smtp.NewClient(conn, host)
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("SMTP greeting from %s: %w", s.Addr, err)
+	}
+	defer c.Close()
+	if err := c.Mail(m.From); err != nil {
+		return fmt.Errorf("SMTP MAIL FROM: %w", err)
+	}
+	if err := c.Rcpt(m.To); err != nil {
+		return fmt.Errorf("SMTP RCPT TO: %w", err)
+	}
+	w, err := c.Data()
+	if err != nil {
+		return fmt.Errorf("SMTP DATA: %w", err)
+	}
+	body := strings.ReplaceAll(m.Body, "\n", "\r\n")
+	msg := "From: " + m.From + "\r\nTo: " + m.To + "\r\nSubject: " + m.Subject +
+		"\r\nMessage-ID: " + m.MessageID + "\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n" + body + "\r\n"
+	if _, err := w.Write([]byte(msg)); err != nil {
+		return fmt.Errorf("SMTP writing message: %w", err)
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("SMTP ending message: %w", err)
+	}
+	// The server has accepted the mail: a failed QUIT must not make the
+	// handler fail, or the retry would send it again.
+	_ = c.Quit()
+	return nil
+}

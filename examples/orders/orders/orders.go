@@ -1,0 +1,223 @@
+package orders
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// Bounds of Input.
+const (
+	// MaxAmount is the largest amount in the currency's smallest unit
+	// (the payment provider's own limit for JPY and USD).
+	MaxAmount            = 99_999_999
+	MaxUserIDLength      = 128
+	MaxIdempotencyKeyLen = 255
+)
+
+// Currencies the example accepts.
+const (
+	CurrencyJPY = "JPY"
+	CurrencyUSD = "USD"
+)
+
+func validCurrency(c string) bool { return c == CurrencyJPY || c == CurrencyUSD }
+
+// Errors of CreateOrder.
+var (
+	// ErrInvalidInput wraps every validation failure (see ValidationError).
+	ErrInvalidInput = errors.New("invalid create_order input")
+	// ErrIdempotencyKeyReused is returned when a key comes back with
+	// different order details: replaying it would hide a bug in the caller.
+	ErrIdempotencyKeyReused = errors.New("idempotency key was already used for a different order")
+)
+
+// ValidationError lists every invalid field of an Input.
+type ValidationError struct {
+	// Fields maps a field name (as in the JSON API) to what is wrong with it.
+	Fields map[string]string
+}
+
+func (e *ValidationError) Error() string {
+	parts := make([]string, 0, len(e.Fields))
+	for _, f := range []string{"user_id", "amount", "currency", "idempotency_key"} {
+		if msg, ok := e.Fields[f]; ok {
+			parts = append(parts, f+": "+msg)
+		}
+	}
+	return "invalid create_order input: " + strings.Join(parts, "; ")
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidInput) hold.
+func (e *ValidationError) Unwrap() error { return ErrInvalidInput }
+
+// Input is create_order's input.
+type Input struct {
+	UserID         string
+	Amount         int64 // in the currency's smallest unit; > 0
+	Currency       string
+	IdempotencyKey string
+}
+
+// Validate reports every invalid field at once, as a *ValidationError.
+func (in Input) Validate() error {
+	fields := map[string]string{}
+	checkText(fields, "user_id", in.UserID, MaxUserIDLength)
+	switch {
+	case in.Amount <= 0:
+		fields["amount"] = "must be greater than 0"
+	case in.Amount > MaxAmount:
+		fields["amount"] = "must be at most " + strconv.Itoa(MaxAmount)
+	}
+	if !validCurrency(in.Currency) {
+		fields["currency"] = "must be JPY or USD"
+	}
+	checkText(fields, "idempotency_key", in.IdempotencyKey, MaxIdempotencyKeyLen)
+	if len(fields) > 0 {
+		return &ValidationError{Fields: fields}
+	}
+	return nil
+}
+
+func checkText(fields map[string]string, name, v string, maxLen int) {
+	switch {
+	case v == "":
+		fields[name] = "is required"
+	case len(v) > maxLen:
+		fields[name] = "must be at most " + strconv.Itoa(maxLen) + " bytes"
+	case !utf8.ValidString(v):
+		fields[name] = "must be valid UTF-8"
+	case strings.IndexFunc(v, unicode.IsControl) >= 0:
+		fields[name] = "must not contain control characters"
+	}
+}
+
+// Result is create_order's answer.
+type Result struct {
+	OrderID int64 `json:"order_id"`
+	// Deduped is true when the idempotency key had been seen: no new order
+	// and no new events were written.
+	Deduped bool `json:"deduped"`
+}
+
+// TxPublisher publishes events inside a transaction (pgoutbox.Outbox).
+type TxPublisher interface {
+	PublishEventsTx(ctx context.Context, tx wsql.ContextExecutor, events ...pipeline.Outgoing) error
+}
+
+// Service implements create_order. It is safe for concurrent use.
+type Service struct {
+	db     *sql.DB
+	outbox TxPublisher
+	logger *slog.Logger
+}
+
+// NewService returns a Service writing orders through db and events through outbox.
+func NewService(db *sql.DB, outbox TxPublisher, logger *slog.Logger) (*Service, error) {
+	if db == nil || outbox == nil {
+		return nil, errors.New("orders: NewService needs a database and an outbox")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{db: db, outbox: outbox, logger: logger}, nil
+}
+
+// CreateOrder places an order in its own transaction; see CreateOrderTx.
+func (s *Service) CreateOrder(ctx context.Context, in Input) (res Result, err error) {
+	if err := in.Validate(); err != nil {
+		return Result{}, err
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return Result{}, fmt.Errorf("beginning create_order transaction: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback() // the error that got us here is the one to report
+		}
+	}()
+	res, err = s.CreateOrderTx(ctx, tx, in)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := tx.Commit(); err != nil {
+		return Result{}, fmt.Errorf("committing order: %w", err)
+	}
+	s.logger.Info("order placed", "order_id", res.OrderID, "deduped", res.Deduped,
+		"correlation_id", pipeline.CorrelationIDFromContext(ctx))
+	return res, nil
+}
+
+// CreateOrderTx places an order as part of tx: it inserts the order and
+// publishes stripe.charge and mail.send through the outbox, or, when the
+// idempotency key was seen before with the same details, returns that order
+// with Deduped set and writes nothing. Input is validated before any write.
+func (s *Service) CreateOrderTx(ctx context.Context, tx *sql.Tx, in Input) (Result, error) {
+	if err := in.Validate(); err != nil {
+		return Result{}, err
+	}
+	var id int64
+	// ON CONFLICT DO NOTHING waits for a concurrent insert of the same key
+	// to commit or roll back, so two racing requests cannot both create it.
+	err := tx.QueryRowContext(ctx,
+		`INSERT INTO orders (user_id, amount, currency, idempotency_key)
+		 VALUES ($1, $2, $3, $4)
+		 ON CONFLICT (idempotency_key) DO NOTHING
+		 RETURNING id`,
+		in.UserID, in.Amount, in.Currency, in.IdempotencyKey).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return s.existing(ctx, tx, in)
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("inserting order: %w", err)
+	}
+
+	aggregate := strconv.FormatInt(id, 10)
+	charge, err := pipeline.NewEvent(ctx, aggregate, ChargeRequested{OrderID: id, UserID: in.UserID, Amount: in.Amount, Currency: in.Currency})
+	if err != nil {
+		return Result{}, err
+	}
+	mail, err := pipeline.NewEvent(ctx, aggregate, MailRequested{
+		OrderID: id, UserID: in.UserID,
+		Subject: fmt.Sprintf("Your order #%d", id),
+		Body:    fmt.Sprintf("Thank you. Order #%d for %d %s is confirmed.", id, in.Amount, in.Currency),
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	// Both events in one statement: one round trip more than the order alone.
+	if err := s.outbox.PublishEventsTx(ctx, tx,
+		pipeline.Outgoing{Topic: TopicChargeRequested, Msg: charge},
+		pipeline.Outgoing{Topic: TopicMailRequested, Msg: mail}); err != nil {
+		return Result{}, err
+	}
+	return Result{OrderID: id}, nil
+}
+
+func (s *Service) existing(ctx context.Context, tx *sql.Tx, in Input) (Result, error) {
+	var (
+		id   int64
+		prev Input
+	)
+	err := tx.QueryRowContext(ctx,
+		`SELECT id, user_id, amount, currency FROM orders WHERE idempotency_key = $1`,
+		in.IdempotencyKey).Scan(&id, &prev.UserID, &prev.Amount, &prev.Currency)
+	if err != nil {
+		return Result{}, fmt.Errorf("reading order of idempotency key: %w", err)
+	}
+	if prev.UserID != in.UserID || prev.Amount != in.Amount || prev.Currency != in.Currency {
+		return Result{}, fmt.Errorf("%w (order %d)", ErrIdempotencyKeyReused, id)
+	}
+	return Result{OrderID: id, Deduped: true}, nil
+}

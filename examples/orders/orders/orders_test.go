@@ -1,0 +1,246 @@
+package orders_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	exmigrations "github.com/ferry-dev/ferry/examples/orders/migrations"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/examples/orders/orders"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+func setup(t *testing.T) (*orders.Service, *pgxpool.Pool, *sql.DB) {
+	t.Helper()
+	pool := pipelinetest.Postgres(t, exmigrations.Set)
+	db := pgconn.SQLDB(pool)
+	t.Cleanup(func() { db.Close() })
+	svc, err := orders.NewService(db, newOutbox(t), nil)
+	require.NoError(t, err)
+	return svc, pool, db
+}
+
+func counts(t *testing.T, pool *pgxpool.Pool) (ordersN, outboxN int) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox)`).Scan(&ordersN, &outboxN))
+	return ordersN, outboxN
+}
+
+var valid = orders.Input{UserID: "alice", Amount: 1200, Currency: "JPY", IdempotencyKey: "k-1"}
+
+func TestInputValidate(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 300)
+	cases := []struct {
+		name  string
+		edit  func(*orders.Input)
+		field string
+	}{
+		{"missing user", func(in *orders.Input) { in.UserID = "" }, "user_id"},
+		{"long user", func(in *orders.Input) { in.UserID = long }, "user_id"},
+		{"invalid UTF-8 user", func(in *orders.Input) { in.UserID = "\xff\xfe" }, "user_id"},
+		{"control character", func(in *orders.Input) { in.UserID = "a\x00b" }, "user_id"},
+		{"zero amount", func(in *orders.Input) { in.Amount = 0 }, "amount"},
+		{"negative amount", func(in *orders.Input) { in.Amount = -5 }, "amount"},
+		{"huge amount", func(in *orders.Input) { in.Amount = 1 << 62 }, "amount"},
+		{"unknown currency", func(in *orders.Input) { in.Currency = "EUR" }, "currency"},
+		{"lower-case currency", func(in *orders.Input) { in.Currency = "usd" }, "currency"},
+		{"missing key", func(in *orders.Input) { in.IdempotencyKey = "" }, "idempotency_key"},
+		{"long key", func(in *orders.Input) { in.IdempotencyKey = long }, "idempotency_key"},
+	}
+	require.NoError(t, valid.Validate())
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := valid
+			tc.edit(&in)
+			err := in.Validate()
+			require.ErrorIs(t, err, orders.ErrInvalidInput)
+			var verr *orders.ValidationError
+			require.ErrorAs(t, err, &verr)
+			require.Contains(t, verr.Fields, tc.field)
+			require.Len(t, verr.Fields, 1)
+		})
+	}
+	// Every problem at once.
+	var verr *orders.ValidationError
+	require.ErrorAs(t, orders.Input{}.Validate(), &verr)
+	require.Len(t, verr.Fields, 4)
+}
+
+func TestCreateOrderWritesOrderAndTwoEvents(t *testing.T) {
+	t.Parallel()
+	svc, pool, _ := setup(t)
+	res, err := svc.CreateOrder(context.Background(), valid)
+	require.NoError(t, err)
+	require.False(t, res.Deduped)
+	require.NotZero(t, res.OrderID)
+
+	rows, err := pool.Query(context.Background(), `SELECT topic, aggregate_id, payload->>'order_id' FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var topic, agg, orderID string
+		require.NoError(t, rows.Scan(&topic, &agg, &orderID))
+		require.Equal(t, agg, orderID)
+		got = append(got, topic)
+	}
+	require.Equal(t, []string{orders.TopicChargeRequested, orders.TopicMailRequested}, got)
+}
+
+func TestFailureBeforeCommitLeavesNoOrderAndNoEvent(t *testing.T) {
+	t.Parallel()
+	svc, pool, db := setup(t)
+	tx, err := db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	_, err = svc.CreateOrderTx(context.Background(), tx, valid)
+	require.NoError(t, err, "the order and both events are written in the transaction")
+	// The business transaction then fails after the events were published.
+	require.NoError(t, tx.Rollback())
+	o, e := counts(t, pool)
+	require.Zero(t, o)
+	require.Zero(t, e)
+}
+
+func TestRepeatedKeyIsDedupedAndWritesNoEvent(t *testing.T) {
+	t.Parallel()
+	svc, pool, _ := setup(t)
+	first, err := svc.CreateOrder(context.Background(), valid)
+	require.NoError(t, err)
+	again, err := svc.CreateOrder(context.Background(), valid)
+	require.NoError(t, err)
+	require.True(t, again.Deduped)
+	require.Equal(t, first.OrderID, again.OrderID)
+	o, e := counts(t, pool)
+	require.Equal(t, 1, o)
+	require.Equal(t, 2, e)
+
+	other := valid
+	other.Amount = 999
+	_, err = svc.CreateOrder(context.Background(), other)
+	require.ErrorIs(t, err, orders.ErrIdempotencyKeyReused)
+	o, e = counts(t, pool)
+	require.Equal(t, 1, o)
+	require.Equal(t, 2, e)
+}
+
+func TestConcurrentRepeatsCreateOneOrder(t *testing.T) {
+	t.Parallel()
+	svc, pool, _ := setup(t)
+	errs := make(chan error, 8)
+	deduped := make(chan bool, 8)
+	for range 8 {
+		go func() {
+			res, err := svc.CreateOrder(context.Background(), valid)
+			errs <- err
+			deduped <- res.Deduped
+		}()
+	}
+	fresh := 0
+	for range 8 {
+		require.NoError(t, <-errs)
+		if !<-deduped {
+			fresh++
+		}
+	}
+	require.Equal(t, 1, fresh)
+	o, e := counts(t, pool)
+	require.Equal(t, 1, o)
+	require.Equal(t, 2, e)
+}
+
+func TestHTTPCreateOrder(t *testing.T) {
+	t.Parallel()
+	svc, pool, _ := setup(t)
+	srv := httptest.NewServer(orders.Handler(svc, nil))
+	defer srv.Close()
+
+	post := func(key, contentType, body string) (*http.Response, string) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
+		require.NoError(t, err)
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, string(b)
+	}
+
+	const ok = `{"user_id":"alice","amount":1200,"currency":"JPY"}`
+	bad := []struct {
+		name, key, contentType, body string
+		status                       int
+		code                         string
+	}{
+		{"no key", "", "application/json", ok, 400, "missing_idempotency_key"},
+		{"not JSON", "k", "application/json", `{"user_id":`, 400, "invalid_json"},
+		{"wrong type", "k", "application/json", `{"user_id":"a","amount":"12","currency":"JPY"}`, 400, "invalid_json"},
+		{"float amount", "k", "application/json", `{"user_id":"a","amount":12.5,"currency":"JPY"}`, 400, "invalid_json"},
+		{"unknown field", "k", "application/json", `{"user_id":"a","amount":12,"currency":"JPY","admin":true}`, 400, "invalid_json"},
+		{"two objects", "k", "application/json", ok + ok, 400, "invalid_json"},
+		{"wrong content type", "k", "text/plain", ok, 415, "unsupported_media_type"},
+		{"negative amount", "k", "application/json", `{"user_id":"a","amount":-1,"currency":"JPY"}`, 422, "invalid_input"},
+		{"huge amount", "k", "application/json", `{"user_id":"a","amount":1000000000000,"currency":"JPY"}`, 422, "invalid_input"},
+		{"unknown currency", "k", "application/json", `{"user_id":"a","amount":1,"currency":"EUR"}`, 422, "invalid_input"},
+		{"SQL-looking user id", "k", "application/json", `{"user_id":"x'); DROP TABLE orders;--","amount":1,"currency":"EUR"}`, 422, "invalid_input"},
+		{"invalid UTF-8", "k", "application/json", "{\"user_id\":\"\xff\",\"amount\":1,\"currency\":\"EUR\"}", 422, "invalid_input"},
+		{"oversize body", "k", "application/json", `{"user_id":"` + strings.Repeat("a", orders.MaxRequestBytes) + `"}`, 413, "body_too_large"},
+	}
+	for _, tc := range bad {
+		resp, body := post(tc.key, tc.contentType, tc.body)
+		require.Equal(t, tc.status, resp.StatusCode, "%s: %s", tc.name, body)
+		require.Contains(t, body, `"code":"`+tc.code+`"`, tc.name)
+		require.Equal(t, "application/json", resp.Header.Get("Content-Type"), tc.name)
+	}
+	o, e := counts(t, pool)
+	require.Zero(t, o, "refused requests must write nothing")
+	require.Zero(t, e)
+
+	resp, body := post("k-http", "application/json", ok)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	require.Contains(t, body, `"deduped":false`)
+	require.NotEmpty(t, resp.Header.Get("X-Correlation-ID"))
+	resp, body = post("k-http", "", ok)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.Contains(t, body, `"deduped":true`)
+	resp, body = post("k-http", "application/json", `{"user_id":"alice","amount":1,"currency":"JPY"}`)
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, body)
+	require.Contains(t, body, "idempotency_key_reused")
+	o, e = counts(t, pool)
+	require.Equal(t, 1, o)
+	require.Equal(t, 2, e)
+}
+
+func TestNewServiceNeedsDependencies(t *testing.T) {
+	t.Parallel()
+	_, err := orders.NewService(nil, nil, nil)
+	require.Error(t, err)
+	require.False(t, errors.Is(err, orders.ErrInvalidInput))
+}
+
+// newOutbox is an Outbox on the default table.
+func newOutbox(t testing.TB) *pgoutbox.Outbox {
+	t.Helper()
+	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
+}

@@ -1,0 +1,272 @@
+package ordersapp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgbudget"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+)
+
+type job struct {
+	N int `json:"n"`
+}
+
+// counting returns a route whose handler fails while fail() says so and
+// counts the successful runs per message id.
+func counting(name, topic string, fail func(*message.Message) error, done *sync.Map) handlers.Route {
+	return handlers.Route{Name: name, Topic: topic, Handler: func(msg *message.Message) error {
+		if err := fail(msg); err != nil {
+			return err
+		}
+		n, _ := done.LoadOrStore(pipeline.MessageID(msg), new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		return nil
+	}}
+}
+
+func runs(done *sync.Map) (messages, total int) {
+	done.Range(func(_, v any) bool {
+		messages++
+		total += int(v.(*atomic.Int32).Load())
+		return true
+	})
+	return messages, total
+}
+
+// A failed message waits for its durable retry in the outbox, not in the
+// consumer: a consumer restarted meanwhile gets it, once.
+func TestDurableRetrySurvivesConsumerRestart(t *testing.T) {
+	t.Parallel()
+	cfg, provider, sink := testConfig(t)
+	cfg.DurableRetry.Backoff = pipeline.Backoff{Initial: 4 * time.Second, Max: 5 * time.Second, Jitter: -1}
+	var failing atomic.Bool
+	failing.Store(true)
+	var done sync.Map
+	var attempts sync.Map
+	routes := app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{counting("retry.worker", "work.retry", func(m *message.Message) error {
+			attempts.Store(pipeline.DeliveryAttempt(m), true)
+			if failing.Load() {
+				return errors.New("dependency down")
+			}
+			return nil
+		}, &done)}, nil
+	}}
+	first := startWith(t, cfg, provider, sink, routes, app.Components{Relay: true, Consumers: true})
+	publishEvent(t, first, "work.retry", "job-1", job{N: 1})
+
+	var retryDue time.Time
+	eventually(t, "the durable retry scheduled", func() bool {
+		err := first.app.Pool.QueryRow(context.Background(),
+			`SELECT available_at FROM outbox WHERE topic = $1 AND dispatched_at IS NULL`, pipeline.RetryTopic).Scan(&retryDue)
+		return err == nil
+	})
+	first.stop() // the consumer goes away while the retry waits
+	require.True(t, time.Until(retryDue) > 0, "the retry must still be waiting when the consumer stops")
+	failing.Store(false)
+
+	second := startWith(t, cfg, provider, sink, routes, app.Components{Relay: true, Consumers: true})
+	eventually(t, "the retried message handled", func() bool { m, _ := runs(&done); return m == 1 })
+	time.Sleep(300 * time.Millisecond)
+	m, total := runs(&done)
+	require.Equal(t, 1, m)
+	require.Equal(t, 1, total, "handled exactly once")
+	_, sawSecond := attempts.Load(2)
+	require.True(t, sawSecond, "the attempt count travels with the message")
+	require.Empty(t, second.poisoned(t))
+}
+
+func TestRequeueBringsAPoisonedMessageBackOnce(t *testing.T) {
+	t.Parallel()
+	var failing atomic.Bool
+	failing.Store(true)
+	var worker, audit sync.Map
+	h := start(t, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{
+			counting("requeue.worker", "work.requeue", func(*message.Message) error {
+				if failing.Load() {
+					return errors.New("bug in the handler")
+				}
+				return nil
+			}, &worker),
+			// A second handler of the same topic that succeeded the first time.
+			counting("requeue.audit", "work.requeue", func(*message.Message) error { return nil }, &audit),
+		}, nil
+	}}, app.Components{Relay: true, Consumers: true})
+	publishEvent(t, h, "work.requeue", "job-7", job{N: 7})
+	eventually(t, "the message poisoned", func() bool { return len(h.poisoned(t)) == 1 })
+	rec := h.poisoned(t)[0]
+	require.Equal(t, "requeue.worker", rec.Handler)
+
+	dry, err := h.app.Poison.Requeue(context.Background(), pgpoison.Selector{Topic: "work.requeue"}, true)
+	require.NoError(t, err)
+	require.Len(t, dry.Requeued, 1)
+	require.Len(t, h.poisoned(t), 1, "a dry run changes nothing")
+
+	failing.Store(false) // the bug is fixed and deployed
+	res, err := h.app.Poison.Requeue(context.Background(), pgpoison.Selector{IDs: []int64{rec.ID}}, false)
+	require.NoError(t, err)
+	require.Len(t, res.MessageIDs, 1)
+	require.Empty(t, h.poisoned(t))
+
+	eventually(t, "the requeued message handled", func() bool { m, _ := runs(&worker); return m == 1 })
+	time.Sleep(300 * time.Millisecond)
+	_, total := runs(&worker)
+	require.Equal(t, 1, total)
+	_, auditTotal := runs(&audit)
+	require.Equal(t, 1, auditTotal, "the handler that had succeeded skips the requeued copy (ledger)")
+	require.Empty(t, h.poisoned(t))
+
+	// Discard: poison another and throw it away.
+	failing.Store(true)
+	publishEvent(t, h, "work.requeue", "job-8", job{N: 8})
+	eventually(t, "the second message poisoned", func() bool { return len(h.poisoned(t)) == 1 })
+	gone, err := h.app.Poison.Discard(context.Background(), pgpoison.Selector{All: true}, false)
+	require.NoError(t, err)
+	require.Len(t, gone, 1)
+	require.Empty(t, h.poisoned(t))
+}
+
+func TestBudgetDefersWithoutLosingOrDuplicating(t *testing.T) {
+	t.Parallel()
+	const jobs = 7
+	cfg, provider, sink := testConfig(t)
+	var calls atomic.Int32
+	var done sync.Map
+	var budget *middleware.Budget
+	h := startWith(t, cfg, provider, sink, app.Options{Routes: budgeted(t, &budget,
+		middleware.BudgetConfig{Name: "llm", Limit: 3, Window: 2 * time.Second},
+		counting("llm.summarise", "work.llm", func(*message.Message) error { calls.Add(1); return nil }, &done))},
+		app.Components{Relay: true, Consumers: true})
+	for i := range jobs {
+		publishEvent(t, h, "work.llm", fmt.Sprint("doc-", i), job{N: i})
+	}
+	eventually(t, "every job handled", func() bool { m, _ := runs(&done); return m == jobs })
+	time.Sleep(300 * time.Millisecond)
+	m, total := runs(&done)
+	require.Equal(t, jobs, m)
+	require.Equal(t, jobs, total, "no job ran twice")
+	require.EqualValues(t, jobs, calls.Load(), "no paid call beyond one per job")
+	deferredBudget, _ := budget.Deferrals()
+	require.Positive(t, deferredBudget, "a limit of 3 per 2s must have deferred some of 7 jobs")
+	require.Empty(t, h.poisoned(t), "deferral is not failure")
+}
+
+func TestOpenCircuitDefersInsteadOfPoisoning(t *testing.T) {
+	t.Parallel()
+	cfg, provider, sink := testConfig(t)
+	cfg.Retry.MaxRetries = -1 // let every failure reach the breaker
+	cfg.DurableRetry.MaxAttempts = 20
+	cfg.DurableRetry.Backoff = pipeline.Backoff{Initial: 20 * time.Millisecond, Max: 50 * time.Millisecond}
+	var failures atomic.Int32
+	var done sync.Map
+	var budget *middleware.Budget
+	h := startWith(t, cfg, provider, sink, app.Options{Routes: budgeted(t, &budget,
+		middleware.BudgetConfig{Name: "api", Limit: 1000, Window: time.Minute, BreakerFailures: 3, BreakerOpenTimeout: 400 * time.Millisecond},
+		counting("api.call", "work.api", func(*message.Message) error {
+			if failures.Add(1) <= 6 {
+				return errors.New("503 from the provider")
+			}
+			return nil
+		}, &done))},
+		app.Components{Relay: true, Consumers: true})
+	for i := range 4 {
+		publishEvent(t, h, "work.api", fmt.Sprint("req-", i), job{N: i})
+	}
+	eventually(t, "every request handled", func() bool { m, _ := runs(&done); return m == 4 })
+	_, total := runs(&done)
+	require.Equal(t, 4, total)
+	_, deferredBreaker := budget.Deferrals()
+	require.Positive(t, deferredBreaker, "the open circuit must have deferred calls")
+	require.Empty(t, h.poisoned(t))
+}
+
+// The same message delivered to two consumers at once runs its effect once.
+func TestConcurrentDuplicateDeliveriesRunOnce(t *testing.T) {
+	t.Parallel()
+	var effects atomic.Int32
+	var entered atomic.Int32
+	h := start(t, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "slow.effect", Topic: "work.dup", Handler: func(msg *message.Message) error {
+			entered.Add(1)
+			time.Sleep(300 * time.Millisecond) // both deliveries are in flight together
+			effects.Add(1)
+			return nil
+		}}}, nil
+	}}, app.Components{Consumers: true})
+	require.GreaterOrEqual(t, h.cfg.AMQP.Consumers, 2)
+	ch, closeCh := h.channel(t)
+	defer closeCh()
+	for range 2 {
+		require.NoError(t, ch.PublishWithContext(context.Background(), h.app.Topology.ExchangeName("work.dup"), "", false, false,
+			amqp.Publishing{MessageId: "same-id", Body: []byte(`{}`), DeliveryMode: amqp.Persistent}))
+	}
+	eventually(t, "both deliveries seen", func() bool { return h.app.Idempotency.Duplicates() == 1 })
+	require.EqualValues(t, 1, effects.Load())
+	require.EqualValues(t, 1, entered.Load(), "the second delivery waited on the ledger row and skipped the handler")
+}
+
+// On an ordered topic a failing message holds its partition through its
+// retries: the later events of its aggregate are not handled before it.
+func TestOrderedRouteRetriesInPlace(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var handled []int
+	var failuresLeft atomic.Int32
+	failuresLeft.Store(5) // more than the quick retries (1 + 2): it needs a held retry
+	h := start(t, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "ordered.worker", Topic: "work.ordered", Ordered: true,
+			Handler: handlers.Typed(func(ctx context.Context, j *job) error {
+				if j.N == 0 && failuresLeft.Add(-1) >= 0 {
+					return errors.New("not yet")
+				}
+				mu.Lock()
+				handled = append(handled, j.N)
+				mu.Unlock()
+				return nil
+			})}}, nil
+	}}, app.Components{Relay: true, Consumers: true})
+	for i := range 3 {
+		publishEvent(t, h, "work.ordered", "acct-A", job{N: i})
+	}
+	eventually(t, "all three handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == 3 })
+	mu.Lock()
+	require.Equal(t, []int{0, 1, 2}, handled)
+	mu.Unlock()
+	var retries int
+	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE topic = $1`, pipeline.RetryTopic).Scan(&retries))
+	require.Zero(t, retries, "an ordered message is not rescheduled behind its successors")
+	require.Empty(t, h.poisoned(t))
+}
+
+// budgeted is a route table of one route behind a budget breaker on the
+// test's schema; the breaker is stored in *b for the test to inspect.
+func budgeted(t *testing.T, b **middleware.Budget, cfg middleware.BudgetConfig, r handlers.Route) func(app.Deps) ([]handlers.Route, error) {
+	return func(d app.Deps) ([]handlers.Route, error) {
+		spender, err := pgbudget.New(mustPool(t, d))
+		if err != nil {
+			return nil, err
+		}
+		cfg.Name += "-" + d.Config.DatabaseSchema // budgets are shared by name: one per test
+		cfg.Spender = spender
+		if *b, err = middleware.NewBudget(cfg, nil); err != nil {
+			return nil, err
+		}
+		r.Middleware = []message.HandlerMiddleware{(*b).Middleware}
+		return []handlers.Route{r}, nil
+	}
+}

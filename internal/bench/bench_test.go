@@ -1,0 +1,73 @@
+package bench_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferry-dev/ferry/internal/bench"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+// The benchmark command, at toy sizes: every scenario runs, prints one JSON
+// object with its named fields, and the numbers are sane. The targets are
+// judged by `ferry bench` at full size, not here.
+func TestBenchSmoke(t *testing.T) {
+	rmq := pipelinetest.Rabbit(t)
+	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), AMQP: rmq}
+	var out, human strings.Builder
+	err := bench.Bench(context.Background(), cfg, bench.BenchConfig{
+		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
+		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10,
+	}, &out, &human, slog.New(slog.DiscardHandler))
+	require.NoError(t, err, human.String())
+
+	got := map[string]map[string]any{}
+	sc := bufio.NewScanner(strings.NewReader(out.String()))
+	for sc.Scan() {
+		var obj map[string]any
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &obj), sc.Text())
+		got[obj["scenario"].(string)] = obj
+	}
+	require.Len(t, got, len(bench.BenchScenarios))
+
+	rt := got[bench.ScenarioRelayThroughput]
+	runs := rt["runs"].([]any)
+	require.Len(t, runs, 2)
+	for _, r := range runs {
+		run := r.(map[string]any)
+		require.EqualValues(t, 600, run["messages_at_broker"], "every event reached the broker")
+		require.Positive(t, run["events_per_sec"].(float64))
+		require.Positive(t, run["ratio_vs_baseline"].(float64))
+		require.Positive(t, run["ratio_vs_lower_raw_limit"].(float64))
+	}
+	require.EqualValues(t, 100, rt["baseline"].(map[string]any)["forwarded"])
+
+	e2e := got[bench.ScenarioEndToEnd]
+	require.EqualValues(t, 200, e2e["handled"])
+	require.EqualValues(t, 200, e2e["commit_to_handler"].(map[string]any)["count"])
+	require.Contains(t, e2e["targets"], "commit_to_confirm_p99_met")
+
+	wo := got[bench.ScenarioWriteOverhead]
+	require.Greater(t, wo["ratio_p50"].(float64), 1.0, "events cost something")
+
+	cc := got[bench.ScenarioClaimCost]
+	require.Len(t, cc["runs"].([]any), 2)
+	require.Contains(t, cc, "ratio_p50_largest_vs_smallest")
+	require.Contains(t, human.String(), "== relay_throughput")
+}
+
+func TestBenchRejectsBadParameters(t *testing.T) {
+	t.Parallel()
+	err := bench.Bench(context.Background(), app.Config{}, bench.BenchConfig{Scenarios: []string{"nope"}, Relays: []int{0}}, nil, nil, nil)
+	require.ErrorContains(t, err, `unknown scenario "nope"`)
+	require.ErrorContains(t, err, "relay count 0")
+}

@@ -1,0 +1,625 @@
+package chaos
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/internal/wait"
+
+	"github.com/ferry-dev/ferry/examples/orders/orders"
+	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
+	"github.com/ferry-dev/ferry/examples/orders/sandbox"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+)
+
+// ChaosRun sizes a fault-injection run. Zero fields take the defaults.
+type ChaosRun struct {
+	// Orders to place. Default 2,000.
+	Orders int
+	// Rate of create_order calls per second. Default 200.
+	Rate int
+	// Relays and Consumers are how many `ferry relay` / `ferry consume`
+	// processes run. Default 2 each.
+	Relays, Consumers int
+	// Seed makes the run replayable (orders, faults, handler faults). Default 1.
+	Seed uint64
+	// FaultEvery is the pause between two injected faults. Default 500ms.
+	FaultEvery time.Duration
+	// RollbackRate is the share of create_order transactions rolled back
+	// after publishing. Default 0.05.
+	RollbackRate float64
+	// HandlerFail and HandlerPanic are the handlers' fault rates. Default 0.10 and 0.01.
+	HandlerFail, HandlerPanic float64
+	// RestartBroker adds broker restarts (rabbitmqctl stop_app/start_app)
+	// to the faults: they hit every user of the broker, so only the long run has them.
+	RestartBroker bool
+	// Binary is the ferry binary to run. Default: this process's executable.
+	Binary string
+	// DrainTimeout bounds the wait for the pipeline to settle. Default 3m.
+	DrainTimeout time.Duration
+}
+
+func (r ChaosRun) withDefaults() ChaosRun {
+	r.Orders = cmp.Or(r.Orders, 2000)
+	r.Rate = cmp.Or(r.Rate, 200)
+	r.Relays = cmp.Or(r.Relays, 2)
+	r.Consumers = cmp.Or(r.Consumers, 2)
+	if r.Seed == 0 {
+		r.Seed = 1
+	}
+	if r.FaultEvery == 0 {
+		r.FaultEvery = 500 * time.Millisecond
+	}
+	if r.RollbackRate == 0 {
+		r.RollbackRate = 0.05
+	}
+	if r.HandlerFail == 0 {
+		r.HandlerFail = 0.10
+	}
+	if r.HandlerPanic == 0 {
+		r.HandlerPanic = 0.01
+	}
+	if r.DrainTimeout == 0 {
+		r.DrainTimeout = 3 * time.Minute
+	}
+	return r
+}
+
+// ChaosReport is what a run did and found.
+type ChaosReport struct {
+	Seed             uint64         `json:"seed"`
+	OrdersCommitted  int            `json:"orders_committed"`
+	OrdersRolledBack int            `json:"orders_rolled_back"`
+	OrderReplays     int            `json:"order_replays_deduped"`
+	Faults           map[string]int `json:"faults"`
+	ChargeRequests   int            `json:"charge_requests"`
+	Charges          int            `json:"charges"`
+	Mails            int            `json:"mails_delivered"`
+	MailDuplicates   int            `json:"mail_duplicates_dropped_by_message_id"`
+	AuditEvents      int            `json:"audit_events"`
+	RelayRetries     int            `json:"rows_with_relay_retries"`
+	DurableRetries   int            `json:"durable_retries"`
+	Poisoned         int            `json:"poisoned"`
+	PoisonReasons    map[string]int `json:"poison_reasons"`
+	Redeliveries     int            `json:"ledger_duplicates_suppressed"`
+	Lost             int            `json:"lost"`
+	Duplicated       int            `json:"duplicated"`
+	Orphans          int            `json:"effects_without_committed_order"`
+	OrderViolations  int            `json:"order_violations"`
+	PendingDue       int            `json:"undispatched_due_rows"`
+	Violations       []string       `json:"violations"`
+	ProducingSeconds float64        `json:"producing_seconds"`
+	DrainSeconds     float64        `json:"drain_seconds"`
+}
+
+// OK reports whether every invariant held.
+func (r ChaosReport) OK() bool { return len(r.Violations) == 0 }
+
+type child struct {
+	role string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+type chaosEnv struct {
+	bin      string
+	env      []string
+	logDir   string
+	mu       sync.Mutex
+	children []*child
+	logger   *slog.Logger
+}
+
+func (e *chaosEnv) start(role string, extra ...string) (*child, error) {
+	logf, err := os.OpenFile(filepath.Join(e.logDir, role+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(e.bin, role)
+	cmd.Env = append(append(os.Environ(), e.env...), extra...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("starting %s: %w", role, err)
+	}
+	c := &child{role: role, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(c.done) }()
+	e.mu.Lock()
+	e.children = append(e.children, c)
+	e.mu.Unlock()
+	return c, nil
+}
+
+// kill SIGKILLs one live child of role and starts a replacement.
+func (e *chaosEnv) killAndRestart(rng *rand.Rand, role string, extra ...string) error {
+	e.mu.Lock()
+	var live []*child
+	for _, c := range e.children {
+		select {
+		case <-c.done:
+		default:
+			if c.role == role {
+				live = append(live, c)
+			}
+		}
+	}
+	e.mu.Unlock()
+	if len(live) == 0 {
+		_, err := e.start(role, extra...)
+		return err
+	}
+	victim := live[rng.IntN(len(live))]
+	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+	<-victim.done
+	_, err := e.start(role, extra...)
+	return err
+}
+
+func (e *chaosEnv) stopAll() {
+	e.mu.Lock()
+	children := append([]*child(nil), e.children...)
+	e.mu.Unlock()
+	for _, c := range children {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, c := range children {
+		select {
+		case <-c.done:
+		case <-time.After(20 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
+}
+
+func rabbitmqctl(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Chaos places orders through create_order while it SIGKILLs and restarts
+// relay and consumer processes (real `ferry` processes), terminates their
+// database backends, cuts their broker connections, and their handlers fail
+// and panic at random; then it stops the faults, waits for the pipeline to
+// drain and checks that every committed order got exactly one charge and
+// one mail, that rolled-back orders got none, that per-aggregate order held
+// on the ordered audit topic, that every poisoned message has a reason and
+// that no due row is left undispatched. It runs in a schema, a RabbitMQ
+// vhost and a database application name of its own, so other users of the
+// servers are untouched (except by RestartBroker).
+func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, logger *slog.Logger) (rep ChaosReport, err error) {
+	run = run.withDefaults()
+	cfg = cfg.WithDefaults()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	rep = ChaosReport{Seed: run.Seed, Faults: map[string]int{}, PoisonReasons: map[string]int{}}
+	rng := rand.New(rand.NewPCG(run.Seed, run.Seed+1))
+	if run.Binary == "" {
+		if run.Binary, err = os.Executable(); err != nil {
+			return rep, err
+		}
+	}
+	id := fmt.Sprintf("%d", time.Now().UnixNano())
+	schema, vhost, appName := "ferry_chaos_"+id, "ferry_chaos_"+id, "ferry-chaos-"+id
+
+	world, err := sandbox.StartWorld()
+	if err != nil {
+		return rep, err
+	}
+	defer world.Close()
+	provider, sink := world.Payments, world.SMTP
+
+	// A vhost of its own: cutting "all" connections cuts only this run's.
+	if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
+		return rep, err
+	}
+	defer func() { _ = rabbitmqctl(context.WithoutCancel(ctx), "delete_vhost", vhost) }()
+	amqpURL, err := url.Parse(cfg.AMQP.URL)
+	if err != nil {
+		return rep, err
+	}
+	user := amqpURL.User.Username()
+	if err := rabbitmqctl(ctx, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"); err != nil {
+		return rep, err
+	}
+	amqpURL.Path = "/" + vhost
+
+	c := cfg
+	c.DatabaseSchema, c.DatabaseAppName = schema, appName+"-driver"
+	c.AMQP.URL = amqpURL.String()
+	c.AMQP.Namespace = ""
+	c.AdminAddr = "off"
+	ex := ordersapp.Config{PaymentURL: provider.URL(), SMTPAddr: sink.Addr()}.WithDefaults()
+	// The driver only places orders: it holds no broker connection for the
+	// faults to cut (the relays declare the topology when they start).
+	opts := WithFaults(ordersapp.Options(ex), HandlerFaults{FailRate: run.HandlerFail, PanicRate: run.HandlerPanic, Seed: run.Seed}, ex.PaymentURL)
+	opts.Migrate, opts.Logger, opts.WithoutBroker = true, logger, true
+	driver, err := app.New(ctx, c, opts)
+	if err != nil {
+		return rep, err
+	}
+	svc, err := ordersapp.NewService(driver)
+	if err != nil {
+		driver.Close()
+		return rep, err
+	}
+	defer func() {
+		driver.Close()
+		if admin, aerr := pgconn.Open(context.WithoutCancel(ctx), pgconn.Config{URL: cfg.DatabaseURL}); aerr == nil {
+			_ = pgconn.DropSchema(context.WithoutCancel(ctx), admin, schema)
+			admin.Close()
+		}
+	}()
+
+	logDir, err := os.MkdirTemp("", "ferry-chaos-")
+	if err != nil {
+		return rep, err
+	}
+	env := &chaosEnv{bin: run.Binary, logDir: logDir, logger: logger, env: []string{
+		"FERRY_DATABASE_URL=" + cfg.DatabaseURL, "FERRY_DATABASE_SCHEMA=" + schema, "FERRY_DATABASE_APP_NAME=" + appName,
+		"FERRY_AMQP_URL=" + c.AMQP.URL, "FERRY_AMQP_NAMESPACE=",
+		"FERRY_PAYMENT_URL=" + provider.URL(), "FERRY_SMTP_ADDR=" + sink.Addr(),
+		"FERRY_ADMIN_ADDR=off", "FERRY_LOG_FORMAT=json", "FERRY_LOG_LEVEL=warn",
+		"FERRY_RELAY_POLL_INTERVAL=100ms", "FERRY_RELAY_BACKOFF_INITIAL=200ms", "FERRY_RELAY_BACKOFF_MAX=2s",
+		"FERRY_DURABLE_RETRY_INITIAL=200ms", "FERRY_DURABLE_RETRY_MAX=2s", "FERRY_DURABLE_RETRY_MAX_ATTEMPTS=10",
+		"FERRY_RETRY_INITIAL_INTERVAL=10ms", "FERRY_RETRY_MAX_INTERVAL=50ms", "FERRY_SHUTDOWN_TIMEOUT=10s",
+	}}
+	// Every child gets the chaos route table (relays need it too: it makes
+	// the audit topic ordered); only consumers run handlers, so only they
+	// meet the faults. Each process draws its faults from a seed of its own.
+	spawned := 0
+	faults := func() string {
+		spawned++
+		return fmt.Sprintf("FERRY_CHAOS_FAULTS=fail=%g,panic=%g,seed=%d", run.HandlerFail, run.HandlerPanic, run.Seed*1000+uint64(spawned))
+	}
+	defer env.stopAll()
+	for range run.Relays {
+		if _, err := env.start("relay", faults()); err != nil {
+			return rep, err
+		}
+	}
+	for range run.Consumers {
+		if _, err := env.start("consume", faults()); err != nil {
+			return rep, err
+		}
+	}
+	if err := wait.For(ctx, func() bool {
+		var relays, consumers int
+		_ = driver.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE components LIKE '%relay%'), count(*) FILTER (WHERE components LIKE '%consumers%') FROM ferry_instances`).Scan(&relays, &consumers)
+		return relays >= run.Relays && consumers >= run.Consumers
+	}); err != nil {
+		return rep, fmt.Errorf("children did not come up (logs in %s): %w", logDir, err)
+	}
+
+	// Faults, until the orders are placed.
+	faultCtx, stopFaults := context.WithCancel(ctx)
+	var faultsWG sync.WaitGroup
+	var faultErr error
+	var faultMu sync.Mutex
+	faultsWG.Go(func() {
+		frng := rand.New(rand.NewPCG(run.Seed^0xfa17, run.Seed))
+		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections"}
+		for n := 1; ; n++ {
+			select {
+			case <-faultCtx.Done():
+				return
+			case <-time.After(run.FaultEvery):
+			}
+			kind := kinds[frng.IntN(len(kinds))]
+			// A broker restart takes seconds and stops everything: every
+			// tenth fault at most, so the others still come thick and fast.
+			if run.RestartBroker && n%10 == 0 {
+				kind = "restart_broker"
+			}
+			var err error
+			switch kind {
+			case "kill_relay":
+				err = env.killAndRestart(frng, "relay", faults())
+			case "kill_consumer":
+				err = env.killAndRestart(frng, "consume", faults())
+			case "terminate_db_backends":
+				_, err = driver.Pool.Exec(faultCtx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
+			case "close_amqp_connections":
+				err = rabbitmqctl(faultCtx, "close_all_connections", "--vhost", vhost, "ferry chaos")
+			case "restart_broker":
+				if err = rabbitmqctl(faultCtx, "stop_app"); err == nil {
+					err = rabbitmqctl(context.WithoutCancel(faultCtx), "start_app")
+				}
+			}
+			if err != nil && faultCtx.Err() == nil {
+				faultMu.Lock()
+				faultErr = errors.Join(faultErr, fmt.Errorf("%s: %w", kind, err))
+				faultMu.Unlock()
+				continue
+			}
+			faultMu.Lock()
+			rep.Faults[kind]++
+			faultMu.Unlock()
+		}
+	})
+
+	// Orders at a steady rate, some rolled back after publishing, some replayed.
+	start := time.Now()
+	interval := time.Second / time.Duration(run.Rate)
+	seq := map[string]int64{}
+	var committedKeys []string
+	for i := range run.Orders {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		userID := fmt.Sprintf("user-%02d", rng.IntN(40))
+		in := orders.Input{UserID: userID, Amount: int64(100 + rng.IntN(9900)), Currency: []string{"JPY", "USD"}[rng.IntN(2)], IdempotencyKey: fmt.Sprintf("chaos-%d", i)}
+		rollback := rng.Float64() < run.RollbackRate
+		if err := chaosOrder(ctx, driver, svc, in, seq, rollback); err != nil {
+			stopFaults()
+			faultsWG.Wait()
+			return rep, fmt.Errorf("placing order %d: %w", i, err)
+		}
+		if rollback {
+			rep.OrdersRolledBack++
+			continue
+		}
+		rep.OrdersCommitted++
+		committedKeys = append(committedKeys, in.IdempotencyKey)
+		if rng.IntN(20) == 0 { // a client retrying after a timeout
+			res, err := svc.CreateOrder(ctx, in)
+			if err != nil || !res.Deduped {
+				rep.Violations = append(rep.Violations, fmt.Sprintf("replay of %s was not deduplicated (err %v)", in.IdempotencyKey, err))
+			}
+			rep.OrderReplays++
+		}
+	}
+	rep.ProducingSeconds = time.Since(start).Seconds()
+	stopFaults()
+	faultsWG.Wait()
+	if faultErr != nil {
+		logger.Warn("some faults could not be injected", "error", faultErr)
+	}
+
+	// Every role back to full strength, then wait for the pipeline to settle.
+	for _, role := range []struct {
+		name  string
+		count int
+	}{{"relay", run.Relays}, {"consume", run.Consumers}} {
+		env.mu.Lock()
+		live := 0
+		for _, ch := range env.children {
+			select {
+			case <-ch.done:
+			default:
+				if ch.role == role.name {
+					live++
+				}
+			}
+		}
+		env.mu.Unlock()
+		for ; live < role.count; live++ {
+			if _, err := env.start(role.name, faults()); err != nil {
+				return rep, err
+			}
+		}
+	}
+	drainStart := time.Now()
+	expectAudit := 0
+	for _, n := range seq {
+		expectAudit += int(n)
+	}
+	dctx, cancel := context.WithTimeout(ctx, run.DrainTimeout)
+	defer cancel()
+	settled := func() bool {
+		var pending, poisoned int
+		_ = driver.Pool.QueryRow(dctx, `SELECT (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL), (SELECT count(*) FROM poison_messages)`).Scan(&pending, &poisoned)
+		charges, mails := chargesByOrder(provider), mailsByOrder(sink)
+		return pending == 0 && len(charges)+poisoned >= rep.OrdersCommitted && len(mails)+poisoned >= rep.OrdersCommitted &&
+			len(provider.Audit())+poisoned >= expectAudit
+	}
+	drainErr := wait.For(dctx, settled)
+	time.Sleep(500 * time.Millisecond) // room for a late duplicate to show
+	rep.DrainSeconds = time.Since(drainStart).Seconds()
+	if drainErr != nil {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("the pipeline did not drain within %s (logs in %s)", run.DrainTimeout, logDir))
+	}
+	err = checkChaos(ctx, driver, provider, sink, committedKeys, expectAudit, &rep)
+	if err != nil {
+		return rep, err
+	}
+	printChaosReport(out, rep, logDir)
+	if rep.OK() {
+		_ = os.RemoveAll(logDir)
+	}
+	return rep, nil
+}
+
+// chaosOrder places one order with its audit event in one transaction, or
+// rolls the transaction back after publishing.
+func chaosOrder(ctx context.Context, a *app.App, svc *orders.Service, in orders.Input, seq map[string]int64, rollback bool) error {
+	tx, err := a.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := svc.CreateOrderTx(ctx, tx, in); err != nil {
+		return err
+	}
+	evt, err := pipeline.NewEvent(ctx, in.UserID, ChaosAudit{Aggregate: in.UserID, Seq: seq[in.UserID]})
+	if err != nil {
+		return err
+	}
+	if err := a.Outbox.PublishEventsTx(ctx, tx, pipeline.Outgoing{Topic: ChaosAuditTopic, Msg: evt}); err != nil {
+		return err
+	}
+	if rollback {
+		return tx.Rollback()
+	}
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	seq[in.UserID]++
+	return nil
+}
+
+func chargesByOrder(p *sandbox.PaymentProvider) map[string]int {
+	out := map[string]int{}
+	for _, c := range p.Charges() {
+		out[c.OrderID]++
+	}
+	return out
+}
+
+// mailsByOrder counts distinct mails (by Message-ID, which a receiver
+// deduplicates on) per order, from their subject "Your order #N".
+func mailsByOrder(s *sandbox.SMTPSink) map[string]int {
+	seen := map[string]bool{}
+	out := map[string]int{}
+	for _, m := range s.Mails() {
+		if seen[m.MessageID] {
+			continue
+		}
+		seen[m.MessageID] = true
+		out[strings.TrimPrefix(m.Subject, "Your order #")]++
+	}
+	return out
+}
+
+func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *sandbox.SMTPSink, committedKeys []string, expectAudit int, rep *ChaosReport) error {
+	var ids []string
+	rows, err := a.Pool.Query(ctx, `SELECT id::text FROM orders ORDER BY id`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if len(ids) != len(committedKeys) {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("%d orders committed by the driver but %d in the table", len(committedKeys), len(ids)))
+	}
+	poisoned, err := a.Poison.List(ctx, "", 0)
+	if err != nil {
+		return err
+	}
+	poisonedOrder := map[string]bool{}
+	for _, pm := range poisoned {
+		rep.Poisoned++
+		if strings.TrimSpace(pm.Reason) == "" {
+			rep.Violations = append(rep.Violations, fmt.Sprintf("poisoned message %d has no reason", pm.ID))
+		}
+		reason := pm.Reason
+		if i := strings.Index(reason, ":"); i > 0 && i < 60 {
+			reason = reason[:i]
+		}
+		rep.PoisonReasons[reason]++
+		poisonedOrder[pm.AggregateID] = true
+	}
+	charges, mails := chargesByOrder(p), mailsByOrder(s)
+	rep.ChargeRequests, rep.Charges, rep.AuditEvents = p.Requests(), len(p.Charges()), len(p.Audit())
+	mailCount := len(s.Mails())
+	for _, n := range mails {
+		rep.Mails += n
+	}
+	rep.MailDuplicates = mailCount - rep.Mails
+	committed := map[string]bool{}
+	for _, id := range ids {
+		committed[id] = true
+		for what, n := range map[string]int{"charge": charges[id], "mail": mails[id]} {
+			switch {
+			case n > 1:
+				rep.Duplicated++
+				rep.Violations = append(rep.Violations, fmt.Sprintf("order %s: %d %ss", id, n, what))
+			case n == 0 && !poisonedOrder[id]:
+				rep.Lost++
+				rep.Violations = append(rep.Violations, fmt.Sprintf("order %s: no %s and nothing in the poison store", id, what))
+			}
+		}
+	}
+	for id := range charges {
+		if !committed[id] {
+			rep.Orphans++
+			rep.Violations = append(rep.Violations, fmt.Sprintf("a charge for order %s, which was never committed", id))
+		}
+	}
+	for id := range mails {
+		if !committed[id] {
+			rep.Orphans++
+			rep.Violations = append(rep.Violations, fmt.Sprintf("a mail for order %s, which was never committed", id))
+		}
+	}
+	last := map[string]int64{}
+	for _, e := range p.Audit() {
+		if prev, ok := last[e.Aggregate]; ok && e.Seq <= prev {
+			rep.OrderViolations++
+			rep.Violations = append(rep.Violations, fmt.Sprintf("aggregate %s: audit seq %d after %d", e.Aggregate, e.Seq, prev))
+		}
+		last[e.Aggregate] = e.Seq
+	}
+	if rep.AuditEvents+rep.Poisoned < expectAudit {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("%d audit events committed but %d arrived", expectAudit, rep.AuditEvents))
+	}
+	if err := a.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NULL AND available_at <= now()),
+		count(*) FILTER (WHERE attempts > 1), count(*) FILTER (WHERE topic = $1) FROM outbox`, pipeline.RetryTopic).
+		Scan(&rep.PendingDue, &rep.RelayRetries, &rep.DurableRetries); err != nil {
+		return err
+	}
+	if rep.PendingDue > 0 {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("%d due rows left undispatched", rep.PendingDue))
+	}
+	if len(rep.Violations) > 20 {
+		rep.Violations = append(rep.Violations[:20], fmt.Sprintf("… and %d more", len(rep.Violations)-20))
+	}
+	return nil
+}
+
+func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Ferry chaos run (seed %d): %.1fs placing orders, %.1fs draining\n", r.Seed, r.ProducingSeconds, r.DrainSeconds)
+	fmt.Fprintf(&b, "  orders committed       %6d   (+%d rolled back after publishing, %d replays deduped)\n", r.OrdersCommitted, r.OrdersRolledBack, r.OrderReplays)
+	var faults []string
+	total := 0
+	for _, k := range []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "restart_broker"} {
+		if n, ok := r.Faults[k]; ok {
+			faults = append(faults, fmt.Sprintf("%s %d", k, n))
+			total += n
+		}
+	}
+	fmt.Fprintf(&b, "  faults injected        %6d   (%s; handlers also failed and panicked at random)\n", total, strings.Join(faults, ", "))
+	fmt.Fprintf(&b, "  charges                %6d   (%d provider requests: %d replays absorbed by the Idempotency-Key)\n", r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges)
+	fmt.Fprintf(&b, "  mails                  %6d   (%d duplicate deliveries dropped by Message-ID)\n", r.Mails, r.MailDuplicates)
+	fmt.Fprintf(&b, "  ordered audit events   %6d   (%d order violations)\n", r.AuditEvents, r.OrderViolations)
+	fmt.Fprintf(&b, "  retries                %6d   (%d durable retries of failed handlers, %d rows that needed more than one relay attempt)\n", r.DurableRetries+r.RelayRetries, r.DurableRetries, r.RelayRetries)
+	fmt.Fprintf(&b, "  poisoned               %6d   %v\n", r.Poisoned, r.PoisonReasons)
+	fmt.Fprintf(&b, "  lost                   %6d\n", r.Lost)
+	fmt.Fprintf(&b, "  duplicated             %6d\n", r.Duplicated)
+	fmt.Fprintf(&b, "  effects w/o order      %6d\n", r.Orphans)
+	fmt.Fprintf(&b, "  due rows left          %6d\n", r.PendingDue)
+	if r.OK() {
+		b.WriteString("ok: nothing lost, nothing twice\n")
+	} else {
+		fmt.Fprintf(&b, "FAILED (process logs kept in %s):\n", logDir)
+		for _, v := range r.Violations {
+			b.WriteString("  - " + v + "\n")
+		}
+	}
+	_, _ = io.WriteString(w, b.String())
+}

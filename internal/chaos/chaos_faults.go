@@ -1,0 +1,133 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferry-dev/ferry/app"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/middleware"
+)
+
+// HandlerFaults are the faults a fault-injection run makes consumer
+// handlers suffer: fail (an error) and panic, at random, before the effect.
+type HandlerFaults struct {
+	FailRate, PanicRate float64
+	Seed                uint64
+}
+
+func ParseFaults(v string) (*HandlerFaults, error) {
+	f := &HandlerFaults{Seed: 1}
+	for _, kv := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return nil, fmt.Errorf("want key=value pairs (fail, panic, seed), got %q", kv)
+		}
+		var err error
+		switch k {
+		case "fail":
+			f.FailRate, err = strconv.ParseFloat(val, 64)
+		case "panic":
+			f.PanicRate, err = strconv.ParseFloat(val, 64)
+		case "seed":
+			f.Seed, err = strconv.ParseUint(val, 10, 64)
+		default:
+			return nil, fmt.Errorf("unknown fault %q (fail, panic, seed)", k)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", k, err)
+		}
+	}
+	if f.FailRate < 0 || f.PanicRate < 0 || f.FailRate+f.PanicRate > 1 {
+		return nil, errors.New("fault rates must be in [0, 1] and add up to at most 1")
+	}
+	return f, nil
+}
+
+// ChaosAuditTopic is the ordered topic a fault-injection run checks
+// per-aggregate order on.
+const ChaosAuditTopic = "chaos.audit"
+
+// ChaosAudit is one event of it: seq increases per aggregate in commit order.
+type ChaosAudit struct {
+	Aggregate string `json:"aggregate"`
+	Seq       int64  `json:"seq"`
+}
+
+// WithFaults adds, for fault-injection runs, the audit route (ordered:
+// it reports each event to the sandbox provider, which records arrival
+// order) and the fault link, innermost, so a fault strikes before the
+// effect, inside the ledger transaction, as a handler bug would.
+func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Options {
+	routes := opts.Routes
+	opts.Routes = func(d app.Deps) ([]handlers.Route, error) {
+		rs, err := routes(d)
+		if err != nil {
+			return nil, err
+		}
+		client := &http.Client{Timeout: 5 * time.Second}
+		return append(rs, handlers.Route{
+			Name: "chaos.audit", Topic: ChaosAuditTopic, Ordered: true,
+			Handler: handlers.Typed(func(ctx context.Context, e *ChaosAudit) error {
+				key, err := handlers.IdempotencyKey(ctx)
+				if err != nil {
+					return err
+				}
+				body, _ := json.Marshal(e)
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, paymentURL+"/v1/audit", bytes.NewReader(body))
+				if err != nil {
+					return err
+				}
+				req.Header.Set("Idempotency-Key", key)
+				resp, err := client.Do(req)
+				if err != nil {
+					return err
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("audit sink answered %d", resp.StatusCode)
+				}
+				return nil
+			}),
+		}), nil
+	}
+	chain := opts.Chain
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(f.Seed, f.Seed^0x9e3779b97f4a7c15))
+	link := middleware.Link{Name: "chaos-faults", Middleware: func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			mu.Lock()
+			x := rng.Float64()
+			mu.Unlock()
+			switch {
+			case x < f.PanicRate:
+				panic("chaos: injected panic")
+			case x < f.PanicRate+f.FailRate:
+				return nil, errors.New("chaos: injected failure")
+			}
+			return h(msg)
+		}
+	}}
+	opts.Chain = func(c middleware.Chain) (middleware.Chain, error) {
+		if chain != nil {
+			var err error
+			if c, err = chain(c); err != nil {
+				return nil, err
+			}
+		}
+		return c.Append(link)
+	}
+	return opts
+}

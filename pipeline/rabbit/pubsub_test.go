@@ -1,0 +1,84 @@
+package rabbit_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// TestPubSub runs Watermill's universal Pub/Sub suite, unmodified, against
+// Ferry as a Pub/Sub: Watermill's SQL publisher writing the outbox (each
+// Publish its own transaction), the relay forwarding it to RabbitMQ, and
+// rabbit.Subscriber consuming by topic and consumer group.
+//
+// Features, honestly:
+//   - ConsumerGroups: every group has its own queue per topic.
+//   - Persistent: outbox rows and durable queues survive the processes.
+//   - GuaranteedOrder false: relays claim in parallel and retries move a row
+//     back; Ferry's order is per aggregate, on ordered topics (tested in
+//     the relay and ordering tests), not global. TestNoAck and
+//     TestPublishSubscribeInOrder therefore skip themselves.
+//   - ExactlyOnceDelivery false: delivery is at least once; Ferry's
+//     consumers deduplicate with their ledger (middleware, not the Pub/Sub).
+//   - NewSubscriberReceivesOldMessages false: a queue keeps what was routed
+//     to it, not a log to replay (the suite skips that test).
+//   - ContextPreserved false: a message's Go context does not cross the
+//     outbox; correlation and trace ids do, as metadata.
+//   - RestartServiceCommand nil: restarting the broker would cut every other
+//     test sharing it; the suite skips TestReconnect. Reconnection is
+//     covered by the chaos run's broker restarts (`ferry chaos --long`).
+func TestPubSub(t *testing.T) {
+	pool := pipelinetest.Postgres(t)
+	cfg := pipelinetest.Rabbit(t)
+	topo, err := rabbit.NewTopology(cfg)
+	require.NoError(t, err)
+	pipelinetest.TeardownTopology(t, topo)
+
+	conn, err := rabbit.Dial(topo.Config(), "ferry-pubsub-test", watermill.NopLogger{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	pub, err := rabbit.NewBatchPublisher(conn, topo)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+
+	// One relay for the whole suite, like a deployment's.
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{PollInterval: 20 * time.Millisecond, BatchSize: 500}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{Ordered: topo.Ordered}, nil)
+	require.NoError(t, err)
+	db := pgconn.SQLDB(pool)
+	t.Cleanup(func() { _ = db.Close() })
+
+	newPubSub := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+		p, err := outbox.Publisher(db)
+		require.NoError(t, err)
+		s, err := rabbit.NewSubscriber(conn, topo, rabbit.SubscriberConfig{Group: group}, watermill.NopLogger{})
+		require.NoError(t, err)
+		return p, s
+	}
+	tests.TestPubSub(t, tests.Features{
+		ConsumerGroups:      true,
+		ExactlyOnceDelivery: false,
+		GuaranteedOrder:     false,
+		Persistent:          true,
+	},
+		func(t *testing.T) (message.Publisher, message.Subscriber) { return newPubSub(t, "") },
+		newPubSub,
+	)
+}
