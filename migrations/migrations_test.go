@@ -38,7 +38,7 @@ func TestUpDownUp(t *testing.T) {
 
 	n, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, 8, n)
+	require.Equal(t, 9, n)
 
 	var indexes []string
 	rows, err := pool.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = 'outbox' AND indexdef LIKE '%WHERE%'`, schema)

@@ -82,7 +82,7 @@ func TestDockerComposeMatchesTheBinary(t *testing.T) {
 		for _, v := range s.Volumes {
 			src, _, _ := strings.Cut(v, ":")
 			if strings.HasPrefix(src, "./") {
-				_, err := os.Stat(filepath.Join("..", src))
+				_, err := os.Stat(filepath.Join("..", "..", src))
 				require.NoError(t, err, "%s mounts %s, which must exist", name, src)
 			} else {
 				require.Contains(t, c.Volumes, src, "%s uses the named volume %s, which must be declared", name, src)

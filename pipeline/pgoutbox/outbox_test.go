@@ -126,8 +126,8 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 	good := event(t, "a", 1)
 	noAggregate := event(t, "a", 1)
 	noAggregate.Metadata.Set(pipeline.MetaAggregateID, "")
-	notJSON := event(t, "a", 1)
-	notJSON.Payload = []byte("{not json")
+	noUUID := event(t, "a", 1)
+	noUUID.UUID = ""
 	badDelay := event(t, "a", 1)
 	badDelay.Metadata.Set(pipeline.MetaDelay, "soon")
 	negDelay := event(t, "a", 1)
@@ -142,13 +142,13 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 		msg   *message.Message
 		want  string
 	}{
-		"missing aggregate": {"t", noAggregate, "aggregate_id"},
-		"payload not JSON":  {"t", notJSON, "not valid JSON"},
-		"bad delay":         {"t", badDelay, "ferry_delay"},
-		"negative delay":    {"t", negDelay, "ferry_delay"},
-		"invalid UTF-8":     {"t", badUTF8, "UTF-8"},
-		"huge payload":      {"t", huge, "bytes"},
-		"empty topic":       {"", event(t, "a", 1), "topic"},
+		"missing aggregate on an ordered topic": {"t", noAggregate, "aggregate_id"},
+		"no message UUID":                       {"t", noUUID, "UUID"},
+		"bad delay":                             {"t", badDelay, "ferry_delay"},
+		"negative delay":                        {"t", negDelay, "ferry_delay"},
+		"invalid UTF-8":                         {"t", badUTF8, "UTF-8"},
+		"huge payload":                          {"t", huge, "bytes"},
+		"empty topic":                           {"", event(t, "a", 1), "topic"},
 	}
 	db := pgconn.SQLDB(pool)
 	for name, tc := range cases {
@@ -158,7 +158,9 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 			defer tx.Rollback()
 			// The good message first: a bad one in the same call must still
 			// leave nothing behind.
-			err = newOutbox(t).PublishTx(context.Background(), tx, tc.topic, good, tc.msg)
+			ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{Ordered: func(topic string) bool { return topic == "t" }}, nil)
+			require.NoError(t, err)
+			err = ob.PublishTx(context.Background(), tx, tc.topic, good, tc.msg)
 			require.ErrorContains(t, err, tc.want)
 			if tc.topic != "" {
 				require.ErrorIs(t, err, pipeline.ErrInvalidEvent)

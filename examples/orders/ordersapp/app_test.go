@@ -425,6 +425,8 @@ func TestNewRefusesPendingMigrationsAndBadRoutes(t *testing.T) {
 	cfg, _, _ := testConfig(t)
 	cfg.DatabaseSchema = pipelinetest.UniqueName("ferry_unmigrated_")
 	_, err := app.New(context.Background(), cfg, app.Options{Logger: slog.New(slog.DiscardHandler)})
+	require.ErrorIs(t, err, app.ErrNoRoutes, "no silent example: a route table is required")
+	_, err = app.New(context.Background(), cfg, app.Options{Logger: slog.New(slog.DiscardHandler), Routes: ordersapp.Routes(ordersapp.Config{}.WithDefaults())})
 	require.ErrorIs(t, err, app.ErrMigrationsPending)
 
 	cfg, _, _ = testConfig(t)
