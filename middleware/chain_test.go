@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 func defaultChain(t testing.TB) middleware.Chain {
@@ -27,7 +28,7 @@ func defaultChain(t testing.TB) middleware.Chain {
 	require.NoError(t, err)
 	guard, err := middleware.NewIdempotency(ledger, nil)
 	require.NoError(t, err)
-	resched, err := pgoutbox.NewRescheduler(pool, newOutbox(t))
+	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
 		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
@@ -148,14 +149,4 @@ func defaultChainForExample() middleware.Chain {
 		Idempotency:  guard,
 	})
 	return chain
-}
-
-// newOutbox is an Outbox on the default table.
-func newOutbox(t testing.TB) *pgoutbox.Outbox {
-	t.Helper()
-	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ob
 }

@@ -22,7 +22,7 @@ func publish(t *testing.T, pool *pgxpool.Pool, topic string, msgs ...*message.Me
 	db := pgconn.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	require.NoError(t, newOutbox(t).PublishTx(context.Background(), tx, topic, msgs...))
+	require.NoError(t, pipelinetest.Outbox(t).PublishTx(context.Background(), tx, topic, msgs...))
 	require.NoError(t, tx.Commit())
 }
 
@@ -81,7 +81,7 @@ func TestPublishTxRollbackLeavesNothing(t *testing.T) {
 	db := pgconn.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	require.NoError(t, newOutbox(t).PublishTx(context.Background(), tx, "t", event(t, "a", 1)))
+	require.NoError(t, pipelinetest.Outbox(t).PublishTx(context.Background(), tx, "t", event(t, "a", 1)))
 	require.NoError(t, tx.Rollback())
 	require.Zero(t, countRows(t, pool))
 }
@@ -178,7 +178,7 @@ func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
 	db := pgconn.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	ob := newOutbox(t)
+	ob := pipelinetest.Outbox(t)
 	require.NoError(t, ob.PublishEventsTx(context.Background(), tx,
 		pipeline.Outgoing{Topic: "stripe.charge", Msg: event(t, "o1", 1)},
 		pipeline.Outgoing{Topic: "mail.send", Msg: event(t, "o1", 2)}))
@@ -196,14 +196,4 @@ func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
 		topics = append(topics, topic)
 	}
 	require.Equal(t, []string{"stripe.charge", "mail.send"}, topics)
-}
-
-// newOutbox is an Outbox on the default table.
-func newOutbox(t testing.TB) *pgoutbox.Outbox {
-	t.Helper()
-	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ob
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
@@ -34,7 +33,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	pub, err := pgpoison.NewPublisher(db)
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("ignored", poisoned("1", "a.topic", `{"ok":1}`), poisoned("2", "b.topic", "not json")))
-	store, err := pgpoison.NewStore(pool, newOutbox(t))
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
 
 	all, err := store.List(context.Background(), "", 0)
@@ -71,14 +70,4 @@ func TestStoreRoundTrip(t *testing.T) {
 	require.Empty(t, left)
 	require.Error(t, pgpoison.Selector{}.Validate())
 	require.Error(t, pgpoison.Selector{All: true, Topic: "x"}.Validate())
-}
-
-// newOutbox is an Outbox on the default table.
-func newOutbox(t testing.TB) *pgoutbox.Outbox {
-	t.Helper()
-	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ob
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -183,4 +184,15 @@ func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Outbox returns an outbox publisher on the default table, failing the
+// test if it cannot be built.
+func Outbox(t testing.TB) *pgoutbox.Outbox {
+	t.Helper()
+	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
 }

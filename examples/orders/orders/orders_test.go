@@ -17,7 +17,6 @@ import (
 
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
@@ -26,7 +25,7 @@ func setup(t *testing.T) (*orders.Service, *pgxpool.Pool, *sql.DB) {
 	pool := pipelinetest.Postgres(t, exmigrations.Set)
 	db := pgconn.SQLDB(pool)
 	t.Cleanup(func() { db.Close() })
-	svc, err := orders.NewService(db, newOutbox(t), nil)
+	svc, err := orders.NewService(db, pipelinetest.Outbox(t), nil)
 	require.NoError(t, err)
 	return svc, pool, db
 }
@@ -233,14 +232,4 @@ func TestNewServiceNeedsDependencies(t *testing.T) {
 	_, err := orders.NewService(nil, nil, nil)
 	require.Error(t, err)
 	require.False(t, errors.Is(err, orders.ErrInvalidInput))
-}
-
-// newOutbox is an Outbox on the default table.
-func newOutbox(t testing.TB) *pgoutbox.Outbox {
-	t.Helper()
-	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ob
 }

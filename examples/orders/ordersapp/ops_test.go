@@ -53,6 +53,13 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	require.NoError(t, h.app.Metrics.Refresh(context.Background(), h.app.Pool))
 
 	admin := h.app.AdminHandler()
+	// A handler's outcome is counted after its ledger commit, a moment
+	// after the effect the sink saw.
+	eventually(t, "both handlers counted", func() bool {
+		_, body := get(t, admin, "GET", "/metrics", "")
+		return strings.Contains(body, `ferry_consumer_messages_total{handler="payments.charge",outcome="handled"} 1`) &&
+			strings.Contains(body, `ferry_consumer_messages_total{handler="notifications.mail",outcome="handled"} 1`)
+	})
 	code, body := get(t, admin, "GET", "/metrics", "")
 	require.Equal(t, 200, code)
 	for _, want := range []string{
