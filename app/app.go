@@ -126,13 +126,8 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if opts.Routes == nil {
 		return nil, ErrNoRoutes
 	}
-	for _, s := range opts.Migrations {
-		if err := s.Validate(); err != nil {
-			return nil, fmt.Errorf("Options.Migrations: %w", err)
-		}
-		if s.VersionTable == migrations.VersionTable {
-			return nil, fmt.Errorf("Options.Migrations: set %q uses Ferry's own version table %s", s.Name, s.VersionTable)
-		}
+	if _, err := MigrationSets(opts); err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger, err = NewLogger(cfg, nil)
@@ -234,7 +229,11 @@ func (a *App) checkSchema(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, set := range a.MigrationSets() {
+	sets, err := MigrationSets(a.opts)
+	if err != nil {
+		return err
+	}
+	for _, set := range sets {
 		pending, err := set.Pending(ctx, a.DB)
 		if err != nil {
 			return err
@@ -254,9 +253,20 @@ func (a *App) checkSchema(ctx context.Context) error {
 	return nil
 }
 
-// MigrationSets are Ferry's migrations followed by the application's.
-func (a *App) MigrationSets() []migrations.Set {
-	return append([]migrations.Set{migrations.Library}, a.opts.Migrations...)
+// MigrationSets are Ferry's migrations followed by the application's
+// (opts.Migrations), each checked: `ferry migrate` and New use the same list.
+func MigrationSets(opts Options) ([]migrations.Set, error) {
+	sets := []migrations.Set{migrations.Library}
+	for _, s := range opts.Migrations {
+		if err := s.Validate(); err != nil {
+			return nil, fmt.Errorf("Options.Migrations: %w", err)
+		}
+		if s.VersionTable == migrations.VersionTable {
+			return nil, fmt.Errorf("Options.Migrations: set %q uses Ferry's own version table %s", s.Name, s.VersionTable)
+		}
+		sets = append(sets, s)
+	}
+	return sets, nil
 }
 
 // bindings is the broker topology of the route table.
@@ -389,8 +399,8 @@ func (a *App) Chain() (middleware.Chain, error) {
 // Mount adds the route table to router, a Watermill router of the caller's
 // (with middleware and handlers of its own) or Ferry's: every route gets
 // Ferry's chain (Chain) and its own middleware, and consumes its queue, or
-// one queue per partition for an ordered topic, as the topology says. The
-// topology is declared first. Mount adds nothing router-wide.
+// one queue per partition for an ordered topic, as the topology says. Mount
+// adds nothing router-wide.
 //
 // The consumers share one broker connection; close it after the router has
 // stopped.
@@ -406,13 +416,11 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 		return nil, err
 	}
 	mws := chain.Middlewares()
+	// New declared the topology already (an app WithoutBroker has no
+	// consumers to mount), and each subscriber declares its own queue.
 	conn, err := rabbit.Dial(a.cfg.AMQP, "ferry-consumer", a.watermillLogger())
 	if err != nil {
 		return nil, err
-	}
-	if err := a.Topology.Declare(conn.Connection(), a.bindings()...); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("declaring RabbitMQ topology: %w", err)
 	}
 	for _, r := range a.Routes {
 		// An ordered route consumes one queue per partition, each its own

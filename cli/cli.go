@@ -359,13 +359,12 @@ func (e *Env) appOptions() (app.Options, error) {
 
 // migrationSets are Ferry's and the application's migration sets.
 func (e *Env) migrationSets() ([]migrations.Set, error) {
-	sets := []migrations.Set{migrations.Library}
 	if e.Options.App == nil {
-		return sets, nil
+		return app.MigrationSets(app.Options{})
 	}
 	o, err := e.Options.App()
 	if err != nil {
 		return nil, err
 	}
-	return append(sets, o.Migrations...), nil
+	return app.MigrationSets(o)
 }

@@ -910,7 +910,10 @@ func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchC
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
 		return nil, err
 	}
-	claim := pgoutbox.ClaimSQL("outbox", false)
+	claim, err := pgoutbox.ClaimSQL("outbox", false)
+	if err != nil {
+		return nil, err
+	}
 	var lat latencies
 	for range bc.ClaimRounds {
 		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT g::text, $1, '{}' FROM generate_series(1, $2::int) g`, benchTopic, bc.BatchSize); err != nil {

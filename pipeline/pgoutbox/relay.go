@@ -133,8 +133,12 @@ type Relay struct {
 
 // ClaimSQL is the relay's claim query for table (with $1 the batch size
 // and, when ordered, $2 the ordered topics), for EXPLAIN and benchmarks.
-func ClaimSQL(table string, ordered bool) string {
-	return claimSQL(mustQuoteTable(table), ordered)
+func ClaimSQL(table string, ordered bool) (string, error) {
+	t, err := QuoteTable(table)
+	if err != nil {
+		return "", err
+	}
+	return claimSQL(t, ordered), nil
 }
 
 // claimSQL selects due, unclaimed rows. ORDER BY available_at follows the
@@ -177,7 +181,10 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	t := mustQuoteTable(cfg.Table)
+	t, err := QuoteTable(cfg.Table) // checked by Validate; quoted here once
+	if err != nil {
+		return nil, err
+	}
 	var ordered []string
 	if o, ok := pub.(pipeline.Ordering); ok {
 		ordered = o.OrderedTopics()

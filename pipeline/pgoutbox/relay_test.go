@@ -296,11 +296,16 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return strings.Join(plan, "\n")
 	}
-	plan := explain(pgoutbox.ClaimSQL("outbox", false))
+	claim := func(ordered bool) string {
+		q, err := pgoutbox.ClaimSQL("outbox", ordered)
+		require.NoError(t, err)
+		return q
+	}
+	plan := explain(claim(false))
 	t.Logf("claim plan:\n%s", plan)
 	require.Contains(t, plan, "Index Scan using outbox_pending_available_at_idx", plan)
 
-	plan = explain(pgoutbox.ClaimSQL("outbox", true))
+	plan = explain(claim(true))
 	t.Logf("ordered claim plan:\n%s", plan)
 	require.Contains(t, plan, "outbox_pending_available_at_idx", plan)
 	require.Contains(t, plan, "outbox_pending_aggregate_idx", "the head check must use the (aggregate_id, id) partial index:\n%s", plan)

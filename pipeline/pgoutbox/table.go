@@ -40,12 +40,3 @@ func QuoteTable(name string) (string, error) {
 	}
 	return pgx.Identifier(parts).Sanitize(), nil
 }
-
-// mustQuoteTable is QuoteTable for names already validated by a constructor.
-func mustQuoteTable(name string) string {
-	q, err := QuoteTable(name)
-	if err != nil {
-		return pgx.Identifier{DefaultTable}.Sanitize()
-	}
-	return q
-}

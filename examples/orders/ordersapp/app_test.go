@@ -89,7 +89,7 @@ func startWith(t *testing.T, cfg app.Config, provider *sandbox.PaymentProvider, 
 	if opts.HTTP == nil {
 		opts.HTTP = ordersapp.HTTP
 	}
-	opts.Migrations = append(opts.Migrations, ordersapp.Options(ordersapp.Config{}).Migrations...)
+	opts.Migrations = append(opts.Migrations, exmigrations.Set)
 	a, err := app.New(context.Background(), cfg, opts)
 	require.NoError(t, err)
 	pipelinetest.TeardownTopology(t, a.Topology)
@@ -122,6 +122,16 @@ func startWith(t *testing.T, cfg app.Config, provider *sandbox.PaymentProvider, 
 	svc, err := ordersapp.NewService(a)
 	require.NoError(t, err)
 	return &harness{app: a, orders: svc, cfg: a.Config(), provider: provider, sink: sink, stop: stop}
+}
+
+// apiServer serves the example's HTTP API of h's app until the test ends.
+func apiServer(t *testing.T, h *harness) *httptest.Server {
+	t.Helper()
+	api, err := ordersapp.HTTP(h.app)
+	require.NoError(t, err)
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {
@@ -157,10 +167,7 @@ func (h *harness) poisoned(t *testing.T) []pgpoison.Record {
 func TestRepeatedCreateOrderChargesAndMailsOnce(t *testing.T) {
 	t.Parallel()
 	h := start(t, app.Options{}, app.All)
-	api, err := ordersapp.HTTP(h.app)
-	require.NoError(t, err)
-	srv := httptest.NewServer(api)
-	defer srv.Close()
+	srv := apiServer(t, h)
 
 	for i := range 3 {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"user_id":"alice","amount":1200,"currency":"JPY"}`))
@@ -385,10 +392,7 @@ func TestCorrelationAndTraceTravelToTheHandler(t *testing.T) {
 			}),
 		}), err
 	}}, app.All)
-	api, err := ordersapp.HTTP(h.app)
-	require.NoError(t, err)
-	srv := httptest.NewServer(api)
-	defer srv.Close()
+	srv := apiServer(t, h)
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"user_id":"dana","amount":10,"currency":"USD"}`))
 	req.Header.Set("Idempotency-Key", "trace-1")

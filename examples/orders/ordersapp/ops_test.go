@@ -18,7 +18,6 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
-	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
@@ -150,10 +149,7 @@ func TestTraceFollowsOneTraceIDAcrossHops(t *testing.T) {
 		}, nil
 	}}, app.All)
 	a = h.app
-	api, err := ordersapp.HTTP(h.app)
-	require.NoError(t, err)
-	srv := httptest.NewServer(api)
-	defer srv.Close()
+	srv := apiServer(t, h)
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"user_id":"tess","amount":10,"currency":"USD"}`))
 	req.Header.Set("Idempotency-Key", "trace-hops")
