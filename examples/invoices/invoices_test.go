@@ -1,0 +1,135 @@
+package invoices_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/examples/invoices"
+	"github.com/ferry-dev/ferry/ferrytest"
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// The user's application end to end, as its team would run it: build its
+// binary, migrate with it (Ferry's tables and the service's own), run it,
+// issue invoices through the library, and read the outcome with its own
+// operations commands.
+func TestInvoicesServiceEndToEnd(t *testing.T) {
+	rcfg := pipelinetest.Rabbit(t)
+	schema := pipelinetest.UniqueName("ferry_invoices_")
+	admin := pipelinetest.Pool(t, "", "ferry-test-invoices-admin")
+	t.Cleanup(func() { _ = pgconn.DropSchema(context.Background(), admin, schema) })
+	// Record what the service will declare, so the test removes it all.
+	topo, err := rabbit.NewTopology(rcfg)
+	require.NoError(t, err)
+	pipelinetest.TeardownTopology(t, topo)
+	conn, err := amqp.Dial(rcfg.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, topo.Declare(conn, rabbit.Binding{Topic: invoices.TopicIssued, Queue: invoices.RouteMarkSent}))
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, topo.ExchangeDeclare(ch, topo.ExchangeName(invoices.TopicSent), topo.PublisherConfig()))
+	ch.Close()
+
+	bin := filepath.Join(t.TempDir(), "invoices")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/invoices")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "building the service: %s", out)
+	env := append(os.Environ(),
+		"FERRY_DATABASE_URL="+pipelinetest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
+		"FERRY_AMQP_URL="+rcfg.URL, "FERRY_AMQP_NAMESPACE="+rcfg.Namespace,
+		"FERRY_ADMIN_ADDR=off", "FERRY_RELAY_POLL_INTERVAL=50ms", "FERRY_LOG_FORMAT=json",
+		"FERRY_RETRY_INITIAL_INTERVAL=5ms", "FERRY_RETRY_MAX_INTERVAL=10ms")
+	cmd := func(args ...string) (string, error) {
+		c := exec.Command(bin, args...)
+		c.Env = env
+		var buf bytes.Buffer
+		c.Stdout, c.Stderr = &buf, &buf
+		err := c.Run()
+		return buf.String(), err
+	}
+
+	help, err := cmd("-h")
+	require.NoError(t, err, help)
+	for _, want := range []string{"invoices: issues invoices", "run [--migrate]", "migrate up", "poison requeue", "status"} {
+		require.Contains(t, help, want)
+	}
+	runHelp, err := cmd("run", "-h")
+	require.NoError(t, err, runHelp)
+	require.Contains(t, runHelp, "-migrate")
+
+	migrated, err := cmd("migrate", "up")
+	require.NoError(t, err, migrated)
+	require.Contains(t, migrated, "ferry: applied")
+	require.Contains(t, migrated, "invoices: applied 1 migration(s)")
+
+	run := exec.Command(bin, "run")
+	run.Env = env
+	var logs bytes.Buffer
+	run.Stdout, run.Stderr = &logs, &logs
+	require.NoError(t, run.Start())
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = run.Process.Kill()
+			_ = run.Wait()
+		}
+	}()
+
+	pool := pipelinetest.Pool(t, schema, "ferry-test-invoices")
+	outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	good, err := invoices.Issue(ctx, pool, outbox, "acme", "bob", 1200)
+	require.NoError(t, err)
+	orphan, err := invoices.Issue(ctx, pool, outbox, "", "eve", 300) // no tenant: the service's link refuses it
+	require.NoError(t, err)
+
+	ferrytest.RequireHandled(t, pool, []handlers.Route{{Name: invoices.RouteMarkSent, Topic: invoices.TopicIssued}}, 60*time.Second)
+
+	var sent, orphanSent bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sent_at IS NOT NULL FROM invoices WHERE id = $1`, good).Scan(&sent))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sent_at IS NOT NULL FROM invoices WHERE id = $1`, orphan).Scan(&orphanSent))
+	require.True(t, sent, "the handler marked the invoice sent; logs:\n%s", logs.String())
+	require.False(t, orphanSent, "an event without tenant never reaches the handler")
+	var followTenant string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'tenant_id' FROM outbox WHERE topic = $1`, invoices.TopicSent).Scan(&followTenant))
+	require.Equal(t, "acme", followTenant, "the follow-up event was written in the ledger transaction, with the tenant the link put in the context")
+
+	list, err := cmd("poison", "list", "--json")
+	require.NoError(t, err, list)
+	var poisoned []struct {
+		Handler, Reason string
+		Permanent       bool
+	}
+	require.NoError(t, json.Unmarshal([]byte(list), &poisoned), list)
+	require.Len(t, poisoned, 1)
+	require.Equal(t, invoices.RouteMarkSent, poisoned[0].Handler)
+	require.Contains(t, poisoned[0].Reason, pipeline.MetaTenantID)
+	require.True(t, poisoned[0].Permanent)
+
+	status, err := cmd("status")
+	require.NoError(t, err, status)
+	require.Contains(t, status, "poison store: 1 message(s)")
+
+	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, run.Wait(), "graceful stop; logs:\n%s", logs.String())
+	stopped = true
+	require.False(t, strings.Contains(logs.String(), `"level":"ERROR"`), "no error logged:\n%s", logs.String())
+}

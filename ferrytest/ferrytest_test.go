@@ -1,0 +1,132 @@
+package ferrytest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/ferrytest"
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+type invoiceIssued struct {
+	InvoiceID int    `json:"invoice_id"`
+	Customer  string `json:"customer"`
+}
+
+// fakeT records a failure instead of ending the test, to check that the
+// helpers do fail when they should.
+type fakeT struct {
+	testing.TB
+	failed string
+}
+
+func (f *fakeT) Helper()                           {}
+func (f *fakeT) Fatalf(format string, args ...any) { f.failed = fmt.Sprintf(format, args...) }
+
+func TestRequirePublishedTxSeesTheTransactionsOwnRows(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	outbox := pipelinetest.Outbox(t)
+	evt, err := pipeline.NewEvent(ctx, "inv-1", invoiceIssued{InvoiceID: 1, Customer: "bob"})
+	require.NoError(t, err)
+
+	// pgx transaction, uncommitted.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	require.NoError(t, outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), "invoice.issued", evt))
+	got := ferrytest.RequirePublishedTx(t, tx, "invoice.issued", map[string]any{"customer": "bob"})
+	require.Equal(t, evt.UUID, got.Msg.UUID)
+	require.Equal(t, "inv-1", got.AggregateID)
+	require.Empty(t, ferrytest.PublishedTx(t, pool, "invoice.issued"), "not committed: other sessions see nothing")
+
+	f := &fakeT{TB: t}
+	ferrytest.RequirePublishedTx(f, tx, "invoice.issued", map[string]any{"customer": "eve"})
+	require.Contains(t, f.failed, `no event on topic "invoice.issued"`)
+	require.Contains(t, f.failed, `"customer":"bob"`, "the failure shows what was published")
+	f = &fakeT{TB: t}
+	ferrytest.RequirePublishedTx(f, tx, "invoice.paid", nil)
+	require.NotEmpty(t, f.failed)
+
+	// database/sql transaction.
+	db := pgconn.SQLDB(pool)
+	defer db.Close()
+	stx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	defer stx.Rollback()
+	evt2, err := pipeline.NewEvent(ctx, "inv-2", invoiceIssued{InvoiceID: 2, Customer: "ann"})
+	require.NoError(t, err)
+	require.NoError(t, outbox.PublishTx(ctx, stx, "invoice.issued", evt2))
+	require.Equal(t, evt2.UUID, ferrytest.RequirePublishedTx(t, stx, "invoice.issued", invoiceIssued{InvoiceID: 2, Customer: "ann"}).Msg.UUID)
+}
+
+func TestRunRouteRunsTheHandlerInItsMiddleware(t *testing.T) {
+	t.Parallel()
+	var key string
+	var wrapped atomic.Bool
+	route := handlers.Route{
+		Name: "billing.notify", Topic: "invoice.issued",
+		Handler: handlers.Typed(func(ctx context.Context, e *invoiceIssued) error {
+			var err error
+			key, err = handlers.IdempotencyKey(ctx)
+			if e.Customer == "eve" {
+				return errors.New("eve is blocked")
+			}
+			return err
+		}),
+		Middleware: []message.HandlerMiddleware{func(h message.HandlerFunc) message.HandlerFunc {
+			return func(m *message.Message) ([]*message.Message, error) { wrapped.Store(true); return h(m) }
+		}},
+	}
+	ok, err := pipeline.NewEvent(context.Background(), "inv-1", invoiceIssued{InvoiceID: 1, Customer: "bob"})
+	require.NoError(t, err)
+	require.NoError(t, ferrytest.RunRoute(t, route, ok, ferrytest.RunConfig{}))
+	require.Equal(t, "ferry-billing.notify-"+ok.UUID, key, "the handler runs under its route's name")
+	require.True(t, wrapped.Load(), "the route's own middleware ran")
+
+	bad, err := pipeline.NewEvent(context.Background(), "inv-2", invoiceIssued{InvoiceID: 2, Customer: "eve"})
+	require.NoError(t, err)
+	require.ErrorContains(t, ferrytest.RunRoute(t, route, bad, ferrytest.RunConfig{}), "eve is blocked")
+
+	malformed := message.NewMessage("m-3", []byte("not json"))
+	err = ferrytest.RunRoute(t, route, malformed, ferrytest.RunConfig{})
+	require.Error(t, err)
+	require.True(t, pipeline.IsPermanent(err), "a payload that does not decode is permanent: %v", err)
+}
+
+func TestRunRouteWithTheLedgerRunsAnEffectOnce(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	var runs atomic.Int32
+	route := handlers.Route{
+		Name: "billing.record", Topic: "invoice.issued",
+		Handler: handlers.Typed(func(ctx context.Context, e *invoiceIssued) error {
+			runs.Add(1)
+			_, err := pgledger.TxFromContext(ctx).Exec(ctx, `CREATE TABLE IF NOT EXISTS seen (id int)`)
+			return err
+		}),
+	}
+	msg, err := pipeline.NewEvent(context.Background(), "inv-1", invoiceIssued{InvoiceID: 1, Customer: "bob"})
+	require.NoError(t, err)
+	for range 2 {
+		require.NoError(t, ferrytest.RunRoute(t, route, msg.Copy(), ferrytest.RunConfig{Ledger: ledger}))
+	}
+	require.Equal(t, int32(1), runs.Load(), "the second delivery is a duplicate")
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM processed_messages WHERE consumer = 'billing.record'`).Scan(&n))
+	require.Equal(t, 1, n)
+}
