@@ -107,7 +107,7 @@ var ErrNoMessage = errors.New("no message in context")
 
 // IdempotencyKey returns the key to send with an external call made for the
 // message being handled: stable across redeliveries (it is built from the
-// outbox id) and distinct per handler, so two handlers of one event never
+// message's id, the publisher's UUID) and distinct per handler, so two handlers of one event never
 // collide at a shared provider.
 func IdempotencyKey(ctx context.Context) (string, error) {
 	msg := MessageFromContext(ctx)

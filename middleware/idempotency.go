@@ -19,8 +19,8 @@ type Ledger interface {
 }
 
 // Idempotency guards handlers with a Ledger, keyed by route name and
-// message id (pipeline.MessageID: the first outbox id, stable across
-// redeliveries, durable retries and requeues).
+// message id (pipeline.MessageID: the publisher's message UUID, stable
+// across redeliveries, durable retries and requeues).
 type Idempotency struct {
 	// Recorder, if set, is told of every handled and duplicate delivery.
 	Recorder Recorder

@@ -44,7 +44,7 @@ const (
 	MetaOutboxAttempt = "outbox_attempt"
 
 	// MetaMessageID is the id of the message a retry or a requeue stands
-	// for: its first outbox id. Ledger and idempotency keys use it (see
+	// for: the UUID it was first published with. Ledger and idempotency keys use it (see
 	// MessageID), so a retried message is still the same message.
 	MetaMessageID = "ferry_message_id"
 	// MetaAttempt is the consumer-side delivery attempt of the message,

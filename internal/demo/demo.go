@@ -105,7 +105,7 @@ func Demo(ctx context.Context, cfg app.Config, out io.Writer, logger *slog.Logge
 		}
 	}()
 	// Messages an interrupted earlier demo left in its queues would refer
-	// to outbox ids of the dropped schema.
+	// to outbox rows of the dropped schema.
 	if err := a.Topology.Purge(a.Broker()); err != nil {
 		return rep, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
@@ -35,12 +36,31 @@ import (
 //     to it, not a log to replay (the suite skips that test).
 //   - ContextPreserved false: a message's Go context does not cross the
 //     outbox; correlation and trace ids do, as metadata.
-//   - RestartServiceCommand nil: restarting the broker would cut every other
-//     test sharing it; the suite skips TestReconnect. Reconnection is
-//     covered by the chaos run's broker restarts (`ferry chaos --long`).
+//   - RestartServiceCommand nil here: restarting the shared broker would cut
+//     every other test; TestPubSubReconnect runs the suite's TestReconnect
+//     against a RabbitMQ node of its own instead.
 func TestPubSub(t *testing.T) {
+	newPubSub := ferryPubSub(t, pipelinetest.Rabbit(t))
+	tests.TestPubSub(t, features(),
+		func(t *testing.T) (message.Publisher, message.Subscriber) { return newPubSub(t, "") },
+		newPubSub,
+	)
+}
+
+func features() tests.Features {
+	return tests.Features{
+		ConsumerGroups:      true,
+		ExactlyOnceDelivery: false,
+		GuaranteedOrder:     false,
+		Persistent:          true,
+	}
+}
+
+// ferryPubSub starts a relay on a fresh schema towards the broker of cfg
+// and returns the suite's constructor: the outbox publisher and a subscriber
+// of the group.
+func ferryPubSub(t *testing.T, cfg rabbit.Config) func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 	pool := pipelinetest.Postgres(t)
-	cfg := pipelinetest.Rabbit(t)
 	topo, err := rabbit.NewTopology(cfg)
 	require.NoError(t, err)
 	pipelinetest.TeardownTopology(t, topo)
@@ -52,8 +72,10 @@ func TestPubSub(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 
-	// One relay for the whole suite, like a deployment's.
-	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{PollInterval: 20 * time.Millisecond, BatchSize: 500}, slog.New(slog.DiscardHandler))
+	// One relay for the whole suite, like a deployment's; rows that fail to
+	// publish (the broker restarting) are tried again soon.
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{PollInterval: 20 * time.Millisecond, BatchSize: 500,
+		Backoff: pipeline.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -65,20 +87,11 @@ func TestPubSub(t *testing.T) {
 	db := pgconn.SQLDB(pool)
 	t.Cleanup(func() { _ = db.Close() })
 
-	newPubSub := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+	return func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		p, err := outbox.Publisher(db)
 		require.NoError(t, err)
 		s, err := rabbit.NewSubscriber(conn, topo, rabbit.SubscriberConfig{Group: group}, watermill.NopLogger{})
 		require.NoError(t, err)
 		return p, s
 	}
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:      true,
-		ExactlyOnceDelivery: false,
-		GuaranteedOrder:     false,
-		Persistent:          true,
-	},
-		func(t *testing.T) (message.Publisher, message.Subscriber) { return newPubSub(t, "") },
-		newPubSub,
-	)
 }

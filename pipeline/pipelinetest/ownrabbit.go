@@ -1,0 +1,111 @@
+package pipelinetest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// OwnRabbit starts a RabbitMQ node of the test's own (rabbitmq-server from
+// the machine's package, on free loopback ports, data in a temporary
+// directory) for tests that must stop or restart the broker without
+// touching the shared one. It returns the node's configuration and a
+// command that restarts the node (stop_app, start_app; restarts are
+// serialised). The node is
+// stopped and its files removed when the test ends.
+func OwnRabbit(t testing.TB) (rabbit.Config, []string) {
+	t.Helper()
+	skipShort(t)
+	server, err := exec.LookPath("rabbitmq-server")
+	if err != nil {
+		t.Fatalf("this test runs a RabbitMQ node of its own and needs rabbitmq-server: %v (apt-get install rabbitmq-server)", err)
+	}
+	ctl, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		t.Fatalf("this test needs rabbitmqctl: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "ferry-rabbit-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, dist := freePort(t), freePort(t)
+	node := UniqueName("ferrytest") + "@localhost"
+	conf := fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\n", port)
+	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "plugins"), []byte("[].\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// rabbitmq-server started as root drops to the rabbitmq user: it must
+	// own its directory.
+	if u, err := user.Lookup("rabbitmq"); err == nil && os.Geteuid() == 0 {
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, uid, gid) })
+	}
+	env := append(os.Environ(),
+		"RABBITMQ_NODENAME="+node,
+		"RABBITMQ_DIST_PORT="+strconv.Itoa(dist),
+		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq"),
+		"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "plugins"),
+		"RABBITMQ_PID_FILE="+filepath.Join(dir, "pid"),
+	)
+	start := exec.Command(server, "-detached")
+	start.Env = env
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Fatalf("starting a RabbitMQ node of the test's own: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		stop := exec.Command(ctl, "-n", node, "stop")
+		stop.Env = env
+		if out, err := stop.CombinedOutput(); err != nil {
+			t.Errorf("stopping the test's RabbitMQ node %s: %v\n%s", node, err, out)
+		}
+		_ = os.RemoveAll(dir)
+	})
+	url := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	for {
+		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(time.Second)})
+		if err == nil {
+			_ = conn.Close()
+			break
+		}
+		select {
+		case <-ctx.Done():
+			logs, _ := os.ReadFile(filepath.Join(dir, "log", node+".log"))
+			t.Fatalf("the test's RabbitMQ node did not accept connections within 90s: %v\n%s", err, logs)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	// One restart at a time: a stop_app during another restart's start_app
+	// fails (rabbitmqctl exit 69), and callers may restart concurrently.
+	restart := []string{"flock", filepath.Join(dir, "restart.lock"), "sh", "-c",
+		fmt.Sprintf("%[1]s -n %[2]s stop_app && %[1]s -n %[2]s start_app", ctl, node)}
+	return rabbit.Config{URL: url, Namespace: UniqueName("ferrytest.") + "."}, restart
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
