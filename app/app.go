@@ -225,7 +225,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 
 func (a *App) checkSchema(ctx context.Context) error {
 	if a.cfg.DatabaseSchema != "" && a.opts.Migrate {
-		if err := pgconn.CreateSchema(ctx, a.Pool, a.cfg.DatabaseSchema); err != nil {
+		if err := pgconn.EnsureSchema(ctx, a.Pool, a.cfg.DatabaseSchema); err != nil {
 			return err
 		}
 	}

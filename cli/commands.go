@@ -116,7 +116,7 @@ func migrateFlags(verb string) func(*flag.FlagSet, *Env) RunFunc {
 			switch verb {
 			case "up":
 				if cfg.DatabaseSchema != "" {
-					if err := pgconn.CreateSchema(ctx, pool, cfg.DatabaseSchema); err != nil {
+					if err := pgconn.EnsureSchema(ctx, pool, cfg.DatabaseSchema); err != nil {
 						return err
 					}
 				}

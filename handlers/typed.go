@@ -1,9 +1,7 @@
 package handlers
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/strictjson"
 )
 
 // Validator is implemented by event types that can check their own fields;
@@ -74,12 +73,12 @@ func Decode[T any](msg *message.Message, versions ...string) (*T, error) {
 		return nil, pipeline.Permanent(fmt.Errorf("message %s has unknown %s %q (accepted: %v)", msg.UUID, pipeline.MetaSchemaVersion, v, versions))
 	}
 	event := new(T)
-	dec := json.NewDecoder(bytes.NewReader(msg.Payload))
-	if err := dec.Decode(event); err != nil {
-		return nil, pipeline.Permanent(fmt.Errorf("decoding message %s payload as %T: %w", msg.UUID, *event, err))
-	}
-	if dec.More() {
-		return nil, pipeline.Permanent(fmt.Errorf("message %s payload has data after the JSON value", msg.UUID))
+	// Strict: an event can come from anywhere, and a payload with a
+	// duplicate key, a case-folded field name, invalid UTF-8 or a NUL
+	// (which no retry or requeue could store) must be refused, not guessed
+	// at. Unknown fields are accepted: events gain fields over time.
+	if err := strictjson.Decode(msg.Payload, event, strictjson.Options{AllowUnknownFields: true}); err != nil {
+		return nil, pipeline.Permanent(fmt.Errorf("decoding message %s payload: %w", msg.UUID, err))
 	}
 	if val, ok := any(event).(Validator); ok {
 		if err := val.Validate(); err != nil {

@@ -45,6 +45,11 @@ func TestTypedRefusesWhatItCannotDecode(t *testing.T) {
 		"missing field":   {msg(`{}`, "1"), "name is missing"},
 		"unknown version": {msg(`{"name":"a"}`, "2"), `unknown schema_version "2"`},
 		"no version":      {msg(`{"name":"a"}`, ""), "no schema_version"},
+		// Payloads no retry or requeue could store, or that would be guessed at.
+		"NUL":             {msg(`{"name":"a\u0000"}`, "1"), "NUL character"},
+		"duplicate key":   {msg(`{"name":"a","name":"b"}`, "1"), "name: is given twice"},
+		"case-folded key": {msg(`{"NAME":"a"}`, "1"), "case-sensitive"},
+		"invalid UTF-8":   {msg("{\"name\":\"a\xff\"}", "1"), "not valid UTF-8"},
 	}
 	for name, tc := range cases {
 		err := h(tc.m)

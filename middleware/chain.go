@@ -16,6 +16,7 @@ const (
 	LinkTracing      = "tracing"
 	LinkPoison       = "poison"
 	LinkDurableRetry = "durable-retry"
+	LinkInfra        = "infrastructure"
 	LinkRetry        = "retry"
 	LinkRecoverer    = "recoverer"
 	LinkIdempotency  = "idempotency"
@@ -93,6 +94,9 @@ type ChainConfig struct {
 	DurableRetry DurableRetryConfig
 	// Retry configures the quick in-process retries.
 	Retry RetryConfig
+	// Infrastructure configures how failures of Ferry's own infrastructure
+	// are waited out.
+	Infrastructure InfrastructureConfig
 	// Idempotency is the ledger guard. Required.
 	Idempotency *Idempotency
 	// Logger receives the chain's log lines. Default: discard.
@@ -125,6 +129,9 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 		if cfg.Idempotency.Recorder == nil {
 			cfg.Idempotency.Recorder = cfg.Recorder
 		}
+		if cfg.Infrastructure.Recorder == nil {
+			cfg.Infrastructure.Recorder = cfg.Recorder
+		}
 	}
 	poison, err := cfg.Poison.Middleware(logger)
 	if err != nil {
@@ -134,7 +141,11 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 	if err != nil {
 		return nil, err
 	}
-	retry, err := cfg.Retry.Middleware(logger)
+	infra, err := cfg.Infrastructure.Middleware(logger)
+	if err != nil {
+		return nil, err
+	}
+	retry, err := cfg.Retry.middleware(logger, cfg.Recorder)
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +161,11 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 		// the message is rescheduled durably (backoff, attempt count) and
 		// the delivery acked, instead of holding the queue.
 		{LinkDurableRetry, durable},
+		// Inside the durable retry and the poison link: a failure of
+		// Ferry's own infrastructure (the ledger's database gone) is waited
+		// out here, for as long as it lasts, and never spends an attempt
+		// or reaches the poison store.
+		{LinkInfra, infra},
 		// Quick retries for blips; Permanent errors and deferrals skip them.
 		{LinkRetry, retry},
 		// Inside Retry, so a panic becomes an error that is retried and then

@@ -41,7 +41,7 @@ func defaultChain(t testing.TB) middleware.Chain {
 
 func TestDefaultChainOrder(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []string{"correlation", "poison", "durable-retry", "retry", "recoverer", "idempotency"}, defaultChain(t).Names())
+	require.Equal(t, []string{"correlation", "poison", "durable-retry", "infrastructure", "retry", "recoverer", "idempotency"}, defaultChain(t).Names())
 }
 
 func TestChainEdits(t *testing.T) {
@@ -55,9 +55,9 @@ func TestChainEdits(t *testing.T) {
 	require.NoError(t, err)
 	edited, err = edited.Append(middleware.Link{Name: "c", Middleware: noop})
 	require.NoError(t, err)
-	require.Equal(t, []string{"correlation", "a", "poison", "durable-retry", "retry", "recoverer", "idempotency", "b", "c"}, edited.Names())
-	require.Len(t, edited.Middlewares(), 9)
-	require.Len(t, chain, 6, "editing returns a new chain")
+	require.Equal(t, []string{"correlation", "a", "poison", "durable-retry", "infrastructure", "retry", "recoverer", "idempotency", "b", "c"}, edited.Names())
+	require.Len(t, edited.Middlewares(), 10)
+	require.Len(t, chain, 7, "editing returns a new chain")
 
 	_, err = chain.InsertAfter("nope", middleware.Link{Name: "x", Middleware: noop})
 	require.ErrorContains(t, err, `no link "nope"`)
@@ -134,7 +134,7 @@ func ExampleChain_InsertAfter() {
 	fmt.Println(strings.Join(chain.Names(), " → "))
 	// router.AddMiddleware(chain.Middlewares()...)
 
-	// Output: correlation → audit-log → poison → durable-retry → retry → recoverer → idempotency
+	// Output: correlation → audit-log → poison → durable-retry → infrastructure → retry → recoverer → idempotency
 }
 
 func defaultChainForExample() middleware.Chain {

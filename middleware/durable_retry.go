@@ -19,6 +19,7 @@ const (
 	// DefaultDurableRetryMaxAttempts counts every delivery, the first included.
 	DefaultDurableRetryMaxAttempts = 5
 	maxLastErrorLength             = 1024
+	maxHistoryErrorLength          = 300
 )
 
 // RetryScheduler stores a message for delivery after a delay, durably
@@ -105,11 +106,9 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			}
 			// Scheduling is not part of the handler's work: a deadline or
 			// cancellation of the delivery must not lose the retry.
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			if serr := c.Scheduler.ScheduleRetry(sctx, pipeline.Retry{
+			if serr := c.schedule(ctx, pipeline.Retry{
 				AggregateID: aggregate, Payload: msg.Payload, Headers: headers, Delay: delay,
-			}); serr != nil {
+			}, logger); serr != nil {
 				return nil, errors.Join(err, fmt.Errorf("scheduling durable retry: %w", serr))
 			}
 			c.recordRetry(handler, deferred)
@@ -118,6 +117,31 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			return nil, nil
 		}
 	}, nil
+}
+
+// schedule stores r. While the store's infrastructure is down (the
+// outbox's database), it waits and tries again rather than let a healthy
+// message fall through to the poison link; a stop of the consumer ends the
+// wait, and the delivery is nacked and comes back.
+func (c DurableRetryConfig) schedule(ctx context.Context, r pipeline.Retry, logger *slog.Logger) error {
+	wait := pipeline.Backoff{Initial: DefaultInfrastructureInitial, Max: DefaultInfrastructureMax, Multiplier: 2, Jitter: 0.2}
+	for n := 1; ; n++ {
+		// Scheduling is not part of the handler's work: a deadline of the
+		// delivery must not lose the retry.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		err := c.Scheduler.ScheduleRetry(sctx, r)
+		cancel()
+		if err == nil || !pipeline.IsInfrastructure(err) {
+			return err
+		}
+		d := wait.Delay(n)
+		logger.WarnContext(ctx, "cannot store the durable retry: infrastructure unavailable; waiting", "wait", d, "error", err)
+		select {
+		case <-ctx.Done():
+			return pipeline.Infrastructure(errors.Join(context.Cause(ctx), err))
+		case <-time.After(d):
+		}
+	}
 }
 
 // holdPartition is the retry of an ordered topic's message: rescheduling
@@ -167,6 +191,7 @@ func (c DurableRetryConfig) nextTry(msg *message.Message, attempt int, err error
 	}
 	msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
 	msg.Metadata.Set(pipeline.MetaLastError, truncateText(err.Error(), maxLastErrorLength))
+	pipeline.AppendErrorHistory(msg, pipeline.FailedAttempt{Attempt: attempt, At: now, Error: truncateText(err.Error(), maxHistoryErrorLength)})
 	switch {
 	case pipeline.IsPermanent(err):
 		return attempt, 0, false, err

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"log/slog"
 	"sync/atomic"
@@ -15,7 +16,10 @@ import (
 // (pgledger.Ledger is Ferry's). Once runs fn unless consumer has already
 // processed messageID, with the check, fn and the record in one transaction.
 type Ledger interface {
-	Once(ctx context.Context, consumer, messageID string, fn func(ctx context.Context) error) (ran bool, err error)
+	// digest identifies the message's content (SHA-256 of its payload): a
+	// processed id that comes back with another digest must be reported as
+	// an error wrapping pipeline.ErrIDConflict, not skipped.
+	Once(ctx context.Context, consumer, messageID string, digest []byte, fn func(ctx context.Context) error) (ran bool, err error)
 }
 
 // Idempotency guards handlers with a Ledger, keyed by route name and
@@ -58,13 +62,23 @@ func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		outer := msg.Context()
 		consumer := pipeline.RouteName(message.HandlerNameFromCtx(outer))
 		var produced []*message.Message
-		ran, err := i.ledger.Once(outer, consumer, id, func(ctx context.Context) error {
+		digest := sha256.Sum256(msg.Payload)
+		ran, err := i.ledger.Once(outer, consumer, id, digest[:], func(ctx context.Context) error {
 			msg.SetContext(ctx)
 			defer msg.SetContext(outer)
 			var err error
 			produced, err = h(msg)
 			return err
 		})
+		if errors.Is(err, pipeline.ErrIDConflict) {
+			// Not a duplicate: someone published another message under an id
+			// this handler has processed. Loud, counted, and kept with the
+			// reason in the poison store; never acked as done.
+			recorderOr(i.Recorder).Record(consumer, OutcomeIDConflict)
+			i.logger.WarnContext(outer, "message id reused with different content; not handled, poisoning",
+				"handler", consumer, "error", err)
+			return nil, pipeline.Permanent(err)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -42,9 +42,12 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 	if c.Topic == "" {
 		c.Topic = DefaultPoisonTopic
 	}
-	pq, err := wmw.PoisonQueueWithFilter(routeNamingPublisher{c.Publisher}, c.Topic, func(err error) bool {
-		return !errors.Is(err, context.Canceled)
-	})
+	// Neither a shutdown nor a failure of Ferry's own infrastructure is
+	// the message's fault: it is nacked and delivered again.
+	poisonable := func(err error) bool {
+		return !errors.Is(err, context.Canceled) && !pipeline.IsInfrastructure(err)
+	}
+	pq, err := wmw.PoisonQueueWithFilter(routeNamingPublisher{c.Publisher}, c.Topic, poisonable)
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +57,7 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 			poisoned := pq(func(msg *message.Message) ([]*message.Message, error) {
 				produced, err := h(msg)
 				handlerErr = err
-				if err != nil && !errors.Is(err, context.Canceled) {
+				if err != nil && poisonable(err) {
 					now := time.Now().UTC().Format(time.RFC3339Nano)
 					msg.Metadata.Set(pipeline.MetaPoisonedAt, now)
 					msg.Metadata.Set(pipeline.MetaPoisonPermanent, boolText(pipeline.IsPermanent(err)))
@@ -68,7 +71,7 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 				return produced, err
 			})
 			produced, err := poisoned(msg)
-			if handlerErr != nil && err == nil {
+			if handlerErr != nil && err == nil && poisonable(handlerErr) {
 				recorderOr(c.Recorder).Record(pipeline.RouteName(message.HandlerNameFromCtx(msg.Context())), OutcomePoisoned)
 				logger.WarnContext(msg.Context(), "message moved to the poison store",
 					"handler", message.HandlerNameFromCtx(msg.Context()), "final_attempt", pipeline.DeliveryAttempt(msg),

@@ -10,6 +10,14 @@ const (
 	OutcomeRetryScheduled Outcome = "retry_scheduled"
 	OutcomeDeferred       Outcome = "deferred"
 	OutcomePoisoned       Outcome = "poisoned"
+	// OutcomeIDConflict is a delivery whose id the ledger processed with
+	// other content (forged or broken publisher); it is poisoned.
+	OutcomeIDConflict Outcome = "id_conflict"
+	// OutcomeInfrastructureRetry is an attempt that failed because Ferry's
+	// own infrastructure did; it is retried without counting.
+	OutcomeInfrastructureRetry Outcome = "infrastructure_retry"
+	// OutcomeRetried is an in-process retry of a failed attempt.
+	OutcomeRetried Outcome = "retried"
 )
 
 // Recorder is told the outcome of every delivery, by route name

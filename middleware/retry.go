@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
@@ -81,25 +80,51 @@ func (c RetryConfig) Validate() error {
 // Middleware returns Watermill's Retry configured by c. Errors marked
 // pipeline.Permanent are not retried (no wait can fix a payload that does
 // not decode), nor are deferrals (pipeline.Defer), which the durable retry
-// link outside handles.
+// link outside handles, nor infrastructure failures, which the
+// infrastructure link outside waits out.
+//
+// Each retry is logged at WARN on the message's context, so the line
+// carries the message's ids like every other line of the chain (Watermill's
+// own "Error occurred, retrying" line, which carries none, is not used).
 func (c RetryConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware, error) {
+	return c.middleware(logger, nil)
+}
+
+func (c RetryConfig) middleware(logger *slog.Logger, rec Recorder) (message.HandlerMiddleware, error) {
 	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	return wmw.Retry{
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	base := wmw.Retry{
 		MaxRetries:          c.MaxRetries,
 		InitialInterval:     c.InitialInterval,
 		MaxInterval:         c.MaxInterval,
 		Multiplier:          c.Multiplier,
 		RandomizationFactor: c.Jitter,
-		ShouldRetry: func(p wmw.RetryParams) bool {
-			_, deferred := pipeline.Deferred(p.Err)
-			return !pipeline.IsPermanent(p.Err) && !deferred
-		},
 		// Each attempt starts from the context the chain gave the message,
 		// not one an earlier attempt left behind (watermill#467).
 		ResetContextOnRetry: true,
-		Logger:              watermill.NewSlogLogger(logger),
-	}.Middleware, nil
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			r := base
+			r.ShouldRetry = func(p wmw.RetryParams) bool {
+				_, deferred := pipeline.Deferred(p.Err)
+				if pipeline.IsPermanent(p.Err) || deferred || pipeline.IsInfrastructure(p.Err) {
+					return false
+				}
+				if p.RetryNum < c.MaxRetries {
+					handler := message.HandlerNameFromCtx(msg.Context())
+					recorderOr(rec).Record(pipeline.RouteName(handler), OutcomeRetried)
+					logger.WarnContext(msg.Context(), "handler failed; retrying in process",
+						"handler", handler, "retry", p.RetryNum+1, "max_retries", c.MaxRetries, "error", p.Err)
+				}
+				return true
+			}
+			return r.Middleware(h)(msg)
+		}
+	}, nil
 }

@@ -57,3 +57,37 @@ func Deferred(err error) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// ErrIDConflict is reported by a ledger when a message id it has processed
+// comes again with other content: not a redelivery but a forged or broken
+// publisher. Never drop such a delivery as a duplicate.
+var ErrIDConflict = errors.New("message id already processed with different content")
+
+// infrastructureError marks a failure of Ferry's own infrastructure.
+type infrastructureError struct{ err error }
+
+func (e infrastructureError) Error() string { return e.err.Error() }
+func (e infrastructureError) Unwrap() error { return e.err }
+
+// Infrastructure marks err as a failure of the pipeline's own
+// infrastructure (the ledger's database unreachable, its connection reset,
+// a serialization failure), not of the message or its handler. Such a
+// failure must not spend the message's attempts, let alone poison it: the
+// consumer chain waits it out and tries again (see
+// middleware.WaitOutInfrastructure). Infrastructure(nil) is nil.
+func Infrastructure(err error) error {
+	if err == nil {
+		return nil
+	}
+	if IsInfrastructure(err) {
+		return err
+	}
+	return infrastructureError{err: err}
+}
+
+// IsInfrastructure reports whether err, or any error it wraps, was marked
+// Infrastructure.
+func IsInfrastructure(err error) bool {
+	var i infrastructureError
+	return errors.As(err, &i)
+}

@@ -60,6 +60,9 @@ const (
 	MetaLastFailedAt  = "ferry_last_failed_at"
 	// MetaLastError is the error of the latest failed attempt.
 	MetaLastError = "ferry_last_error"
+	// MetaErrorHistory is the message's failed attempts as a JSON array of
+	// FailedAttempt, the newest last, at most MaxErrorHistory of them.
+	MetaErrorHistory = "ferry_error_history"
 
 	// MetaPoisonedAt is when a message was poisoned (RFC 3339).
 	MetaPoisonedAt = "poisoned_at"

@@ -9,11 +9,21 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
+	"strconv"
+	"strings"
+	"syscall"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	pgxconn "github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // Config says where and how to connect.
@@ -36,7 +46,13 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("parsing database URL %s: %w", Redact(cfg.URL), err)
 	}
 	if cfg.Schema != "" {
-		pcfg.ConnConfig.RuntimeParams["search_path"] = cfg.Schema
+		if err := ValidateSchema(cfg.Schema); err != nil {
+			return nil, err
+		}
+		// Quoted as an identifier, the rule CreateSchema and DropSchema
+		// follow too: unquoted, "a,public" would be a list of two schemas
+		// and "AuditMixed" would name auditmixed.
+		pcfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{cfg.Schema}.Sanitize()
 	}
 	if cfg.ApplicationName == "" {
 		cfg.ApplicationName = "ferry"
@@ -60,10 +76,30 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 // goose), sharing its connections and settings.
 func SQLDB(pool *pgxpool.Pool) *sql.DB { return stdlib.OpenDBFromPool(pool) }
 
+// MaxSchemaLength is PostgreSQL's identifier limit (NAMEDATALEN-1): a
+// longer name would be silently truncated into another schema's name.
+const MaxSchemaLength = 63
+
+// ValidateSchema refuses a schema name PostgreSQL would not store as given:
+// empty, longer than 63 bytes, or holding a NUL or another control character.
+// Any other name, mixed case and punctuation included, is used exactly as
+// written (quoted).
+func ValidateSchema(schema string) error {
+	switch {
+	case schema == "":
+		return errors.New("schema name is empty")
+	case len(schema) > MaxSchemaLength:
+		return fmt.Errorf("schema name %q is longer than %d bytes", schema, MaxSchemaLength)
+	case !utf8.ValidString(schema) || strings.IndexFunc(schema, unicode.IsControl) >= 0:
+		return fmt.Errorf("schema name %q holds invalid UTF-8 or a control character", schema)
+	}
+	return nil
+}
+
 // CreateSchema creates schema if it does not exist.
 func CreateSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if schema == "" {
-		return errors.New("pgconn: empty schema name")
+	if err := ValidateSchema(schema); err != nil {
+		return err
 	}
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return fmt.Errorf("creating schema %q: %w", schema, err)
@@ -71,10 +107,37 @@ func CreateSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 	return nil
 }
 
+// EnsureSchema creates schema if it does not exist and checks that pool
+// (opened with Config.Schema) now resolves unqualified names in it: a
+// migration must never land in another schema than the one named.
+func EnsureSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if err := CreateSchema(ctx, pool, schema); err != nil {
+		return err
+	}
+	return CheckSchema(ctx, pool, schema)
+}
+
+// CheckSchema reports an error unless pool's current schema (the first
+// existing schema of its search_path) is schema.
+func CheckSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	var current *string
+	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&current); err != nil {
+		return fmt.Errorf("reading the current schema: %w", err)
+	}
+	if current == nil || *current != schema {
+		got := "(none)"
+		if current != nil {
+			got = strconv.Quote(*current)
+		}
+		return fmt.Errorf("the connections' current schema is %s, not %q: refusing to create tables elsewhere (is the pool's search_path the schema?)", got, schema)
+	}
+	return nil
+}
+
 // DropSchema drops schema and everything in it.
 func DropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if schema == "" {
-		return errors.New("pgconn: empty schema name")
+	if err := ValidateSchema(schema); err != nil {
+		return err
 	}
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("dropping schema %q: %w", schema, err)
@@ -89,4 +152,49 @@ func Redact(raw string) string {
 		return "<database URL>"
 	}
 	return u.Redacted()
+}
+
+// Unavailable reports whether err says the database could not do the work
+// for a reason of its own rather than the statement's: the server
+// unreachable or shutting down, the connection lost or reset, too many
+// connections, a serialization failure or deadlock (both cured by trying
+// again). A constraint violation, bad SQL or bad data is not.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgxconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			strings.HasPrefix(pgErr.Code, "57P"),         // admin/crash shutdown, cannot connect now
+			strings.HasPrefix(pgErr.Code, "53"),          // insufficient resources (too many connections, disk full)
+			pgErr.Code == "40001", pgErr.Code == "40P01", // serialization failure, deadlock
+			pgErr.Code == "55P03": // lock not available
+			return true
+		}
+		return false
+	}
+	var connectErr *pgxconn.ConnectError
+	if errors.As(err, &connectErr) || pgxconn.SafeToRetry(err) || pgxconn.Timeout(err) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	// pgx reports a use of a connection it has already closed (after a
+	// broken one) with plain errors; pgxpool likewise for a closed pool.
+	msg := err.Error()
+	return strings.Contains(msg, "conn closed") || strings.Contains(msg, "conn busy") || strings.Contains(msg, "closed pool")
+}
+
+// MarkUnavailable returns err marked pipeline.Infrastructure when
+// Unavailable(err), and err unchanged otherwise.
+func MarkUnavailable(err error) error {
+	if Unavailable(err) {
+		return pipeline.Infrastructure(err)
+	}
+	return err
 }

@@ -16,6 +16,7 @@
 package pgledger
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +24,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	pgxconn "github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
 )
 
 // DefaultTable is the ledger table created by Ferry's migrations.
@@ -42,6 +47,7 @@ type Ledger struct {
 	logger    *slog.Logger
 	insertSQL string
 	existsSQL string
+	digestSQL string
 }
 
 // New returns a Ledger over pool.
@@ -59,8 +65,9 @@ func New(pool *pgxpool.Pool, cfg Config, logger *slog.Logger) (*Ledger, error) {
 	return &Ledger{
 		pool:      pool,
 		logger:    logger,
-		insertSQL: `INSERT INTO ` + t + ` (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		insertSQL: `INSERT INTO ` + t + ` (consumer, message_id, payload_sha256) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
 		existsSQL: `SELECT processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
+		digestSQL: `SELECT payload_sha256 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
 	}, nil
 }
 
@@ -77,13 +84,23 @@ func TxFromContext(ctx context.Context) pgx.Tx {
 // whether fn was called. fn's error rolls back the ledger row with fn's own
 // writes, so a later delivery tries again; a commit error is returned too,
 // since the effect is then not recorded.
-func (l *Ledger) Once(ctx context.Context, consumer, messageID string, fn func(ctx context.Context) error) (ran bool, err error) {
+//
+// digest (the payload's SHA-256; nil to skip the check) is stored with the
+// row: a later delivery of messageID with another digest is not a
+// redelivery, and Once returns an error wrapping pipeline.ErrIDConflict
+// instead of skipping it silently.
+//
+// Failures of the ledger's own database (unreachable, connection lost,
+// serialization failure), and fn's errors when they come from the ledger
+// transaction's connection breaking, are marked pipeline.Infrastructure:
+// the message is not at fault.
+func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []byte, fn func(ctx context.Context) error) (ran bool, err error) {
 	if consumer == "" || messageID == "" {
 		return false, errors.New("pgledger: consumer and message id must not be empty")
 	}
 	tx, err := l.pool.Begin(ctx)
 	if err != nil {
-		return false, fmt.Errorf("beginning ledger transaction: %w", err)
+		return false, pgconn.MarkUnavailable(fmt.Errorf("beginning ledger transaction: %w", err))
 	}
 	committed := false
 	defer func() {
@@ -96,18 +113,35 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, fn func(c
 		}
 	}()
 
-	tag, err := tx.Exec(ctx, l.insertSQL, consumer, messageID)
+	tag, err := tx.Exec(ctx, l.insertSQL, consumer, messageID, digest)
 	if err != nil {
-		return false, fmt.Errorf("recording message %s for %s in ledger: %w", messageID, consumer, err)
+		return false, pgconn.MarkUnavailable(fmt.Errorf("recording message %s for %s in ledger: %w", messageID, consumer, err))
 	}
 	if tag.RowsAffected() == 0 {
-		return false, nil // processed before (or by a concurrent delivery that committed)
+		// Processed before (or by a concurrent delivery that committed):
+		// the same message, unless its content differs.
+		var stored []byte
+		if err := tx.QueryRow(ctx, l.digestSQL, consumer, messageID).Scan(&stored); err != nil {
+			return false, pgconn.MarkUnavailable(fmt.Errorf("reading ledger entry of message %s for %s: %w", messageID, consumer, err))
+		}
+		if stored != nil && digest != nil && !bytes.Equal(stored, digest) {
+			return false, fmt.Errorf("%w: %s processed message %s with payload sha256 %x, this delivery has %x",
+				pipeline.ErrIDConflict, consumer, messageID, stored, digest)
+		}
+		return false, nil
 	}
 	if err := fn(context.WithValue(ctx, txKey{}, tx)); err != nil {
+		var pgErr *pgxconn.PgError
+		if tx.Conn().IsClosed() || (errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")) {
+			// The ledger transaction's connection broke under the handler,
+			// or its writes lost a serialization race: the database failed,
+			// not the message. An external call's failure stays the handler's.
+			return true, pipeline.Infrastructure(err)
+		}
 		return true, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return true, fmt.Errorf("committing ledger entry for message %s (%s): %w", messageID, consumer, err)
+		return true, pgconn.MarkUnavailable(fmt.Errorf("committing ledger entry for message %s (%s): %w", messageID, consumer, err))
 	}
 	committed = true
 	return true, nil

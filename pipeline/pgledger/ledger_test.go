@@ -2,6 +2,7 @@ package pgledger_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
@@ -26,7 +28,7 @@ func TestOnceRunsConcurrentDeliveriesOnce(t *testing.T) {
 	errs := make([]error, 4)
 	for i := range ran {
 		wg.Go(func() {
-			ran[i], errs[i] = ledger.Once(context.Background(), "payments", "msg-1", func(ctx context.Context) error {
+			ran[i], errs[i] = ledger.Once(context.Background(), "payments", "msg-1", nil, func(ctx context.Context) error {
 				runs.Add(1)
 				time.Sleep(100 * time.Millisecond) // hold the ledger row while the others arrive
 				return nil
@@ -51,7 +53,7 @@ func TestOnceFailureRollsBackHandlerWrites(t *testing.T) {
 	require.NoError(t, err)
 
 	boom := errors.New("provider down")
-	ran, err := ledger.Once(ctx, "c", "m", func(ctx context.Context) error {
+	ran, err := ledger.Once(ctx, "c", "m", nil, func(ctx context.Context) error {
 		_, err := pgledger.TxFromContext(ctx).Exec(ctx, `INSERT INTO effects VALUES ('first try')`)
 		require.NoError(t, err)
 		return boom
@@ -63,7 +65,7 @@ func TestOnceFailureRollsBackHandlerWrites(t *testing.T) {
 	require.False(t, processed, "a failed attempt must not be recorded")
 
 	// The redelivery runs again and, this time, commits its write with the ledger row.
-	ran, err = ledger.Once(ctx, "c", "m", func(ctx context.Context) error {
+	ran, err = ledger.Once(ctx, "c", "m", nil, func(ctx context.Context) error {
 		_, err := pgledger.TxFromContext(ctx).Exec(ctx, `INSERT INTO effects VALUES ('second try')`)
 		return err
 	})
@@ -80,7 +82,7 @@ func TestOnceFailureRollsBackHandlerWrites(t *testing.T) {
 	require.Equal(t, []string{"second try"}, notes)
 
 	// Another consumer of the same message is independent.
-	ran, err = ledger.Once(ctx, "other", "m", func(context.Context) error { return nil })
+	ran, err = ledger.Once(ctx, "other", "m", nil, func(context.Context) error { return nil })
 	require.NoError(t, err)
 	require.True(t, ran)
 }
@@ -91,7 +93,7 @@ func TestOncePanicLeavesNoLedgerRow(t *testing.T) {
 	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
 	require.NoError(t, err)
 	require.Panics(t, func() {
-		_, _ = ledger.Once(context.Background(), "c", "m", func(context.Context) error { panic("handler bug") })
+		_, _ = ledger.Once(context.Background(), "c", "m", nil, func(context.Context) error { panic("handler bug") })
 	})
 	processed, err := ledger.Processed(context.Background(), "c", "m")
 	require.NoError(t, err)
@@ -103,6 +105,59 @@ func TestOnceRejectsEmptyKeys(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
 	require.NoError(t, err)
-	_, err = ledger.Once(context.Background(), "c", "", func(context.Context) error { return nil })
+	_, err = ledger.Once(context.Background(), "c", "", nil, func(context.Context) error { return nil })
 	require.Error(t, err)
+}
+
+// A processed id that comes back with other content is an error, not a
+// silent duplicate; the same content is a duplicate.
+func TestOnceReportsSameIDDifferentContent(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	a, b := sha256.Sum256([]byte(`{"to":"a"}`)), sha256.Sum256([]byte(`{"to":"b"}`))
+	ran, err := ledger.Once(ctx, "mail", "m-1", a[:], func(context.Context) error { return nil })
+	require.NoError(t, err)
+	require.True(t, ran)
+
+	ran, err = ledger.Once(ctx, "mail", "m-1", a[:], func(context.Context) error { t.Fatal("a duplicate runs nothing"); return nil })
+	require.NoError(t, err)
+	require.False(t, ran, "same id, same content: a redelivery")
+
+	ran, err = ledger.Once(ctx, "mail", "m-1", b[:], func(context.Context) error { t.Fatal("a conflict runs nothing"); return nil })
+	require.ErrorIs(t, err, pipeline.ErrIDConflict)
+	require.False(t, ran)
+	require.Contains(t, err.Error(), "m-1")
+}
+
+// The ledger's own database failing is marked as infrastructure: the
+// message is not at fault.
+func TestOnceMarksDatabaseFailuresAsInfrastructure(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	// The handler's connection is terminated under it.
+	_, err = ledger.Once(ctx, "c", "killed", nil, func(ctx context.Context) error {
+		tx := pgledger.TxFromContext(ctx)
+		_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+		return err
+	})
+	require.Error(t, err)
+	require.True(t, pipeline.IsInfrastructure(err), "a terminated ledger connection is infrastructure: %v", err)
+
+	// A handler's own refusal is not.
+	_, err = ledger.Once(ctx, "c", "refused", nil, func(context.Context) error { return errors.New("provider said no") })
+	require.Error(t, err)
+	require.False(t, pipeline.IsInfrastructure(err))
+
+	// The database gone altogether.
+	pool.Close()
+	_, err = ledger.Once(ctx, "c", "gone", nil, func(context.Context) error { return nil })
+	require.Error(t, err)
+	require.True(t, pipeline.IsInfrastructure(err), "%v", err)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
 )
 
 // Rescheduler writes durable retries into the outbox on pipeline.RetryTopic
@@ -49,7 +50,7 @@ func (r *Rescheduler) ScheduleRetry(ctx context.Context, rt pipeline.Retry) erro
 	msg.Metadata.Set(pipeline.MetaAggregateID, rt.AggregateID)
 	pipeline.WithDelay(msg, rt.Delay)
 	if err := r.outbox.PublishTx(ctx, PgxTx(r.pool), pipeline.RetryTopic, msg); err != nil {
-		return fmt.Errorf("writing retry into the outbox: %w", err)
+		return pgconn.MarkUnavailable(fmt.Errorf("writing retry into the outbox: %w", err))
 	}
 	return nil
 }

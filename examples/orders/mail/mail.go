@@ -12,7 +12,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	netmail "net/mail"
 	"net/smtp"
+	"net/textproto"
+	"regexp"
 	"strings"
 	"time"
 
@@ -70,15 +73,21 @@ func Route(s Sender, cfg Config, logger *slog.Logger) handlers.Route {
 			if err != nil {
 				return err
 			}
+			to, err := Address(e.UserID, cfg.RecipientDomain)
+			if err != nil {
+				return pipeline.Permanent(fmt.Errorf("mailing order %d: %w", e.OrderID, err))
+			}
 			m := Mail{
-				From: cfg.From, To: e.UserID + "@" + cfg.RecipientDomain,
+				From: cfg.From, To: to,
 				Subject: e.Subject, Body: e.Body,
 				MessageID: "<" + key + "@ferry>",
 			}
 			if err := s.Send(ctx, m); err != nil {
 				return fmt.Errorf("mailing order %d: %w", e.OrderID, err)
 			}
-			logger.InfoContext(ctx, "order mail sent", "order_id", e.OrderID, "to", m.To)
+			// The order id says which mail; the address is personal data
+			// and stays out of the logs.
+			logger.InfoContext(ctx, "order mail sent", "order_id", e.OrderID)
 			return nil
 		}),
 	}
@@ -101,13 +110,77 @@ func NewSMTPSender(addr string) (*SMTPSender, error) {
 
 var errHeaderInjection = errors.New("mail header contains a line break")
 
-// Send implements Sender.
+// Address builds local@domain with a real address parser and refuses what
+// does not come back from it unchanged: anything that could carry a second
+// address, a display name, a comment or an ESMTP parameter into the
+// RCPT TO line ("a> NOTIFY=SUCCESS ORCPT=rfc822;x@evil").
+func Address(local, domain string) (string, error) {
+	addr := local + "@" + domain
+	if err := checkAddress(addr); err != nil {
+		return "", err
+	}
+	return addr, nil
+}
+
+func checkAddress(addr string) error {
+	parsed, err := netmail.ParseAddress(addr)
+	if err != nil || parsed.Name != "" || parsed.Address != addr ||
+		strings.ContainsAny(addr, "<> \t\r\n\"") || strings.Count(addr, "@") != 1 {
+		return pipeline.Permanent(errors.New("not a plain mail address (local@domain)"))
+	}
+	return nil
+}
+
+// Send implements Sender. Addresses are checked before connecting
+// (Address's rule); a 5xx reply is Permanent, since the server has judged
+// the mail itself and says so for good (RFC 5321 §4.2.1), while 4xx and
+// connection failures are worth a retry. Addresses in the server's replies
+// are redacted from the error, which ends up in logs and poison reasons.
 func (s *SMTPSender) Send(ctx context.Context, m Mail) error {
 	for _, h := range []string{m.From, m.To, m.Subject, m.MessageID} {
 		if strings.ContainsAny(h, "\r\n") {
 			return pipeline.Permanent(errHeaderInjection)
 		}
 	}
+	for _, a := range []string{m.From, m.To} {
+		if err := checkAddress(a); err != nil {
+			return err
+		}
+	}
+	return classify(s.send(ctx, m))
+}
+
+// classify marks permanent SMTP replies and redacts addresses.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	redacted := &redactedError{msg: RedactAddresses(err.Error()), err: err}
+	var tp *textproto.Error
+	if errors.As(err, &tp) && tp.Code >= 500 && tp.Code < 600 {
+		return pipeline.Permanent(redacted)
+	}
+	return redacted
+}
+
+// redactedError keeps the cause for errors.As, with a message whose
+// addresses are hidden.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+var addressPattern = regexp.MustCompile(`[^\s<>@"',;:()\[\]]+@[^\s<>@"',;:()\[\]]+`)
+
+// RedactAddresses replaces every mail address in s with "<redacted>".
+func RedactAddresses(s string) string {
+	return addressPattern.ReplaceAllString(s, "<redacted>")
+}
+
+func (s *SMTPSender) send(ctx context.Context, m Mail) error {
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)
 	defer cancel()
 	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", s.Addr)

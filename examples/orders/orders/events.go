@@ -3,6 +3,8 @@ package orders
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"unicode"
 )
 
 // Topics of the events create_order publishes.
@@ -27,6 +29,8 @@ func (e ChargeRequested) Validate() error {
 	}
 	if e.UserID == "" {
 		errs = append(errs, errors.New("user_id is missing"))
+	} else if err := CheckUserID(e.UserID); err != nil {
+		errs = append(errs, fmt.Errorf("user_id %w", err))
 	}
 	if e.Amount <= 0 || e.Amount > MaxAmount {
 		errs = append(errs, fmt.Errorf("amount %d is out of range", e.Amount))
@@ -53,9 +57,13 @@ func (e MailRequested) Validate() error {
 	}
 	if e.UserID == "" {
 		errs = append(errs, errors.New("user_id is missing"))
+	} else if err := CheckUserID(e.UserID); err != nil {
+		errs = append(errs, fmt.Errorf("user_id %w", err))
 	}
 	if e.Subject == "" {
 		errs = append(errs, errors.New("subject is missing"))
+	} else if strings.IndexFunc(e.Subject, unicode.IsControl) >= 0 {
+		errs = append(errs, errors.New("subject holds a control character"))
 	}
 	return errors.Join(errs...)
 }

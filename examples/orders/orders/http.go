@@ -1,6 +1,7 @@
 package orders
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,10 +9,12 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/strictjson"
 )
 
 // MaxRequestBytes bounds a create_order request body.
@@ -42,7 +45,8 @@ type APIError struct {
 // and a JSON body {"user_id", "amount", "currency"}. It answers 201 with
 // {"order_id", "deduped": false} for a new order, 200 with "deduped": true
 // for a repeated key, and a JSON {"error": {...}} with 400, 413, 415 or 422
-// for input it refuses (nothing is written then).
+// for input it refuses (nothing is written then); unknown paths and methods
+// get 404 and 405 in the same envelope.
 func Handler(svc *Service, logger *slog.Logger) http.Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -63,25 +67,34 @@ func Handler(svc *Service, logger *slog.Logger) http.Handler {
 			}
 		}
 
-		if ct := r.Header.Get("Content-Type"); ct != "" {
-			if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-				writeError(w, http.StatusUnsupportedMediaType, APIError{Code: "unsupported_media_type", Message: "Content-Type must be application/json"})
-				return
-			}
-		}
-		key := r.Header.Get(HeaderIdempotencyKey)
-		if key == "" {
-			writeError(w, http.StatusBadRequest, APIError{Code: "missing_idempotency_key", Message: "the Idempotency-Key header is required"})
+		if msg := checkContentType(r.Header.Get("Content-Type")); msg != "" {
+			writeError(w, http.StatusUnsupportedMediaType, APIError{Code: "unsupported_media_type", Message: msg})
 			return
 		}
-		in, err := ParseCreateOrder(http.MaxBytesReader(w, r.Body, MaxRequestBytes), key)
+		// The whole body first: one over the limit is 413 whatever it holds.
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
 				writeError(w, http.StatusRequestEntityTooLarge, APIError{Code: "body_too_large", Message: fmt.Sprintf("the body must be at most %d bytes", MaxRequestBytes)})
 				return
 			}
-			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_json", Message: err.Error()})
+			writeError(w, http.StatusBadRequest, APIError{Code: "unreadable_body", Message: "the body could not be read"})
+			return
+		}
+		key := r.Header.Get(HeaderIdempotencyKey)
+		if key == "" {
+			writeError(w, http.StatusBadRequest, APIError{Code: "missing_idempotency_key", Message: "the Idempotency-Key header is required"})
+			return
+		}
+		in, err := ParseCreateOrder(bytes.NewReader(body), key)
+		if err != nil {
+			apiErr := APIError{Code: "invalid_json", Message: err.Error()}
+			var jerr *strictjson.Error
+			if errors.As(err, &jerr) && jerr.Path != "" {
+				apiErr.Fields = map[string]string{jerr.Path: jerr.Msg}
+			}
+			writeError(w, http.StatusBadRequest, apiErr)
 			return
 		}
 		res, err := svc.CreateOrder(ctx, in)
@@ -100,26 +113,88 @@ func Handler(svc *Service, logger *slog.Logger) http.Handler {
 			writeJSON(w, http.StatusCreated, res)
 		}
 	})
-	return mux
+	return JSONErrors(mux)
 }
 
-// ParseCreateOrder reads one create_order JSON object from body (unknown
-// fields refused, nothing after it) into an Input with the idempotency key.
-// It does not validate the values; Input.Validate does.
-func ParseCreateOrder(body io.Reader, idempotencyKey string) (Input, error) {
-	var req createOrderRequest
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	// Read errors stay wrapped, so a caller can still tell an oversize body
-	// (*http.MaxBytesError) from a malformed one.
-	if err := dec.Decode(&req); err != nil {
-		return Input{}, fmt.Errorf("the body is not a valid create_order JSON object: %w", err)
+// checkContentType accepts application/json with no charset or UTF-8 (the
+// only encoding JSON has, RFC 8259); it says what is wrong otherwise.
+func checkContentType(ct string) string {
+	if ct == "" {
+		return "the Content-Type header is required: application/json"
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		if err != nil {
-			return Input{}, fmt.Errorf("the body must hold one JSON object: %w", err)
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return "Content-Type must be application/json"
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return "Content-Type must be application/json, with charset utf-8 if any"
 		}
-		return Input{}, errors.New("the body must hold one JSON object")
+	}
+	return ""
+}
+
+// JSONErrors answers the requests mux has no route for (404) or no method
+// for (405, with its Allow header) in the API's JSON error envelope rather
+// than ServeMux's plain text; every other request is mux's.
+func JSONErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		// No pattern: ServeMux's own 404/405/redirect handler. Run it
+		// against a recorder to learn which, then answer in JSON.
+		rec := &statusRecorder{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		switch rec.status {
+		case http.StatusMethodNotAllowed:
+			w.Header().Set("Allow", rec.header.Get("Allow"))
+			writeError(w, http.StatusMethodNotAllowed, APIError{Code: "method_not_allowed", Message: r.Method + " is not allowed here; allowed: " + rec.header.Get("Allow")})
+		case http.StatusNotFound:
+			writeError(w, http.StatusNotFound, APIError{Code: "not_found", Message: "no such endpoint"})
+		default: // a redirect (a cleaned path): pass it on as it is
+			for k, v := range rec.header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.status)
+		}
+	})
+}
+
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (s *statusRecorder) Header() http.Header { return s.header }
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return len(b), nil
+}
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+}
+
+// ParseCreateOrder reads one create_order JSON object from body, strictly
+// (see strictjson: unknown or misspelt fields, duplicate keys, invalid
+// UTF-8 and trailing data are refused, with errors that name the field),
+// into an Input with the idempotency key. It does not validate the values;
+// Input.Validate does. Read errors stay wrapped, so a caller can still tell
+// an oversize body (*http.MaxBytesError) from a malformed one.
+func ParseCreateOrder(body io.Reader, idempotencyKey string) (Input, error) {
+	data, err := io.ReadAll(body)
+	if err != nil {
+		return Input{}, fmt.Errorf("reading the body: %w", err)
+	}
+	var req createOrderRequest
+	if err := strictjson.Decode(data, &req, strictjson.Options{}); err != nil {
+		return Input{}, fmt.Errorf("the body is not a valid create_order JSON object: %w", err)
 	}
 	return Input{UserID: req.UserID, Amount: req.Amount, Currency: req.Currency, IdempotencyKey: idempotencyKey}, nil
 }

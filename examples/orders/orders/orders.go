@@ -72,7 +72,9 @@ type Input struct {
 // Validate reports every invalid field at once, as a *ValidationError.
 func (in Input) Validate() error {
 	fields := map[string]string{}
-	checkText(fields, "user_id", in.UserID, MaxUserIDLength)
+	if err := CheckUserID(in.UserID); err != nil {
+		fields["user_id"] = err.Error()
+	}
 	switch {
 	case in.Amount <= 0:
 		fields["amount"] = "must be greater than 0"
@@ -85,6 +87,29 @@ func (in Input) Validate() error {
 	checkText(fields, "idempotency_key", in.IdempotencyKey, MaxIdempotencyKeyLen)
 	if len(fields) > 0 {
 		return &ValidationError{Fields: fields}
+	}
+	return nil
+}
+
+// CheckUserID says what is wrong with a user id, or nil. A user id ends up
+// in protocol lines (the mail handler makes it the local part of an SMTP
+// recipient, the charge handler sends it to the provider), so it is held to
+// a plain identifier: 1 to 128 of A-Z a-z 0-9 . _ -, starting with a letter
+// or digit. No space, no angle bracket, no "@": nothing that could carry an
+// ESMTP parameter or a second address. The API and the events' own
+// validation both use it, since events can come from anywhere.
+func CheckUserID(id string) error {
+	switch {
+	case id == "":
+		return errors.New("is required")
+	case len(id) > MaxUserIDLength:
+		return fmt.Errorf("must be at most %d bytes", MaxUserIDLength)
+	}
+	for i, r := range id {
+		alnum := r < utf8.RuneSelf && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+		if !alnum && (i == 0 || (r != '.' && r != '_' && r != '-')) {
+			return errors.New("must be letters, digits, '.', '_' or '-', starting with a letter or digit")
+		}
 	}
 	return nil
 }

@@ -199,24 +199,59 @@ func TestHTTPCreateOrder(t *testing.T) {
 		{"huge amount", "k", "application/json", `{"user_id":"a","amount":1000000000000,"currency":"JPY"}`, 422, "invalid_input"},
 		{"unknown currency", "k", "application/json", `{"user_id":"a","amount":1,"currency":"EUR"}`, 422, "invalid_input"},
 		{"SQL-looking user id", "k", "application/json", `{"user_id":"x'); DROP TABLE orders;--","amount":1,"currency":"EUR"}`, 422, "invalid_input"},
-		{"invalid UTF-8", "k", "application/json", "{\"user_id\":\"\xff\",\"amount\":1,\"currency\":\"EUR\"}", 422, "invalid_input"},
+		{"invalid UTF-8", "k", "application/json", "{\"user_id\":\"\xff\",\"amount\":1,\"currency\":\"JPY\"}", 400, "invalid_json"},
+		{"duplicate key", "k", "application/json", `{"user_id":"a","amount":12,"amount":99,"currency":"JPY"}`, 400, "invalid_json"},
+		{"case-folded field", "k", "application/json", `{"USER_ID":"a","amount":12,"currency":"JPY"}`, 400, "invalid_json"},
+		{"NUL in a string", "k", "application/json", `{"user_id":"a\u0000","amount":12,"currency":"JPY"}`, 400, "invalid_json"},
+		{"no content type", "k", "", ok, 415, "unsupported_media_type"},
+		{"latin1 charset", "k", "application/json; charset=latin1", ok, 415, "unsupported_media_type"},
+		{"ESMTP parameter injection", "k", "application/json", `{"user_id":"a> NOTIFY=SUCCESS ORCPT=rfc822;x@evil","amount":1,"currency":"JPY"}`, 422, "invalid_input"},
+		{"address in user id", "k", "application/json", `{"user_id":"bob@evil.example","amount":1,"currency":"JPY"}`, 422, "invalid_input"},
 		{"oversize body", "k", "application/json", `{"user_id":"` + strings.Repeat("a", orders.MaxRequestBytes) + `"}`, 413, "body_too_large"},
+		{"oversize non-JSON body", "k", "application/json", strings.Repeat("a", 70<<10), 413, "body_too_large"},
 	}
 	for _, tc := range bad {
 		resp, body := post(tc.key, tc.contentType, tc.body)
 		require.Equal(t, tc.status, resp.StatusCode, "%s: %s", tc.name, body)
 		require.Contains(t, body, `"code":"`+tc.code+`"`, tc.name)
 		require.Equal(t, "application/json", resp.Header.Get("Content-Type"), tc.name)
+		for _, goName := range []string{"Go struct", "createOrderRequest", "int64", "json: "} {
+			require.NotContains(t, body, goName, "%s: errors name fields, not Go types", tc.name)
+		}
+	}
+	_, body := post("k", "application/json", `{"user_id":"a","amount":"12","currency":"JPY"}`)
+	require.Contains(t, body, `"fields":{"amount":"must be a whole number in range, got string"}`)
+	_, body = post("k", "application/json", `{"user_id":"a","amount":12,"amount":99,"currency":"JPY"}`)
+	require.Contains(t, body, `"amount":"is given twice"`)
+
+	// Unknown paths and methods answer in the same JSON envelope.
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{{http.MethodGet, "/orders", 405, "method_not_allowed"}, {http.MethodPost, "/nope", 404, "not_found"}, {http.MethodDelete, "/orders", 405, "method_not_allowed"}} {
+		req, err := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, tc.status, resp.StatusCode, "%s %s", tc.method, tc.path)
+		require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		require.Contains(t, string(b), `"code":"`+tc.code+`"`)
+		if tc.status == 405 {
+			require.Equal(t, "POST", resp.Header.Get("Allow"))
+		}
 	}
 	o, e := counts(t, pool)
 	require.Zero(t, o, "refused requests must write nothing")
 	require.Zero(t, e)
 
-	resp, body := post("k-http", "application/json", ok)
+	resp, body := post("k-http", "application/json; charset=UTF-8", ok)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
 	require.Contains(t, body, `"deduped":false`)
 	require.NotEmpty(t, resp.Header.Get("X-Correlation-ID"))
-	resp, body = post("k-http", "", ok)
+	resp, body = post("k-http", "application/json", ok)
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	require.Contains(t, body, `"deduped":true`)
 	resp, body = post("k-http", "application/json", `{"user_id":"alice","amount":1,"currency":"JPY"}`)
