@@ -50,11 +50,15 @@ func (a *App) Ready(ctx context.Context) (map[string]string, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	checks, ok := map[string]string{}, true
-	fail := func(name string, err error) {
-		checks[name], ok = err.Error(), false
+	// The answer says what failed, not how: /readyz is unauthenticated,
+	// and a driver's error text names hosts, users and databases. The
+	// detail goes to the log.
+	fail := func(name, answer string, err error) {
+		checks[name], ok = answer, false
+		a.logger.WarnContext(ctx, "readiness check failed", "check", name, "error", err)
 	}
 	if err := a.Pool.Ping(ctx); err != nil {
-		fail("database", err)
+		fail("database", "unreachable (see the process's log)", err)
 	} else {
 		checks["database"] = "ok"
 	}
@@ -66,7 +70,7 @@ func (a *App) Ready(ctx context.Context) (map[string]string, bool) {
 		checks["broker"] = "ok"
 	}
 	if pending, err := migrations.Pending(ctx, a.DB); err != nil {
-		fail("migrations", err)
+		fail("migrations", "could not be checked (see the process's log)", err)
 	} else if pending {
 		checks["migrations"], ok = "pending: run ferry migrate up", false
 	} else {
@@ -81,8 +85,9 @@ func (a *App) requireToken(next http.Handler) http.Handler {
 			writeAdminJSON(w, http.StatusForbidden, map[string]string{"error": "state-changing admin endpoints are off: set FERRY_ADMIN_TOKEN"})
 			return
 		}
-		got, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !found || subtle.ConstantTimeCompare([]byte(got), []byte(a.cfg.AdminToken)) != 1 {
+		// The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
+		scheme, got, found := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !found || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(a.cfg.AdminToken)) != 1 {
 			w.Header().Set("WWW-Authenticate", "Bearer")
 			writeAdminJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong Bearer token"})
 			return

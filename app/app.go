@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-dev/ferry/handlers"
@@ -220,6 +221,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if a.Relay, err = pgoutbox.NewRelay(a.Pool, a.batchPublisher, cfg.Relay, a.logger); err != nil {
 		return nil, err
 	}
+	a.Metrics.Unrouted = a.UnroutedDepth
 	return a, nil
 }
 
@@ -291,6 +293,15 @@ func (a *App) Broker() *amqp.Connection {
 		return nil
 	}
 	return a.pubConn.Connection()
+}
+
+// UnroutedDepth is how many messages wait in the broker's unrouted queue
+// (published to a topic no route consumes); they need a human.
+func (a *App) UnroutedDepth(context.Context) (int, error) {
+	if a.pubConn == nil {
+		return 0, errors.New("app: no broker connection (built WithoutBroker)")
+	}
+	return rabbit.QueueDepth(a.pubConn.Connection(), a.Topology.QueueName(rabbit.UnroutedName))
 }
 
 // Publisher is watermill-amqp's confirmed publisher on Ferry's topology
@@ -442,37 +453,81 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 // Run runs the selected components until ctx is done or one fails.
 // ready, if not nil, is closed once the consumers (if any) are consuming and
 // the HTTP API (if any) is listening.
-func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) error {
+//
+// Everything that can fail at start (binding the admin and API ports,
+// building the router and the HTTP API, registering the heartbeat) is done
+// before anything runs: a failed start leaves no heartbeat row behind and
+// no goroutine working on a pool that is being closed.
+func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (err error) {
 	if a.opts.WithoutBroker && (what.Relay || what.Consumers) {
 		return errors.New("an app built WithoutBroker runs neither relay nor consumers")
 	}
+	var (
+		servers []*server
+		router  *message.Router
+		conn    io.Closer
+	)
+	defer func() {
+		if err != nil {
+			for _, s := range servers {
+				_ = s.ln.Close()
+			}
+			if conn != nil {
+				_ = conn.Close()
+			}
+		}
+	}()
+	if a.cfg.AdminAddr != "off" {
+		s, err := a.listen("admin", a.cfg.AdminAddr, a.AdminHandler())
+		if err != nil {
+			return err
+		}
+		servers = append(servers, s)
+		if !s.loopback() {
+			a.logger.Warn("the admin server listens beyond loopback: /metrics and /readyz answer anyone who can reach it; firewall it or keep FERRY_ADMIN_ADDR on 127.0.0.1",
+				"addr", s.ln.Addr().String())
+		}
+	}
+	if what.HTTP && a.opts.HTTP != nil {
+		h, err := a.opts.HTTP(a)
+		if err != nil {
+			return fmt.Errorf("building the HTTP API: %w", err)
+		}
+		s, err := a.listen("HTTP API", a.cfg.HTTPAddr, h)
+		if err != nil {
+			return err
+		}
+		servers = append(servers, s)
+	}
+	if what.Consumers {
+		if router, conn, err = a.NewRouter(); err != nil {
+			return err
+		}
+	}
+	var hb *pgstatus.Heartbeat
+	if what.Relay || what.Consumers {
+		if hb, err = pgstatus.NewHeartbeat(ctx, a.Pool, watermill.NewShortUUID(), what.names(), a.version()); err != nil {
+			return err
+		}
+	}
+
 	g, ctx := errgroup.WithContext(ctx)
 	var waits []<-chan struct{}
-
+	if hb != nil {
+		g.Go(func() error { hb.Run(ctx, pgstatus.DefaultHeartbeatInterval); return nil })
+	}
 	if what.Relay {
 		g.Go(func() error { return a.Relay.Run(ctx) })
 	}
 	if what.Pruner {
 		g.Go(func() error { return a.runPruner(ctx) })
 	}
-	if what.Relay || what.Consumers {
-		hb, err := pgstatus.NewHeartbeat(ctx, a.Pool, watermill.NewShortUUID(), what.names(), a.version())
-		if err != nil {
-			return err
-		}
-		g.Go(func() error { hb.Run(ctx, pgstatus.DefaultHeartbeatInterval); return nil })
-	}
 	g.Go(func() error { a.Metrics.RunRefresher(ctx, a.Pool, a.cfg.MetricsRefresh, a.logger); return nil })
-	if a.cfg.AdminAddr != "off" {
-		if err := a.serve(ctx, g, "admin", a.cfg.AdminAddr, a.AdminHandler()); err != nil {
-			return err
-		}
+	for _, s := range servers {
+		s.run(ctx, g, a.cfg.ShutdownTimeout)
+		a.logger.Info(s.name+" listening", "addr", s.ln.Addr().String())
 	}
-	if what.Consumers {
-		router, conn, err := a.NewRouter()
-		if err != nil {
-			return err
-		}
+	if router != nil {
 		waits = append(waits, router.Running())
 		g.Go(func() error {
 			defer conn.Close()
@@ -481,15 +536,14 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) e
 			}
 			return nil
 		})
-	}
-	if what.HTTP && a.opts.HTTP != nil {
-		h, err := a.opts.HTTP(a)
-		if err != nil {
-			return fmt.Errorf("building the HTTP API: %w", err)
-		}
-		if err := a.serve(ctx, g, "HTTP API", a.cfg.HTTPAddr, h); err != nil {
-			return err
-		}
+		g.Go(func() error {
+			select {
+			case <-router.Running():
+				a.logger.Info("consumers started", "routes", len(a.Routes), "handlers", len(router.Handlers()))
+			case <-ctx.Done():
+			}
+			return nil
+		})
 	}
 	if ready != nil {
 		go func() {
@@ -506,27 +560,51 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) e
 	return g.Wait()
 }
 
-// serve runs an HTTP server on addr in g until ctx ends, then shuts it down gracefully.
-func (a *App) serve(ctx context.Context, g *errgroup.Group, name, addr string, h http.Handler) error {
+// server is an HTTP server whose port is bound and that is not running yet.
+type server struct {
+	name string
+	ln   net.Listener
+	srv  *http.Server
+}
+
+// listen binds addr for h, with the configured bounds on slow and idle
+// clients and on the connections held at once.
+func (a *App) listen(name, addr string, h http.Handler) (*server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("%s: listening on %s: %w", name, addr, err)
+		return nil, fmt.Errorf("%s: listening on %s: %w", name, addr, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	a.logger.Info(name+" listening", "addr", ln.Addr().String())
+	c := a.cfg.HTTPServer
+	return &server{name: name, ln: netutil.LimitListener(ln, c.MaxConns), srv: &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: c.ReadHeaderTimeout,
+		ReadTimeout:       c.ReadTimeout,
+		WriteTimeout:      c.WriteTimeout,
+		IdleTimeout:       c.IdleTimeout,
+		MaxHeaderBytes:    c.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelDebug),
+	}}, nil
+}
+
+func (s *server) loopback() bool {
+	tcp, ok := s.ln.Addr().(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}
+
+// run serves in g until ctx ends, then shuts the server down gracefully.
+func (s *server) run(ctx context.Context, g *errgroup.Group, shutdown time.Duration) {
 	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("%s: %w", name, err)
+		if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		return nil
 	})
 	g.Go(func() error {
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdown)
 		defer cancel()
-		return srv.Shutdown(sctx)
+		return s.srv.Shutdown(sctx)
 	})
-	return nil
 }
 
 func (a *App) version() string {

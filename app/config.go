@@ -1,16 +1,20 @@
 package app
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -62,12 +66,58 @@ type Config struct {
 	// HTTPAddr is where the application's HTTP API (Options.HTTP) listens.
 	// FERRY_HTTP_ADDR.
 	HTTPAddr string
+	// HTTPServer bounds what one client can hold of the HTTP API and the
+	// admin server. FERRY_HTTP_*.
+	HTTPServer HTTPServerConfig
 	// ShutdownTimeout bounds a graceful stop. FERRY_SHUTDOWN_TIMEOUT.
 	ShutdownTimeout time.Duration
 	// LogLevel is debug, info, warn or error. FERRY_LOG_LEVEL.
 	LogLevel string
 	// LogFormat is json, text or auto (text on a terminal). FERRY_LOG_FORMAT.
 	LogFormat string
+}
+
+// Defaults of HTTPServerConfig.
+const (
+	DefaultHTTPReadHeaderTimeout = 5 * time.Second
+	DefaultHTTPReadTimeout       = 30 * time.Second
+	DefaultHTTPWriteTimeout      = 30 * time.Second
+	DefaultHTTPIdleTimeout       = 2 * time.Minute
+	DefaultHTTPMaxHeaderBytes    = 64 << 10
+	DefaultHTTPMaxConns          = 1024
+	// MinAdminTokenLength keeps the admin token out of guessing range.
+	MinAdminTokenLength = 16
+)
+
+// HTTPServerConfig bounds the HTTP servers (API and admin) against slow
+// and idle clients: without these a slow body or an idle keep-alive holds
+// a connection, and a goroutine, for as long as the client likes.
+type HTTPServerConfig struct {
+	// ReadHeaderTimeout bounds reading a request's headers. Default 5s.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included. Default 30s.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds writing a response, from the end of the request's
+	// headers. Default 30s.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection idle this long. Default 2m.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers. Default 64 KiB.
+	MaxHeaderBytes int
+	// MaxConns caps the connections one server holds at once; more wait
+	// in the listen backlog. Default 1024.
+	MaxConns int
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c HTTPServerConfig) WithDefaults() HTTPServerConfig {
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultHTTPReadHeaderTimeout)
+	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultHTTPReadTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultHTTPWriteTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultHTTPIdleTimeout)
+	c.MaxHeaderBytes = cmp.Or(c.MaxHeaderBytes, DefaultHTTPMaxHeaderBytes)
+	c.MaxConns = cmp.Or(c.MaxConns, DefaultHTTPMaxConns)
+	return c
 }
 
 // RetentionConfig says how long Ferry keeps what it keeps only for a while.
@@ -101,7 +151,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_DATABASE_URL", DefaultDatabaseURL, "PostgreSQL URL", func(c *Config, v string) error { c.DatabaseURL = v; return nil }},
 		{"FERRY_DATABASE_SCHEMA", "(search_path of the URL)", "schema for Ferry's tables", func(c *Config, v string) error { c.DatabaseSchema = v; return nil }},
 		{"FERRY_DATABASE_MAX_CONNS", strconv.Itoa(DefaultDatabaseMaxConns), "database pool size (each busy consumer holds one)", func(c *Config, v string) error {
-			n, err := strconv.ParseInt(v, 10, 32)
+			n, err := boundedInt(v, 2, 10_000)
 			c.DatabaseMaxConns = int32(n)
 			return err
 		}},
@@ -109,10 +159,10 @@ func EnvVars() []EnvVar {
 		{"FERRY_AMQP_URL", rabbit.DefaultURL, "RabbitMQ URL, vhost included", func(c *Config, v string) error { c.AMQP.URL = v; return nil }},
 		{"FERRY_AMQP_NAMESPACE", "(none)", "prefix of every exchange and queue name", func(c *Config, v string) error { c.AMQP.Namespace = v; return nil }},
 		{"FERRY_AMQP_QUEUE_TYPE", rabbit.QueueTypeQuorum, "quorum or classic", func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
-		{"FERRY_AMQP_PREFETCH", strconv.Itoa(rabbit.DefaultPrefetch), "unacked messages per consumer", intVar(func(c *Config) *int { return &c.AMQP.Prefetch })},
-		{"FERRY_AMQP_PUBLISH_CHANNELS", strconv.Itoa(rabbit.DefaultPublishChannels), "publisher channel pool size", intVar(func(c *Config) *int { return &c.AMQP.PublishChannels })},
-		{"FERRY_AMQP_CONSUMERS", strconv.Itoa(rabbit.DefaultConsumers), "consumers per queue of an unordered handler", intVar(func(c *Config) *int { return &c.AMQP.Consumers })},
-		{"FERRY_AMQP_PARTITIONS", strconv.Itoa(rabbit.DefaultPartitions), "partition queues per handler of an ordered topic (drain before changing)", intVar(func(c *Config) *int { return &c.AMQP.Partitions })},
+		{"FERRY_AMQP_PREFETCH", strconv.Itoa(rabbit.DefaultPrefetch), "unacked messages per consumer", intVar(func(c *Config) *int { return &c.AMQP.Prefetch }, 1, 65535)},
+		{"FERRY_AMQP_PUBLISH_CHANNELS", strconv.Itoa(rabbit.DefaultPublishChannels), "publisher channel pool size", intVar(func(c *Config) *int { return &c.AMQP.PublishChannels }, 1, 1024)},
+		{"FERRY_AMQP_CONSUMERS", strconv.Itoa(rabbit.DefaultConsumers), "consumers per queue of an unordered handler", intVar(func(c *Config) *int { return &c.AMQP.Consumers }, 1, rabbit.MaxConsumers)},
+		{"FERRY_AMQP_PARTITIONS", strconv.Itoa(rabbit.DefaultPartitions), "partition queues per handler of an ordered topic (drain before changing)", intVar(func(c *Config) *int { return &c.AMQP.Partitions }, 1, rabbit.MaxPartitions)},
 		{"FERRY_ORDERED_TOPICS", "(routes marked Ordered)", "more topics kept in per-aggregate order, comma-separated", func(c *Config, v string) error {
 			for _, t := range strings.Split(v, ",") {
 				if t = strings.TrimSpace(t); t != "" {
@@ -121,48 +171,91 @@ func EnvVars() []EnvVar {
 			}
 			return nil
 		}},
-		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize })},
+		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize }, 1, pgoutbox.MaxRelayBatchSize)},
 		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},
 		{"FERRY_RELAY_BACKOFF_INITIAL", "30s", "relay retry delay after the first failure", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Initial })},
 		{"FERRY_RELAY_BACKOFF_MAX", "15m", "relay retry delay cap", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Max })},
-		{"FERRY_RETRY_MAX", strconv.Itoa(middleware.DefaultRetryMaxRetries), "in-process handler retries before the poison queue (-1: none)", intVar(func(c *Config) *int { return &c.Retry.MaxRetries })},
+		{"FERRY_RETRY_MAX", strconv.Itoa(middleware.DefaultRetryMaxRetries), "in-process handler retries before a durable retry (0: none)", func(c *Config, v string) error {
+			n, err := boundedInt(v, -1, 100)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				n = -1 // RetryConfig's "none": its zero means the default
+			}
+			c.Retry.MaxRetries = n
+			return nil
+		}},
 		{"FERRY_RETRY_INITIAL_INTERVAL", middleware.DefaultRetryInitialInterval.String(), "wait before the first handler retry", durationVar(func(c *Config) *time.Duration { return &c.Retry.InitialInterval })},
 		{"FERRY_RETRY_MAX_INTERVAL", middleware.DefaultRetryMaxInterval.String(), "cap of the wait between handler retries", durationVar(func(c *Config) *time.Duration { return &c.Retry.MaxInterval })},
-		{"FERRY_DURABLE_RETRY_MAX_ATTEMPTS", strconv.Itoa(middleware.DefaultDurableRetryMaxAttempts), "deliveries of a failing message (first included) before the poison store", intVar(func(c *Config) *int { return &c.DurableRetry.MaxAttempts })},
+		{"FERRY_DURABLE_RETRY_MAX_ATTEMPTS", strconv.Itoa(middleware.DefaultDurableRetryMaxAttempts), "deliveries of a failing message (first included) before the poison store", intVar(func(c *Config) *int { return &c.DurableRetry.MaxAttempts }, 1, 1000)},
 		{"FERRY_DURABLE_RETRY_INITIAL", "30s", "delay before the first durable retry", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Initial })},
 		{"FERRY_DURABLE_RETRY_MAX", "15m", "cap of the durable retry delay (it doubles, 20% jitter)", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Max })},
 		{"FERRY_OUTBOX_RETENTION", "720h", "keep dispatched outbox rows this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.Outbox })},
 		{"FERRY_LEDGER_RETENTION", "336h", "keep the consumers' ledger this long (must outlast redeliveries)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Ledger })},
 		{"FERRY_OUTBOX_ARCHIVE", "false", "move pruned outbox rows to outbox_archive", func(c *Config, v string) error {
 			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("must be true or false")
+			}
 			c.Retention.ArchiveOutbox = b
-			return err
+			return nil
 		}},
 		{"FERRY_PRUNE_INTERVAL", "1h", "how often `ferry run` prunes", durationVar(func(c *Config) *time.Duration { return &c.Retention.Interval })},
-		{"FERRY_PRUNE_BATCH_SIZE", "10000", "rows per pruning transaction", intVar(func(c *Config) *int { return &c.Retention.BatchSize })},
+		{"FERRY_PRUNE_BATCH_SIZE", "10000", "rows per pruning transaction", intVar(func(c *Config) *int { return &c.Retention.BatchSize }, 1, 1_000_000)},
 		{"FERRY_ADMIN_ADDR", DefaultAdminAddr, "admin server (/metrics, /healthz, /readyz, /admin/*); off to disable", func(c *Config, v string) error { c.AdminAddr = v; return nil }},
-		{"FERRY_ADMIN_TOKEN", "(none: state-changing admin endpoints refuse)", "Bearer token of the state-changing admin endpoints", func(c *Config, v string) error { c.AdminToken = v; return nil }},
+		{"FERRY_ADMIN_TOKEN", "(none: state-changing admin endpoints refuse)", "Bearer token of the state-changing admin endpoints (at least 16 characters)", func(c *Config, v string) error { c.AdminToken = v; return nil }},
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "listen address of the application's HTTP API (Options.HTTP)", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
+		{"FERRY_HTTP_READ_HEADER_TIMEOUT", DefaultHTTPReadHeaderTimeout.String(), "API and admin servers: time to read a request's headers", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.ReadHeaderTimeout })},
+		{"FERRY_HTTP_READ_TIMEOUT", DefaultHTTPReadTimeout.String(), "API and admin servers: time to read a whole request, body included", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.ReadTimeout })},
+		{"FERRY_HTTP_WRITE_TIMEOUT", DefaultHTTPWriteTimeout.String(), "API and admin servers: time to write a response", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.WriteTimeout })},
+		{"FERRY_HTTP_IDLE_TIMEOUT", DefaultHTTPIdleTimeout.String(), "API and admin servers: close keep-alive connections idle this long", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.IdleTimeout })},
+		{"FERRY_HTTP_MAX_HEADER_BYTES", strconv.Itoa(DefaultHTTPMaxHeaderBytes), "API and admin servers: largest request header block", intVar(func(c *Config) *int { return &c.HTTPServer.MaxHeaderBytes }, 1024, 1<<20)},
+		{"FERRY_HTTP_MAX_CONNS", strconv.Itoa(DefaultHTTPMaxConns), "API and admin servers: connections held at once, each", intVar(func(c *Config) *int { return &c.HTTPServer.MaxConns }, 1, 1_000_000)},
 		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 		{"FERRY_LOG_LEVEL", DefaultLogLevel, "debug, info, warn or error", func(c *Config, v string) error { c.LogLevel = v; return nil }},
 		{"FERRY_LOG_FORMAT", DefaultLogFormat, "json, text or auto (text on a terminal)", func(c *Config, v string) error { c.LogFormat = v; return nil }},
 	}
 }
 
-func intVar(field func(*Config) *int) func(*Config, string) error {
+// intVar sets an int field from a whole number in [lo, hi]. A value set
+// is a value meant: 0 is refused where it is out of range, never taken as
+// "use the default".
+func intVar(field func(*Config) *int, lo, hi int) func(*Config, string) error {
 	return func(c *Config, v string) error {
-		n, err := strconv.Atoi(v)
+		n, err := boundedInt(v, lo, hi)
+		if err != nil {
+			return err
+		}
 		*field(c) = n
-		return err
+		return nil
 	}
 }
 
+func boundedInt(v string, lo, hi int) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, errors.New("not a whole number")
+	}
+	if n < lo || n > hi {
+		return 0, fmt.Errorf("must be in [%d, %d]", lo, hi)
+	}
+	return n, nil
+}
+
+// durationVar sets a duration field from a positive Go duration ("30s").
 func durationVar(field func(*Config) *time.Duration) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		d, err := time.ParseDuration(v)
+		if err != nil {
+			return errors.New(`not a duration (like "30s", "5m", "1h")`)
+		}
+		if d <= 0 {
+			return errors.New("must be positive")
+		}
 		*field(c) = d
-		return err
+		return nil
 	}
 }
 
@@ -184,7 +277,7 @@ func ConfigFromLookup(lookup func(string) (string, bool)) (Config, error) {
 			continue
 		}
 		if err := ev.set(&c, strings.TrimSpace(v)); err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", ev.Name, v, unwrapNum(err)))
+			errs = append(errs, fmt.Errorf("%s=%q: %w", ev.Name, v, err))
 		}
 	}
 	c = c.WithDefaults()
@@ -192,14 +285,6 @@ func ConfigFromLookup(lookup func(string) (string, bool)) (Config, error) {
 	// binary should tell an operator everything to fix.
 	errs = append(errs, c.Validate())
 	return c, errors.Join(errs...)
-}
-
-func unwrapNum(err error) error {
-	var ne *strconv.NumError
-	if errors.As(err, &ne) {
-		return fmt.Errorf("not a whole number")
-	}
-	return err
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -235,6 +320,7 @@ func (c Config) WithDefaults() Config {
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = DefaultHTTPAddr
 	}
+	c.HTTPServer = c.HTTPServer.WithDefaults()
 	if c.AdminAddr == "" {
 		c.AdminAddr = DefaultAdminAddr
 	}
@@ -264,21 +350,52 @@ func (c Config) Validate() error {
 	if !strings.HasPrefix(c.DatabaseURL, "postgres://") && !strings.HasPrefix(c.DatabaseURL, "postgresql://") {
 		add("FERRY_DATABASE_URL", errors.New("must be a postgres:// URL"))
 	}
+	if c.DatabaseSchema != "" {
+		add("FERRY_DATABASE_SCHEMA", pgconn.ValidateSchema(c.DatabaseSchema))
+	}
 	if c.DatabaseMaxConns < 2 {
 		add("FERRY_DATABASE_MAX_CONNS", errors.New("must be at least 2 (the relay's listener holds one)"))
 	}
-	add("FERRY_AMQP_*", c.AMQP.Validate())
-	add("FERRY_RELAY_*", c.Relay.Validate())
-	add("FERRY_RETRY_*", c.Retry.Validate())
+	// What an operator can get wrong is checked here, by variable; the
+	// components' own checks follow as the safety net (their messages name
+	// Go fields, for library users who fill the structs themselves).
+	if u, err := url.Parse(c.AMQP.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+		add("FERRY_AMQP_URL", errors.New("must be an amqp:// or amqps:// URL with a host"))
+	}
+	if c.AMQP.QueueType != rabbit.QueueTypeQuorum && c.AMQP.QueueType != rabbit.QueueTypeClassic {
+		add("FERRY_AMQP_QUEUE_TYPE", fmt.Errorf("must be %s or %s, got %q", rabbit.QueueTypeQuorum, rabbit.QueueTypeClassic, c.AMQP.QueueType))
+	}
+	if len(c.AMQP.Namespace) > rabbit.MaxNamespaceLength {
+		add("FERRY_AMQP_NAMESPACE", fmt.Errorf("must be at most %d bytes", rabbit.MaxNamespaceLength))
+	}
+	atLeast := func(hi, lo string, max, min time.Duration) {
+		if max < min {
+			add(hi, fmt.Errorf("must be at least %s (%s), got %s", lo, min, max))
+		}
+	}
+	atLeast("FERRY_RETRY_MAX_INTERVAL", "FERRY_RETRY_INITIAL_INTERVAL", c.Retry.MaxInterval, c.Retry.InitialInterval)
+	atLeast("FERRY_RELAY_BACKOFF_MAX", "FERRY_RELAY_BACKOFF_INITIAL", c.Relay.Backoff.Max, c.Relay.Backoff.Initial)
+	atLeast("FERRY_DURABLE_RETRY_MAX", "FERRY_DURABLE_RETRY_INITIAL", c.DurableRetry.Backoff.Max, c.DurableRetry.Backoff.Initial)
 	if c.DurableRetry.MaxAttempts < 1 {
 		add("FERRY_DURABLE_RETRY_MAX_ATTEMPTS", errors.New("must be at least 1"))
 	}
-	add("FERRY_DURABLE_RETRY_*", c.DurableRetry.Backoff.Validate())
+	if len(errs) == 0 {
+		add("FERRY_AMQP_*", c.AMQP.Validate())
+		add("FERRY_RELAY_*", c.Relay.Validate())
+		add("FERRY_RETRY_*", c.Retry.Validate())
+		add("FERRY_DURABLE_RETRY_*", c.DurableRetry.Backoff.Validate())
+	}
 	if c.Retention.Outbox <= 0 || c.Retention.Ledger <= 0 || c.Retention.Interval <= 0 || c.Retention.BatchSize <= 0 {
 		add("FERRY_*_RETENTION / FERRY_PRUNE_*", errors.New("retentions, interval and batch size must be positive"))
 	}
 	if c.Retention.Ledger < time.Hour {
 		add("FERRY_LEDGER_RETENTION", errors.New("must be at least 1h: a shorter ledger forgets messages that may still be redelivered"))
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenLength {
+		add("FERRY_ADMIN_TOKEN", fmt.Errorf("must be at least %d characters (or unset, which turns the state-changing endpoints off)", MinAdminTokenLength))
+	}
+	if h := c.HTTPServer; h.ReadHeaderTimeout <= 0 || h.ReadTimeout <= 0 || h.WriteTimeout <= 0 || h.IdleTimeout <= 0 || h.MaxHeaderBytes <= 0 || h.MaxConns <= 0 {
+		add("FERRY_HTTP_*", errors.New("timeouts, header size and connection cap must be positive"))
 	}
 	if c.MetricsRefresh <= 0 {
 		add("FERRY_METRICS_REFRESH", errors.New("must be positive"))
@@ -303,4 +420,57 @@ func parseLevel(s string) (slog.Level, error) {
 		return 0, fmt.Errorf("must be debug, info, warn or error, got %q", s)
 	}
 	return l, nil
+}
+
+// UnknownVariables returns a warning for every FERRY_* variable of environ
+// ("NAME=value" entries, as os.Environ gives them) that neither Ferry nor
+// the application (extra) reads, with the nearest known name: a misspelt
+// variable is otherwise ignored without a word.
+func UnknownVariables(environ []string, extra []EnvVar) []string {
+	known := map[string]bool{"FERRY_TEST_DATABASE_URL": true, "FERRY_TEST_AMQP_URL": true}
+	for _, ev := range append(EnvVars(), extra...) {
+		known[ev.Name] = true
+	}
+	var warnings []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "FERRY_") || known[name] {
+			continue
+		}
+		best, bestD := "", 1<<30
+		for k := range known {
+			if d := editDistance(name, k); d < bestD || (d == bestD && k < best) {
+				best, bestD = k, d
+			}
+		}
+		w := name + " is not a variable Ferry or this application reads; it is ignored"
+		if bestD <= max(2, len(name)/4) {
+			w += " (did you mean " + best + "?)"
+		}
+		warnings = append(warnings, w)
+	}
+	slices.Sort(warnings)
+	return warnings
+}
+
+// editDistance is the Levenshtein distance of a and b (written out: the
+// standard library has none, and it is a dozen lines).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/migrations"
 )
@@ -107,7 +109,7 @@ func New(opts Options) *CLI {
 }
 
 // Main runs the CLI on os.Args and exits with its status: 0 done, 1 failed,
-// 2 bad usage.
+// 2 bad usage, 3 `status` found something that needs a human.
 func Main(opts Options) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := New(opts).Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -130,6 +132,20 @@ func (e UsageError) Unwrap() error { return e.Err }
 
 func usagef(format string, a ...any) error { return UsageError{fmt.Errorf(format, a...)} }
 
+// ExitError ends a command with Code, printing Err (if any) like any error.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e ExitError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("exit status %d", e.Code)
+	}
+	return e.Err.Error()
+}
+func (e ExitError) Unwrap() error { return e.Err }
+
 // Run runs the command that args select and returns the exit status.
 func (c *CLI) Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c.env.Stdout, c.env.Stderr = stdout, stderr
@@ -150,9 +166,15 @@ func (c *CLI) Run(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	name := strings.Join(append([]string{c.env.Name}, path...), " ")
 	var usage UsageError
+	var exit ExitError
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.As(err, &exit):
+		if exit.Err != nil {
+			fmt.Fprintf(stderr, "%s: %s%s\n", name, oneLine(exit.Err), hint(exit.Err))
+		}
+		return exit.Code
 	case errors.As(err, &usage):
 		fmt.Fprintf(stderr, "%s: %s\n(see %s -h)\n", name, oneLine(err), name)
 		return 2
@@ -218,6 +240,11 @@ func (c *CLI) runCommand(ctx context.Context, path []string, cmd *Command, args 
 	}
 	if cmd.Args == "" && fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if cmd.Name != "help" && cmd.Name != "version" {
+		for _, w := range app.UnknownVariables(os.Environ(), c.env.Options.EnvVars) {
+			fmt.Fprintf(c.env.Stderr, "%s: warning: %s\n", c.env.Name, w)
+		}
 	}
 	return run(ctx, fs.Args())
 }
@@ -323,14 +350,25 @@ func oneLine(err error) string {
 	return strings.Join(fields, "; ")
 }
 
-// hint says what to do about the errors an operator meets first.
+// hint says what to do about the errors an operator meets first. It goes
+// by the server's error codes where there are some: a missing database is
+// not a stopped server.
 func hint(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "3D000":
+			return " (the database does not exist: create it, e.g. createdb, or fix the database name in FERRY_DATABASE_URL)"
+		case "28P01", "28000":
+			return " (check the user, password and database in FERRY_DATABASE_URL)"
+		}
+	}
 	msg := err.Error()
 	switch {
 	case strings.Contains(msg, "PostgreSQL") && (strings.Contains(msg, "password authentication failed") || strings.Contains(msg, "does not exist")):
 		return " (check the user, password and database in FERRY_DATABASE_URL)"
 	case strings.Contains(msg, "cannot reach PostgreSQL"):
-		return " (is PostgreSQL running? check FERRY_DATABASE_URL)"
+		return " (is PostgreSQL running? start it, or check the host and port: check FERRY_DATABASE_URL)"
 	case strings.Contains(msg, "RabbitMQ") && (strings.Contains(msg, "403") || strings.Contains(msg, "not allowed")):
 		return " (check the user, password and vhost in FERRY_AMQP_URL)"
 	case strings.Contains(msg, "connecting to RabbitMQ"):

@@ -1,25 +1,33 @@
 package cli
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
 var (
@@ -34,13 +42,14 @@ var (
 		{Name: "down", Summary: "roll back the newest applied migration (of the application's sets first)", Flags: migrateFlags("down")},
 		{Name: "status", Summary: "list migrations and whether each is applied", Flags: migrateFlags("status")},
 	}}
-	cmdStatus = &Command{Name: "status", Summary: "pending per topic, oldest pending, rows failing with their last error, poison store depth, relay/consumer liveness",
+	cmdStatus = &Command{Name: "status", Summary: "pending per topic, oldest pending, rows failing with their last error, poison and unrouted depth, relay/consumer liveness; exits 3 when something needs a human",
 		Flags: statusFlags}
 	cmdPoison = &Command{Name: "poison", Summary: "inspect and act on the poison store", Sub: []*Command{
-		{Name: "list", Summary: "what is in the poison store, why, since when", Flags: poisonFlags("list")},
+		{Name: "list", Summary: "what is in the poison store, why, since when (paged by id, streamed)", Flags: poisonFlags("list")},
+		{Name: "show", Args: "ID", Summary: "one poisoned message whole: full reason, attempt history, headers, payload", Flags: poisonShowFlags},
 		{Name: "requeue", Summary: "send poisoned messages back to their original topic (attempts reset), atomically: an interrupted requeue loses and doubles nothing",
 			Flags: poisonFlags("requeue")},
-		{Name: "discard", Summary: "delete poisoned messages", Flags: poisonFlags("discard")},
+		{Name: "discard", Summary: "delete poisoned messages; unknown ids are named and fail the command", Flags: poisonFlags("discard")},
 	}}
 	cmdPrune = &Command{Name: "prune", Summary: "remove rows past their retention", Sub: []*Command{
 		{Name: "outbox", Summary: "remove (or archive) dispatched outbox rows past their retention", Flags: pruneFlags(pgretention.Outbox)},
@@ -169,44 +178,133 @@ func migrateFlags(verb string) func(*flag.FlagSet, *Env) RunFunc {
 	}
 }
 
+// ExitAttention is `status`'s exit code when the report was made and
+// something in it needs a human.
+const ExitAttention = 3
+
+// statusReport is `ferry status`'s report: the database's view, the
+// broker's unrouted queue, and what needs a human.
+type statusReport struct {
+	pgstatus.Report
+	// Unrouted is the depth of the broker's unrouted queue; nil when the
+	// broker could not be asked (BrokerError says why).
+	Unrouted    *int   `json:"unrouted"`
+	BrokerError string `json:"broker_error,omitempty"`
+	// Attention lists what needs a human; empty when all is well.
+	Attention []string `json:"attention"`
+}
+
 func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	asJSON := fs.Bool("json", false, "print JSON")
 	threshold := fs.Int("attempts", pgstatus.DefaultAttemptsThreshold, "list rows with more relay attempts than this")
+	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when something needs a human (poisoned or unrouted messages, no live relay, rows past --attempts); false: exit 0 whenever the report is printed", ExitAttention))
 	return func(ctx context.Context, _ []string) error {
+		if *threshold < 0 {
+			return usagef("--attempts must not be negative")
+		}
+		cfg, err := LoadConfig()
+		if err != nil {
+			return err
+		}
 		pool, err := OpenPool(ctx, "status")
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		rep, err := pgstatus.Collect(ctx, pool, pgoutbox.DefaultTable, *threshold)
+		rep := statusReport{Attention: []string{}}
+		if rep.Report, err = pgstatus.Collect(ctx, pool, pgoutbox.DefaultTable, *threshold); err != nil {
+			return err
+		}
+		if n, err := unroutedDepth(cfg); err != nil {
+			rep.BrokerError = err.Error()
+		} else {
+			rep.Unrouted = &n
+		}
+		rep.Attention = attention(rep)
+		if *asJSON {
+			err = WriteJSON(env.Stdout, rep)
+		} else {
+			err = printStatus(env.Stdout, rep)
+		}
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			return WriteJSON(env.Stdout, rep)
+		if *exitCode && len(rep.Attention) > 0 {
+			return ExitError{Code: ExitAttention}
 		}
-		return printStatus(env.Stdout, rep)
+		return nil
 	}
 }
 
-func printStatus(w io.Writer, rep pgstatus.Report) error {
+// unroutedDepth asks the broker, briefly, how many messages its unrouted
+// queue holds.
+func unroutedDepth(cfg app.Config) (int, error) {
+	topo, err := rabbit.NewTopology(cfg.AMQP)
+	if err != nil {
+		return 0, err
+	}
+	conn, err := amqp.DialConfig(cfg.AMQP.URL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second), Properties: amqp.Table{"connection_name": "ferry-status"}})
+	if err != nil {
+		return 0, fmt.Errorf("cannot reach RabbitMQ: %s", amqpReason(err))
+	}
+	defer conn.Close()
+	return rabbit.QueueDepth(conn, topo.QueueName(rabbit.UnroutedName))
+}
+
+// amqpReason keeps credentials out of a dial error's text.
+func amqpReason(err error) string {
+	var ae *amqp.Error
+	if errors.As(err, &ae) {
+		return ae.Reason
+	}
+	return err.Error()
+}
+
+func attention(rep statusReport) []string {
+	out := []string{}
+	if rep.PoisonTotal > 0 {
+		out = append(out, fmt.Sprintf("%d message(s) in the poison store (ferry poison list)", rep.PoisonTotal))
+	}
+	if rep.RelaysAlive == 0 {
+		out = append(out, "no live relay: nothing is being dispatched")
+	}
+	if len(rep.Failing) > 0 {
+		out = append(out, fmt.Sprintf("%d outbox row(s) with more than %d relay attempts", len(rep.Failing), rep.AttemptsThreshold))
+	}
+	if rep.Unrouted != nil && *rep.Unrouted > 0 {
+		out = append(out, fmt.Sprintf("%d unrouted message(s) in the broker: published to a topic no route consumes", *rep.Unrouted))
+	}
+	return out
+}
+
+func printStatus(w io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "outbox: %d pending, oldest due %s\n", rep.PendingTotal, time.Duration(rep.OldestDueAgeS*float64(time.Second)).Round(time.Millisecond))
 	if len(rep.Backlog) > 0 {
 		fmt.Fprintln(tw, "  TOPIC\tPENDING\tDUE\tDELAYED\tOLDEST DUE\tMAX ATTEMPTS")
 		for _, b := range rep.Backlog {
-			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\t%d\n", b.Topic, b.Pending, b.Due, b.Delayed,
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\t%d\n", cell(b.Topic, maxIDCell), b.Pending, b.Due, b.Delayed,
 				time.Duration(b.OldestDueAgeS*float64(time.Second)).Round(time.Millisecond), b.MaxAttempts)
 		}
 	}
 	fmt.Fprintf(tw, "rows with more than %d attempts: %d\n", rep.AttemptsThreshold, len(rep.Failing))
 	for _, f := range rep.Failing {
-		fmt.Fprintf(tw, "  #%d\t%s\t%s\tattempts %d\tnext %s\t%s\n", f.ID, f.Topic, f.AggregateID, f.Attempts,
-			f.AvailableAt.Format(time.RFC3339), strings.Join(strings.Fields(f.LastError), " "))
+		fmt.Fprintf(tw, "  #%d\t%s\t%s\tattempts %d\tnext %s\t%s\n", f.ID, cell(f.Topic, maxIDCell), cell(f.AggregateID, maxIDCell), f.Attempts,
+			f.AvailableAt.Format(time.RFC3339), cell(f.LastError, maxReasonCell))
 	}
 	fmt.Fprintf(tw, "poison store: %d message(s)\n", rep.PoisonTotal)
-	for t, n := range rep.Poison {
-		fmt.Fprintf(tw, "  %s\t%d\n", t, n)
+	topics := make([]string, 0, len(rep.Poison))
+	for t := range rep.Poison {
+		topics = append(topics, t)
+	}
+	sort.Strings(topics)
+	for _, t := range topics {
+		fmt.Fprintf(tw, "  %s\t%d\n", cell(t, maxIDCell), rep.Poison[t])
+	}
+	if rep.Unrouted != nil {
+		fmt.Fprintf(tw, "unrouted (broker): %d message(s)\n", *rep.Unrouted)
+	} else {
+		fmt.Fprintf(tw, "unrouted (broker): unknown: %s\n", cell(rep.BrokerError, maxReasonCell))
 	}
 	fmt.Fprintf(tw, "processes: %d relay(s) and %d consumer(s) alive\n", rep.RelaysAlive, rep.ConsumersAlive)
 	for _, in := range rep.Instances {
@@ -214,11 +312,23 @@ func printStatus(w io.Writer, rep pgstatus.Report) error {
 		if !in.Alive {
 			state = "DEAD (no heartbeat)"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s pid %d\t%s\tlast heartbeat %s ago\t%s\n", in.ID, in.Components, in.Hostname, in.PID, in.Version,
-			rep.At.Sub(in.HeartbeatAt).Round(time.Second), state)
+		fmt.Fprintf(tw, "  %s\t%s\t%s pid %d\t%s\tlast heartbeat %s ago\t%s\n", cell(in.ID, maxIDCell), cell(in.Components, maxTextCell),
+			cell(in.Hostname, maxIDCell), in.PID, cell(in.Version, maxIDCell), rep.At.Sub(in.HeartbeatAt).Round(time.Second), state)
+	}
+	if len(rep.Attention) == 0 {
+		fmt.Fprintln(tw, "needs attention: nothing")
+	} else {
+		fmt.Fprintln(tw, "needs attention:")
+		for _, a := range rep.Attention {
+			fmt.Fprintf(tw, "  - %s\n", a)
+		}
 	}
 	return tw.Flush()
 }
+
+// DefaultActionLimit caps a requeue or discard unless --limit says
+// otherwise: a mistyped --all does not resend a whole store at once.
+const DefaultActionLimit = 1000
 
 func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 	return func(fs *flag.FlagSet, env *Env) RunFunc {
@@ -226,19 +336,18 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 			sel         pgpoison.Selector
 			ids         string
 			asJSON, dry bool
-			topic       string
-			limit       int
 		)
-		fs.BoolVar(&asJSON, "json", false, "print JSON")
+		fs.BoolVar(&asJSON, "json", false, "print JSON (exact, unescaped and uncut)")
+		fs.Int64Var(&sel.AfterID, "after-id", 0, "start after this poison id (the next page)")
 		if sub == "list" {
-			fs.StringVar(&topic, "topic", "", "only this original topic")
-			fs.IntVar(&limit, "limit", 50, "at most this many (0: all)")
+			fs.StringVar(&sel.Topic, "topic", "", "only this original topic")
+			fs.IntVar(&sel.Limit, "limit", 50, fmt.Sprintf("at most this many, oldest first (0: all, streamed; at most %d)", pgpoison.MaxLimit))
 		} else {
 			fs.StringVar(&ids, "id", "", "poison ids, comma-separated")
 			fs.StringVar(&sel.Topic, "topic", "", "every message of this original topic")
 			fs.BoolVar(&sel.All, "all", false, "every message")
-			fs.IntVar(&sel.Limit, "limit", 0, "at most this many, oldest first (0: no cap)")
-			fs.BoolVar(&dry, "dry-run", false, "say what would happen, change nothing")
+			fs.IntVar(&sel.Limit, "limit", DefaultActionLimit, fmt.Sprintf("at most this many, oldest first (0: no cap; at most %d)", pgpoison.MaxLimit))
+			fs.BoolVar(&dry, "dry-run", false, "take the same steps and checks, then roll back: say what would happen, change nothing")
 		}
 		return func(ctx context.Context, _ []string) error {
 			for _, p := range strings.Split(ids, ",") {
@@ -251,89 +360,269 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 				}
 				sel.IDs = append(sel.IDs, id)
 			}
+			// Refuse bad flags before connecting, let alone changing anything.
+			check := pgpoison.Filter{Topic: sel.Topic, AfterID: sel.AfterID, Limit: sel.Limit}.Validate
 			if sub != "list" {
-				// Refuse a bad selection before connecting, let alone changing anything.
-				if err := sel.Validate(); err != nil {
-					return UsageError{err}
-				}
+				check = sel.Validate
 			}
-			pool, err := OpenPool(ctx, "poison")
+			if err := check(); err != nil {
+				return UsageError{flagNames(err)}
+			}
+			store, closeStore, err := openPoisonStore(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
-			if err != nil {
-				return err
-			}
-			store, err := pgpoison.NewStore(pool, outbox)
-			if err != nil {
-				return err
-			}
+			defer closeStore()
 			out := env.Stdout
-			switch sub {
-			case "list":
-				recs, err := store.List(ctx, topic, limit)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return WriteJSON(out, recs)
-				}
-				printPoison(out, recs)
-			case "requeue":
-				res, err := store.Requeue(ctx, sel, dry)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return WriteJSON(out, res)
-				}
-				verb := "requeued"
-				if dry {
-					verb = "would requeue"
-				}
-				fmt.Fprintf(out, "%s %d message(s) to their original topic\n", verb, len(res.Requeued))
-				printPoison(out, res.Requeued)
-				for _, s := range res.Skipped {
-					fmt.Fprintf(out, "skipped poison id %d: %s\n", s.Record.ID, s.Why)
-				}
-			case "discard":
-				recs, err := store.Discard(ctx, sel, dry)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return WriteJSON(out, map[string]any{"discarded": recs, "dry_run": dry})
-				}
-				verb := "discarded"
-				if dry {
-					verb = "would discard"
-				}
-				fmt.Fprintf(out, "%s %d message(s)\n", verb, len(recs))
-				printPoison(out, recs)
+			if sub == "list" {
+				return listPoison(ctx, out, store, pgpoison.Filter{Topic: sel.Topic, AfterID: sel.AfterID, Limit: sel.Limit}, asJSON)
 			}
-			return nil
+			act := store.RequeueEach
+			verb, dryVerb := "requeued", "would requeue"
+			if sub == "discard" {
+				act, verb, dryVerb = store.DiscardEach, "discarded", "would discard"
+			}
+			if dry {
+				verb = dryVerb
+			}
+			return streamActions(out, asJSON, verb, func(fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
+				return act(ctx, sel, dry, fn)
+			})
 		}
 	}
 }
 
-func printPoison(w io.Writer, recs []pgpoison.Record) {
-	if len(recs) == 0 {
-		fmt.Fprintln(w, "(no poisoned messages)")
-		return
+// flagNames says "--limit" and "--after-id" where the store says "limit".
+func flagNames(err error) error {
+	msg := strings.NewReplacer("limit must", "--limit must", "after-id must", "--after-id must").Replace(err.Error())
+	return errors.New(msg)
+}
+
+func openPoisonStore(ctx context.Context) (*pgpoison.Store, func(), error) {
+	pool, err := OpenPool(ctx, "poison")
+	if err != nil {
+		return nil, nil, err
 	}
+	outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	store, err := pgpoison.NewStore(pool, outbox)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return store, pool.Close, nil
+}
+
+// listPoison streams the store: a page at a time from the database, a
+// record at a time to the output, whatever --limit.
+func listPoison(ctx context.Context, w io.Writer, store *pgpoison.Store, f pgpoison.Filter, asJSON bool) error {
+	bw := bufio.NewWriter(w)
+	defer bw.Flush()
+	n := 0
+	if asJSON {
+		bw.WriteString("[")
+		err := store.Each(ctx, f, func(r pgpoison.Record) error {
+			if n > 0 {
+				bw.WriteString(",")
+			}
+			n++
+			bw.WriteString("\n  ")
+			return writeJSONLine(bw, r)
+		})
+		if n > 0 {
+			bw.WriteString("\n")
+		}
+		bw.WriteString("]\n")
+		return err
+	}
+	tw := poisonTable(bw)
+	err := store.Each(ctx, f, func(r pgpoison.Record) error {
+		n++
+		poisonRow(tw, r)
+		if n%100 == 0 {
+			return tw.Flush() // column widths per 100 rows; memory stays flat
+		}
+		return nil
+	})
+	if n == 0 {
+		fmt.Fprintln(bw, "(no poisoned messages)")
+		return err
+	}
+	if ferr := tw.Flush(); err == nil {
+		err = ferr
+	}
+	return err
+}
+
+// streamActions prints each requeued or discarded message as it is done,
+// then the summary; it fails (exit 1) when ids were not found or messages
+// were skipped, saying which.
+func streamActions(w io.Writer, asJSON bool, verb string, run func(func(pgpoison.Action) error) (pgpoison.Summary, error)) error {
+	bw := bufio.NewWriter(w)
+	defer bw.Flush()
+	n := 0
+	var sum pgpoison.Summary
+	var err error
+	if asJSON {
+		bw.WriteString(`{"actions": [`)
+		sum, err = run(func(a pgpoison.Action) error {
+			if n > 0 {
+				bw.WriteString(",")
+			}
+			n++
+			bw.WriteString("\n  ")
+			return writeJSONLine(bw, a)
+		})
+		if err != nil {
+			return err
+		}
+		bw.WriteString("\n], \"summary\": ")
+		if err := writeJSONLine(bw, sum); err != nil {
+			return err
+		}
+		bw.WriteString("}\n")
+	} else {
+		tw := poisonTable(bw)
+		var skipped []pgpoison.Action
+		sum, err = run(func(a pgpoison.Action) error {
+			if !a.Done {
+				skipped = append(skipped, a)
+				return nil
+			}
+			n++
+			poisonRow(tw, a.Record)
+			if n%100 == 0 {
+				return tw.Flush()
+			}
+			return nil
+		})
+		if ferr := tw.Flush(); err == nil {
+			err = ferr
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(bw, "%s %d message(s)\n", verb, sum.Done)
+		for _, a := range skipped {
+			fmt.Fprintf(bw, "skipped poison id %d: %s\n", a.Record.ID, cell(a.Why, 300))
+		}
+		if sum.LastID > 0 {
+			fmt.Fprintf(bw, "last poison id looked at: %d (--after-id %d continues)\n", sum.LastID, sum.LastID)
+		}
+	}
+	var problems []string
+	if len(sum.NotFound) > 0 {
+		problems = append(problems, fmt.Sprintf("no poisoned message with id %s", joinIDs(sum.NotFound)))
+	}
+	if sum.Skipped > 0 {
+		problems = append(problems, fmt.Sprintf("%d message(s) skipped", sum.Skipped))
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func joinIDs(ids []int64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatInt(id, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+func writeJSONLine(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+func poisonTable(w io.Writer) *tabwriter.Writer {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tTOPIC\tHANDLER\tMESSAGE\tATTEMPTS\tFIRST FAILED\tPOISONED\tREASON")
-	for _, r := range recs {
-		reason := strings.Join(strings.Fields(r.Reason), " ")
-		if len(reason) > 80 {
-			reason = reason[:77] + "..."
+	return tw
+}
+
+func poisonRow(tw io.Writer, r pgpoison.Record) {
+	fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s ago\t%s ago\t%s\n", r.ID, cell(r.Topic, maxIDCell), cell(r.Handler, maxIDCell),
+		cell(r.MessageID, maxIDCell), r.Attempts, time.Since(r.FirstFailedAt).Round(time.Second), time.Since(r.PoisonedAt).Round(time.Second),
+		cell(r.Reason, maxReasonCell))
+}
+
+func poisonShowFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	asJSON := fs.Bool("json", false, "print JSON (exact)")
+	return func(ctx context.Context, args []string) error {
+		if len(args) != 1 {
+			return usagef("want one poison id")
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s ago\t%s ago\t%s\n", r.ID, r.Topic, r.Handler, r.MessageID, r.Attempts,
-			time.Since(r.FirstFailedAt).Round(time.Second), time.Since(r.PoisonedAt).Round(time.Second), reason)
+		id, err := strconv.ParseInt(args[0], 10, 64)
+		if err != nil || id <= 0 {
+			return usagef("%q is not a poison id", args[0])
+		}
+		store, closeStore, err := openPoisonStore(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		r, err := store.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return WriteJSON(env.Stdout, r)
+		}
+		printPoisonRecord(env.Stdout, r)
+		return nil
 	}
+}
+
+// printPoisonRecord shows one message whole: nothing cut but the attempt
+// errors' own limits, every control character escaped.
+func printPoisonRecord(w io.Writer, r pgpoison.Record) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	field := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, escapeText(v, false)) }
+	field("poison id", strconv.FormatInt(r.ID, 10))
+	field("message id", r.MessageID)
+	field("topic", r.Topic)
+	field("handler", r.Handler+" ("+r.Consumer+")")
+	field("aggregate id", r.AggregateID)
+	field("correlation id", r.CorrelationID)
+	field("trace id", r.Headers[pipeline.MetaTraceID])
+	field("attempts", strconv.Itoa(r.Attempts))
+	field("permanent", strconv.FormatBool(r.Permanent))
+	field("first failed", r.FirstFailedAt.Format(time.RFC3339))
+	field("last failed", r.LastFailedAt.Format(time.RFC3339))
+	field("poisoned", r.PoisonedAt.Format(time.RFC3339))
 	_ = tw.Flush()
+	fmt.Fprintf(w, "\nreason:\n  %s\n", escapeText(r.Reason, false))
+	if hist := pipeline.ErrorHistory(r.Headers); len(hist) > 0 {
+		fmt.Fprintf(w, "\nattempt history (newest last):\n")
+		for _, h := range hist {
+			fmt.Fprintf(w, "  #%d  %s  %s\n", h.Attempt, escapeText(h.At, false), escapeText(h.Error, false))
+		}
+	}
+	fmt.Fprintf(w, "\nheaders:\n")
+	keys := make([]string, 0, len(r.Headers))
+	for k := range r.Headers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "  %s: %s\n", escapeText(k, false), escapeText(r.Headers[k], false))
+	}
+	fmt.Fprintf(w, "\npayload (%d bytes):\n", len(r.Payload))
+	var pretty bytes.Buffer
+	if json.Valid(r.Payload) && json.Indent(&pretty, r.Payload, "  ", "  ") == nil {
+		fmt.Fprintf(w, "  %s\n", escapeText(pretty.String(), true))
+	} else {
+		fmt.Fprintf(w, "  %s\n", escapeText(string(r.Payload), false))
+	}
 }
 
 func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
@@ -374,13 +663,8 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 			if *asJSON {
 				return WriteJSON(env.Stdout, res)
 			}
-			verb := "removed"
-			switch {
-			case res.DryRun:
-				verb = "would remove"
-			case res.Archive:
-				verb = "archived"
-			}
+			verb := map[[2]bool]string{{false, false}: "removed", {false, true}: "archived",
+				{true, false}: "would remove", {true, true}: "would archive"}[[2]bool{res.DryRun, res.Archive}]
 			fmt.Fprintf(env.Stdout, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches)
 			return nil
 		}
@@ -388,32 +672,41 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 }
 
 func healthcheckFlags(fs *flag.FlagSet, env *Env) RunFunc {
-	url := fs.String("url", "", "URL to probe (default http://<FERRY_ADMIN_ADDR>/readyz)")
+	target := fs.String("url", "", "URL to probe (default http://<FERRY_ADMIN_ADDR>/readyz); credentials in it are used, never printed")
 	return func(ctx context.Context, _ []string) error {
-		if *url == "" {
+		if *target == "" {
 			cfg, err := LoadConfig()
 			if err != nil {
 				return err
 			}
 			addr := strings.Replace(cfg.AdminAddr, "0.0.0.0", "127.0.0.1", 1)
-			*url = "http://" + addr + "/readyz"
+			*target = "http://" + addr + "/readyz"
 		}
+		u, err := url.Parse(*target)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usagef("--url must be an http(s) URL")
+		}
+		shown := u.Redacted()
 		ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, *url, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 		if err != nil {
-			return UsageError{err}
+			return usagef("--url %s: cannot build a request", shown)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return fmt.Errorf("probing %s: %w", *url, err)
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // its text repeats the URL, credentials and all
+			}
+			return fmt.Errorf("probing %s: %w", shown, err)
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s answered %d: %s", *url, resp.StatusCode, strings.TrimSpace(string(body)))
+			return fmt.Errorf("%s answered %d: %s", shown, resp.StatusCode, cell(string(body), 300))
 		}
-		fmt.Fprintf(env.Stdout, "ok: %s\n", strings.TrimSpace(string(body)))
+		fmt.Fprintf(env.Stdout, "ok: %s\n", cell(string(body), 300))
 		return nil
 	}
 }

@@ -7,6 +7,7 @@ package metrics
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -33,12 +34,16 @@ type Metrics struct {
 	// OutboxTable is the outbox table the gauges read (see
 	// pgoutbox.QuoteTable). Default "outbox".
 	OutboxTable string
+	// Unrouted, if set, returns the depth of the broker's unrouted queue
+	// (messages no binding took), for the ferry_unrouted_messages gauge.
+	Unrouted func(context.Context) (int, error)
 
 	pending          *prometheus.GaugeVec
 	pendingDue       *prometheus.GaugeVec
 	oldestPendingAge prometheus.Gauge
 	maxAttempts      prometheus.Gauge
 	poison           *prometheus.GaugeVec
+	unrouted         prometheus.Gauge
 	dispatchLatency  *prometheus.HistogramVec
 	attempts         prometheus.Histogram
 	dispatched       *prometheus.CounterVec
@@ -66,6 +71,9 @@ func New() *Metrics {
 		poison: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_poison_messages", Help: "Messages in the poison store, by original topic.",
 		}, []string{"topic"}),
+		unrouted: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ferry_unrouted_messages", Help: "Messages in the broker's unrouted queue: published to a topic no route consumes.",
+		}),
 		dispatchLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "outbox_dispatch_latency_seconds", Help: "From outbox row creation to the broker's confirm.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600},
@@ -88,7 +96,7 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.Registry.MustRegister(m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison,
+	m.Registry.MustRegister(m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.consumer, m.refreshErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -145,6 +153,13 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	m.poison.Reset()
 	for topic, n := range poison {
 		m.poison.WithLabelValues(topic).Set(float64(n))
+	}
+	if m.Unrouted != nil {
+		n, err := m.Unrouted(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the unrouted queue's depth: %w", err)
+		}
+		m.unrouted.Set(float64(n))
 	}
 	return nil
 }

@@ -78,6 +78,27 @@ func TestDockerComposeMatchesTheBinary(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(prom), `"ferry:`+adminPort+`"`, "Prometheus scrapes the admin port")
 
+	// The image is built once and every Ferry service runs it; no port
+	// that a local server would hold is published; no known admin token.
+	builds := 0
+	for _, name := range []string{"migrate", "ferry", "sandbox"} {
+		s := c.Services[name]
+		require.Equal(t, "ferry:local", s.Image, "%s runs the one Ferry image", name)
+		if s.Build != nil {
+			builds++
+		}
+	}
+	require.Equal(t, 1, builds, "the Ferry image is built by one service")
+	for name, s := range c.Services {
+		for _, p := range s.Ports {
+			for _, clash := range []string{":5432:", ":5672:", ":15672:", ":6379:", ":9090:", ":3306:", ":1883:", ":4222:"} {
+				require.NotContains(t, ":"+p, clash, "%s publishes a port a local server would hold: %s", name, p)
+			}
+		}
+	}
+	require.Empty(t, cfg.AdminToken, "compose ships no admin token: the user sets one")
+	require.NotContains(t, string(raw), "change-me")
+
 	for name, s := range c.Services {
 		for _, v := range s.Volumes {
 			src, _, _ := strings.Cut(v, ":")
@@ -126,5 +147,22 @@ func TestGrafanaDashboardUsesFerrysMetrics(t *testing.T) {
 	}
 	for _, must := range []string{"outbox_pending_total", "outbox_dispatch_latency_seconds_bucket", "outbox_attempts_bucket", "outbox_dispatched_total", "ferry_poison_messages"} {
 		require.True(t, charted[must], "the dashboard must chart %s", must)
+	}
+}
+
+// The image listens on every interface of its container (its loopback is
+// unreachable through EXPOSE), and its build context leaves out what the
+// build does not need.
+func TestDockerImageListensBeyondItsLoopback(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../Dockerfile")
+	require.NoError(t, err)
+	for _, want := range []string{"FERRY_HTTP_ADDR=0.0.0.0:8080", "FERRY_ADMIN_ADDR=0.0.0.0:9091", "EXPOSE 8080 9091", "USER nonroot"} {
+		require.Contains(t, string(raw), want)
+	}
+	ignore, err := os.ReadFile("../../.dockerignore")
+	require.NoError(t, err)
+	for _, want := range []string{".git", "bin"} {
+		require.Contains(t, strings.Fields(string(ignore)), want)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
@@ -124,4 +126,44 @@ func TestWrongCredentialsAreOneActionableLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FERRY_DATABASE_SCHEMA is one identifier, used exactly as written: a
+// comma or mixed case never spreads tables into another schema, and the
+// migration lands in the schema named or nowhere.
+func TestMigrateIntoTheSchemaNamedOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; skipped with -short")
+	}
+	ctx := context.Background()
+	admin, err := pgconn.Open(ctx, pgconn.Config{URL: pipelinetest.DatabaseURL()})
+	require.NoError(t, err)
+	defer admin.Close()
+	publicTables := func() int {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename IN ('outbox', 'ferry_schema_version')`).Scan(&n))
+		return n
+	}
+	before := publicTables()
+	for _, schema := range []string{pipelinetest.UniqueName("ferry_test_") + ",public", pipelinetest.UniqueName("Ferry_Test_Mixed")} {
+		t.Run(schema, func(t *testing.T) {
+			t.Cleanup(func() { _ = pgconn.DropSchema(context.Background(), admin, schema) })
+			t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+			t.Setenv("FERRY_DATABASE_SCHEMA", schema)
+			var out, errOut strings.Builder
+			require.Equal(t, 0, run([]string{"migrate", "up"}, &out, &errOut), errOut.String())
+			var n int
+			require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'outbox'`, schema).Scan(&n))
+			require.Equal(t, 1, n, "the outbox is in the schema named %q", schema)
+			require.Equal(t, before, publicTables(), "nothing lands in public")
+			out.Reset()
+			require.Equal(t, 0, run([]string{"migrate", "status"}, &out, &errOut), errOut.String())
+			require.NotContains(t, out.String(), "pending")
+		})
+	}
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", strings.Repeat("s", 64))
+	var out, errOut strings.Builder
+	require.Equal(t, 1, run([]string{"migrate", "up"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "FERRY_DATABASE_SCHEMA")
 }

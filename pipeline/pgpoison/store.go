@@ -35,14 +35,27 @@ type Record struct {
 	CorrelationID string            `json:"correlation_id"`
 }
 
-// Selector chooses poisoned messages: exactly one of IDs, Topic or All.
+// Selector chooses poisoned messages: exactly one of IDs, Topic or All,
+// oldest first.
 type Selector struct {
 	IDs   []int64
 	Topic string
 	All   bool
+	// AfterID starts after this poison id: the next page of an earlier run.
+	AfterID int64
 	// Limit caps how many are chosen (oldest first); 0 means no cap.
 	Limit int
 }
+
+// MaxLimit bounds Selector.Limit and Filter.Limit.
+const MaxLimit = 10_000_000
+
+// pageSize is how many records one transaction takes: memory and lock
+// time stay flat however many messages a command selects.
+const pageSize = 500
+
+// ErrNotFound is returned by Get for an id the store does not hold.
+var ErrNotFound = errors.New("no such poisoned message")
 
 // Validate rejects a selector that names nothing, or more than one thing.
 func (s Selector) Validate() error {
@@ -59,10 +72,29 @@ func (s Selector) Validate() error {
 	if n != 1 {
 		return errors.New("select the messages with exactly one of --id, --topic or --all")
 	}
-	if s.Limit < 0 {
-		return errors.New("limit must not be negative")
+	return Filter{AfterID: s.AfterID, Limit: s.Limit}.Validate()
+}
+
+// Filter chooses poisoned messages to read, oldest first.
+type Filter struct {
+	// Topic keeps the messages of one original topic ("" for all).
+	Topic string
+	// AfterID starts after this poison id.
+	AfterID int64
+	// Limit caps how many are read; 0 means all.
+	Limit int
+}
+
+// Validate rejects out-of-range paging.
+func (f Filter) Validate() error {
+	var errs []error
+	if f.Limit < 0 || f.Limit > MaxLimit {
+		errs = append(errs, fmt.Errorf("limit must be in [0, %d] (0: no cap), got %d", MaxLimit, f.Limit))
 	}
-	return nil
+	if f.AfterID < 0 {
+		errs = append(errs, fmt.Errorf("after-id must not be negative, got %d", f.AfterID))
+	}
+	return errors.Join(errs...)
 }
 
 // Store reads and acts on the poison store.
@@ -93,14 +125,69 @@ func scanRecords(rows pgx.Rows) ([]Record, error) {
 	})
 }
 
-// List returns poisoned messages, oldest first, of topic (all when empty), at most limit (all when 0).
+// List returns poisoned messages, oldest first, of topic (all when empty),
+// at most limit (all when 0). For large stores use Each, which pages.
 func (s *Store) List(ctx context.Context, topic string, limit int) ([]Record, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM `+Table+`
-		WHERE ($1 = '' OR topic = $1) ORDER BY id LIMIT NULLIF($2, 0)`, topic, limit)
-	if err != nil {
-		return nil, fmt.Errorf("listing poisoned messages: %w", err)
+	var out []Record
+	err := s.Each(ctx, Filter{Topic: topic, Limit: limit}, func(r Record) error {
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+// Each calls fn for every poisoned message f chooses, oldest first, reading
+// a page at a time (by id), so memory stays flat at any store size. fn's
+// error stops the walk and is returned.
+func (s *Store) Each(ctx context.Context, f Filter, fn func(Record) error) error {
+	if err := f.Validate(); err != nil {
+		return err
 	}
-	return scanRecords(rows)
+	after, seen := f.AfterID, 0
+	for {
+		n := pageSize
+		if f.Limit > 0 {
+			n = min(n, f.Limit-seen)
+		}
+		if n <= 0 {
+			return nil
+		}
+		rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM `+Table+`
+			WHERE id > $1 AND ($2 = '' OR topic = $2) ORDER BY id LIMIT $3`, after, f.Topic, n)
+		if err != nil {
+			return fmt.Errorf("listing poisoned messages: %w", err)
+		}
+		recs, err := scanRecords(rows)
+		if err != nil {
+			return fmt.Errorf("reading poisoned messages: %w", err)
+		}
+		for _, r := range recs {
+			if err := fn(r); err != nil {
+				return err
+			}
+			after = r.ID
+		}
+		seen += len(recs)
+		if len(recs) < n {
+			return nil
+		}
+	}
+}
+
+// Get returns one poisoned message, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, id int64) (Record, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM `+Table+` WHERE id = $1`, id)
+	if err != nil {
+		return Record{}, fmt.Errorf("reading poisoned message %d: %w", id, err)
+	}
+	recs, err := scanRecords(rows)
+	if err != nil {
+		return Record{}, fmt.Errorf("reading poisoned message %d: %w", id, err)
+	}
+	if len(recs) == 0 {
+		return Record{}, fmt.Errorf("%w: %d", ErrNotFound, id)
+	}
+	return recs[0], nil
 }
 
 // Depth counts poisoned messages per topic.
@@ -125,17 +212,25 @@ func Depth(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
 	return out, rows.Err()
 }
 
-func (s *Store) selectTx(ctx context.Context, tx pgx.Tx, sel Selector) ([]Record, error) {
-	if err := sel.Validate(); err != nil {
-		return nil, err
-	}
-	rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
-		WHERE (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1)) AND ($2 = '' OR topic = $2)
-		ORDER BY id LIMIT NULLIF($3, 0) FOR UPDATE`, sel.IDs, sel.Topic, sel.Limit)
-	if err != nil {
-		return nil, fmt.Errorf("selecting poisoned messages: %w", err)
-	}
-	return scanRecords(rows)
+// Action is what Requeue or Discard did (or, dry, would do) with one message.
+type Action struct {
+	Record Record `json:"record"`
+	// Done is false for a message left in the store; Why says why.
+	Done bool   `json:"done"`
+	Why  string `json:"why,omitempty"`
+	// MessageID is the requeued message's id: the UUID of its new outbox row.
+	MessageID string `json:"message_id,omitempty"`
+}
+
+// Summary counts what Requeue or Discard did.
+type Summary struct {
+	Done    int  `json:"done"`
+	Skipped int  `json:"skipped"`
+	DryRun  bool `json:"dry_run"`
+	// NotFound are the ids of Selector.IDs the store does not hold.
+	NotFound []int64 `json:"not_found"`
+	// LastID is the last poison id looked at: Selector.AfterID of a next run.
+	LastID int64 `json:"last_id"`
 }
 
 // Skipped is a message Requeue left in the store, and why.
@@ -151,87 +246,181 @@ type RequeueResult struct {
 	// MessageIDs are the requeued messages' ids: the UUIDs of the new
 	// outbox rows (message_uuid), one per requeued message.
 	MessageIDs []string `json:"message_ids"`
+	NotFound   []int64  `json:"not_found"`
 	DryRun     bool     `json:"dry_run"`
 }
 
-// Requeue sends the selected messages back to their original topic: in one
-// transaction it writes each into the outbox (message id kept, attempt
-// count reset, failure bookkeeping dropped) and deletes it here. Handlers
-// that had already processed the message skip it through their ledger; the
-// one that failed runs it. Payloads go back byte for byte, JSON or not.
+// Requeue is RequeueEach collecting every action: for selections a
+// command line makes, use RequeueEach, which streams.
 func (s *Store) Requeue(ctx context.Context, sel Selector, dryRun bool) (RequeueResult, error) {
 	res := RequeueResult{DryRun: dryRun}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		recs, err := s.selectTx(ctx, tx, sel)
-		if err != nil {
-			return err
-		}
-		for _, r := range recs {
-			res.Requeued = append(res.Requeued, r)
-			if dryRun {
-				continue
+	sum, err := s.RequeueEach(ctx, sel, dryRun, func(a Action) error {
+		if a.Done {
+			res.Requeued = append(res.Requeued, a.Record)
+			if !dryRun {
+				res.MessageIDs = append(res.MessageIDs, a.MessageID)
 			}
-			headers := map[string]string{}
-			for k, v := range r.Headers {
-				if !slices.Contains(bookkeeping, k) {
-					headers[k] = v
-				}
-			}
-			headers[pipeline.MetaMessageID] = r.MessageID
-			headers["ferry_requeued_from_poison_id"] = fmt.Sprint(r.ID)
-			// The same message again: its UUID is its id, as at first.
-			msg := message.NewMessage(r.MessageID, r.Payload)
-			for k, v := range headers {
-				msg.Metadata.Set(k, v)
-			}
-			msg.Metadata.Set(pipeline.MetaAggregateID, r.AggregateID)
-			if err := s.outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), r.Topic, msg); err != nil {
-				return fmt.Errorf("requeueing poisoned message %d into the outbox: %w", r.ID, err)
-			}
-			if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = $1`, r.ID); err != nil {
-				return fmt.Errorf("removing requeued message %d: %w", r.ID, err)
-			}
-			res.MessageIDs = append(res.MessageIDs, r.MessageID)
-		}
-		if dryRun {
-			return errDryRun
+		} else {
+			res.Skipped = append(res.Skipped, Skipped{Record: a.Record, Why: a.Why})
 		}
 		return nil
 	})
-	if errors.Is(err, errDryRun) {
-		err = nil
-	}
-	if err != nil {
-		return RequeueResult{DryRun: dryRun}, err
-	}
-	return res, nil
+	res.NotFound = sum.NotFound
+	return res, err
+}
+
+// RequeueEach sends the selected messages back to their original topic: it
+// writes each into the outbox (message id kept, attempt count reset,
+// failure bookkeeping dropped) and deletes it here, in one transaction per
+// page of messages, so an interrupted requeue loses and doubles nothing.
+// Handlers that had already processed the message skip it through their
+// ledger; the one that failed runs it. Payloads go back byte for byte.
+//
+// A message that cannot be written back (no id, no topic, headers the
+// outbox refuses) is skipped with the reason, under a savepoint of its own,
+// and the rest go on. A dry run takes exactly the same steps and rolls
+// everything back, so it reports the same skips. fn is told each action as
+// its page commits (a dry run's as it is tried).
+func (s *Store) RequeueEach(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error) (Summary, error) {
+	return s.act(ctx, sel, dryRun, fn, func(tx pgx.Tx, r Record) (string, error) {
+		headers := map[string]string{}
+		for k, v := range r.Headers {
+			if !slices.Contains(bookkeeping, k) {
+				headers[k] = v
+			}
+		}
+		headers[pipeline.MetaMessageID] = r.MessageID
+		headers["ferry_requeued_from_poison_id"] = fmt.Sprint(r.ID)
+		// The same message again: its UUID is its id, as at first.
+		msg := message.NewMessage(r.MessageID, r.Payload)
+		for k, v := range headers {
+			msg.Metadata.Set(k, v)
+		}
+		msg.Metadata.Set(pipeline.MetaAggregateID, r.AggregateID)
+		if err := s.outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), r.Topic, msg); err != nil {
+			return "", fmt.Errorf("cannot be written back into the outbox: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = $1`, r.ID); err != nil {
+			return "", fmt.Errorf("removing requeued message: %w", err)
+		}
+		return r.MessageID, nil
+	})
+}
+
+// DiscardEach deletes the selected messages (or, dry, only says which), a
+// page per transaction, telling fn each.
+func (s *Store) DiscardEach(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error) (Summary, error) {
+	return s.act(ctx, sel, dryRun, fn, func(tx pgx.Tx, r Record) (string, error) {
+		if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = $1`, r.ID); err != nil {
+			return "", fmt.Errorf("discarding: %w", err)
+		}
+		return "", nil
+	})
+}
+
+// Discard is DiscardEach collecting the discarded records.
+func (s *Store) Discard(ctx context.Context, sel Selector, dryRun bool) ([]Record, error) {
+	var out []Record
+	_, err := s.DiscardEach(ctx, sel, dryRun, func(a Action) error {
+		if a.Done {
+			out = append(out, a.Record)
+		}
+		return nil
+	})
+	return out, err
 }
 
 var errDryRun = errors.New("dry run: roll back")
 
-// Discard deletes the selected messages (or, dry, only says which).
-func (s *Store) Discard(ctx context.Context, sel Selector, dryRun bool) ([]Record, error) {
-	var out []Record
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		recs, err := s.selectTx(ctx, tx, sel)
-		if err != nil {
-			return err
-		}
-		out = recs
-		if dryRun || len(recs) == 0 {
-			return errDryRun
-		}
-		ids := make([]int64, len(recs))
-		for i, r := range recs {
-			ids[i] = r.ID
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = ANY($1)`, ids); err != nil {
-			return fmt.Errorf("discarding poisoned messages: %w", err)
-		}
-		return nil
-	})
-	if errors.Is(err, errDryRun) {
-		err = nil
+// act runs do on every selected record, page by page, each record under
+// a savepoint so that one that fails is skipped with its reason instead of
+// aborting the page.
+func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error, do func(pgx.Tx, Record) (string, error)) (Summary, error) {
+	sum := Summary{DryRun: dryRun, LastID: sel.AfterID}
+	if err := sel.Validate(); err != nil {
+		return sum, err
 	}
-	return out, err
+	found := map[int64]bool{}
+	for {
+		n := pageSize
+		if sel.Limit > 0 {
+			n = min(n, sel.Limit-sum.Done-sum.Skipped)
+		}
+		if n <= 0 {
+			break
+		}
+		var actions []Action
+		var last int64
+		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
+				WHERE id > $1 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND ($3 = '' OR topic = $3)
+				ORDER BY id LIMIT $4 FOR UPDATE`, sum.LastID, sel.IDs, sel.Topic, n)
+			if err != nil {
+				return fmt.Errorf("selecting poisoned messages: %w", err)
+			}
+			recs, err := scanRecords(rows)
+			if err != nil {
+				return fmt.Errorf("reading poisoned messages: %w", err)
+			}
+			for _, r := range recs {
+				last = r.ID
+				a := Action{Record: r}
+				sp, err := tx.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				id, derr := do(sp, r)
+				if derr != nil {
+					if err := sp.Rollback(ctx); err != nil {
+						return err
+					}
+					a.Why = derr.Error()
+				} else {
+					if err := sp.Commit(ctx); err != nil {
+						return err
+					}
+					a.Done, a.MessageID = true, id
+				}
+				actions = append(actions, a)
+				if dryRun {
+					if err := fn(a); err != nil {
+						return err
+					}
+				}
+			}
+			if dryRun {
+				return errDryRun
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errDryRun) {
+			return sum, err
+		}
+		for _, a := range actions {
+			found[a.Record.ID] = true
+			if a.Done {
+				sum.Done++
+			} else {
+				sum.Skipped++
+			}
+			if !dryRun {
+				if err := fn(a); err != nil {
+					return sum, err
+				}
+			}
+		}
+		if len(actions) == 0 {
+			break
+		}
+		sum.LastID = last
+		if len(actions) < n {
+			break
+		}
+	}
+	for _, id := range sel.IDs {
+		if !found[id] && !slices.Contains(sum.NotFound, id) {
+			sum.NotFound = append(sum.NotFound, id)
+		}
+	}
+	return sum, nil
 }

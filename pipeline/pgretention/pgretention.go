@@ -58,12 +58,14 @@ type Options struct {
 
 // Result says what a prune did.
 type Result struct {
-	Target  string    `json:"target"`
-	Cutoff  time.Time `json:"cutoff"`
-	Removed int64     `json:"removed"`
-	Batches int       `json:"batches"`
-	DryRun  bool      `json:"dry_run"`
-	Archive bool      `json:"archived"`
+	Target string    `json:"target"`
+	Cutoff time.Time `json:"cutoff"`
+	// Removed is how many rows went (with DryRun: would go).
+	Removed int64 `json:"removed"`
+	// Batches is how many transactions it took (with DryRun: would take).
+	Batches int  `json:"batches"`
+	DryRun  bool `json:"dry_run"`
+	Archive bool `json:"archived"`
 }
 
 // Prune removes t's rows older than the retention, batch by batch, until
@@ -124,6 +126,9 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 		if err != nil {
 			return res, fmt.Errorf("counting prunable %s rows: %w", t, err)
 		}
+		// The batches a real run would take (it ends on a short batch, so
+		// an exact multiple takes one more, empty, batch).
+		res.Batches = int(res.Removed/int64(o.BatchSize)) + 1
 		return res, nil
 	}
 	for {

@@ -20,9 +20,10 @@ func TestPruneLedgerRemovesOnlyOldRows(t *testing.T) {
 		UNION ALL SELECT 'c', 'new-' || g, now() - interval '13 days' FROM generate_series(1, 5) g`)
 	require.NoError(t, err)
 
-	dry, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, DryRun: true})
+	dry, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, DryRun: true, BatchSize: 10})
 	require.NoError(t, err)
 	require.EqualValues(t, 25, dry.Removed)
+	require.Equal(t, 3, dry.Batches, "a dry run says how many batches the real run takes")
 
 	res, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, BatchSize: 10})
 	require.NoError(t, err)
