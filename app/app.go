@@ -138,6 +138,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, Metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider)}
 	a.Metrics.OutboxTable = cfg.Relay.Table
+	if cfg.Relay.Spans == nil {
+		cfg.Relay.Spans = a.tracer
+	}
 	// The relay reports to the metrics, and to the caller's observer if any.
 	if user := cfg.Relay.Observer; user != nil {
 		cfg.Relay.Observer = func(o []pgoutbox.Outcome) { a.Metrics.ObserveRelay(o); user(o) }

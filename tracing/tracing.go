@@ -113,6 +113,37 @@ func (t *Tracer) Consumer(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
+// StartPublish is the relay's span for one event (pgoutbox.PublishSpans):
+// a producer span "publish <topic>", child of the trace the event was
+// written in (its traceparent header), with the topic, the message id and
+// the outbox row id. The span's context replaces the event's traceparent,
+// so the consumer's span follows from it: a trace runs from the request
+// through the relay to the handler without a gap.
+func (t *Tracer) StartPublish(ctx context.Context, topic string, outboxID int64, msg *message.Message) func(error) {
+	parent := propagator.Extract(context.WithoutCancel(ctx), metadataCarrier(msg.Metadata))
+	sctx, span := t.tracer.Start(parent, "publish "+topic, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "rabbitmq"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.destination.name", topic),
+			attribute.String("messaging.message.id", msg.UUID),
+			attribute.Int64("ferry.outbox_id", outboxID),
+		))
+	if span.SpanContext().IsValid() {
+		propagator.Inject(sctx, metadataCarrier(msg.Metadata))
+		if msg.Metadata.Get(pipeline.MetaTraceID) == "" {
+			msg.Metadata.Set(pipeline.MetaTraceID, span.SpanContext().TraceID().String())
+		}
+	}
+	return func(err error) {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
+}
+
 // TraceID returns the trace id of ctx's span, or "".
 func TraceID(ctx context.Context) string {
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {

@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strconv"
 	"slices"
 	"strings"
 	"testing"
@@ -166,4 +170,161 @@ func TestMigrateIntoTheSchemaNamedOnly(t *testing.T) {
 	var out, errOut strings.Builder
 	require.Equal(t, 1, run([]string{"migrate", "up"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "FERRY_DATABASE_SCHEMA")
+}
+
+// What a newcomer gets wrong in the environment is named by its variable;
+// a set 0 is refused, not silently the default; a misspelt variable is
+// warned about with the nearest name.
+func TestConfigurationErrorsNameTheVariable(t *testing.T) {
+	t.Setenv("FERRY_RELAY_BATCH_SIZE", "0")
+	t.Setenv("FERRY_RETRY_INITIAL_INTERVAL", "5s") // above the default max of 2s
+	t.Setenv("FERRY_ADMIN_TOKEN", "short")
+	t.Setenv("FERRY_DATABASE_SCHEMA", strings.Repeat("x", 70))
+	var out, errOut strings.Builder
+	require.Equal(t, 1, run([]string{"relay"}, &out, &errOut))
+	msg := errOut.String()
+	require.Contains(t, msg, `FERRY_RELAY_BATCH_SIZE="0": must be in [1, 10000]`)
+	require.Contains(t, msg, "FERRY_RETRY_MAX_INTERVAL: must be at least FERRY_RETRY_INITIAL_INTERVAL")
+	require.Contains(t, msg, "FERRY_ADMIN_TOKEN: must be at least 16 characters")
+	require.Contains(t, msg, "FERRY_DATABASE_SCHEMA")
+	for _, goName := range []string{"RelayConfig", "RetryConfig", "BatchSize", "InitialInterval"} {
+		require.NotContains(t, msg, goName, "errors name variables, not Go fields")
+	}
+
+	cfg, err := app.ConfigFromLookup(func(k string) (string, bool) {
+		return map[string]string{"FERRY_RETRY_MAX": "0"}[k], k == "FERRY_RETRY_MAX"
+	})
+	require.NoError(t, err)
+	require.Equal(t, 0, cfg.Retry.MaxRetries, "FERRY_RETRY_MAX=0 means no quick retries, not the default 3")
+
+	warnings := app.UnknownVariables([]string{"FERRY_RELAY_BACTH_SIZE=5", "FERRY_DATABASE_URL=x", "HOME=/root", "FERRY_TOTALLY_ELSE=1"}, nil)
+	require.Equal(t, []string{
+		"FERRY_RELAY_BACTH_SIZE is not a variable Ferry or this application reads; it is ignored (did you mean FERRY_RELAY_BATCH_SIZE?)",
+		"FERRY_TOTALLY_ELSE is not a variable Ferry or this application reads; it is ignored",
+	}, warnings)
+	t.Setenv("FERRY_RELAY_BACTH_SIZE", "5")
+	errOut.Reset()
+	run([]string{"relay"}, &out, &errOut)
+	require.Contains(t, errOut.String(), "ferry: warning: FERRY_RELAY_BACTH_SIZE is not a variable")
+}
+
+// healthcheck uses credentials in --url but never prints them.
+func TestHealthcheckNeverPrintsCredentials(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != "probe" || p != "hunter2-secret" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"database":"unreachable"}`))
+	}))
+	defer srv.Close()
+	withCreds := strings.Replace(srv.URL, "http://", "http://probe:hunter2-secret@", 1)
+	for _, url := range []string{withCreds + "/readyz", "http://probe:hunter2-secret@127.0.0.1:1/readyz"} {
+		var out, errOut strings.Builder
+		require.Equal(t, 1, run([]string{"healthcheck", "--url", url}, &out, &errOut))
+		require.NotContains(t, errOut.String()+out.String(), "hunter2", url)
+		require.Contains(t, errOut.String(), "probe:xxxxx@")
+	}
+}
+
+// The poison and status commands on a store with hostile and plentiful
+// content: escaped and cut tables, exact JSON, paging, unknown ids named,
+// exit codes that say when a human is needed.
+func TestPoisonAndStatusCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
+	}
+	schema := pipelinetest.Schema(t)
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
+	t.Setenv("FERRY_AMQP_URL", pipelinetest.AMQPURL())
+	t.Setenv("FERRY_AMQP_NAMESPACE", pipelinetest.UniqueName("ferrytest.")+".")
+	pool := pipelinetest.Pool(t, schema, "ferry-test-cli")
+	hostile := "\x1b[2J\x1b[31mowned\u202etxt.exe " + strings.Repeat("x", 5000)
+	_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason, headers)
+		VALUES ($1, 'mail.send', 'notifications.mail', '{"a":1}', $1, '{"ferry_error_history":"[{\"attempt\":1,\"at\":\"t\",\"error\":\"first\"}]"}'),
+		       ('plain', 'mail.send', 'notifications.mail', 'raw bytes', 'boom', '{}')`, hostile)
+	require.NoError(t, err)
+	var ids []int64
+	rows, err := pool.Query(context.Background(), `SELECT id FROM poison_messages ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		ids = append(ids, id)
+	}
+	require.Len(t, ids, 2)
+
+	cmd := func(args ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := run(args, &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	code, out, _ := cmd("poison", "list")
+	require.Equal(t, 0, code)
+	require.NotContains(t, out, "\x1b", "no raw escape reaches the terminal")
+	require.NotContains(t, out, "\u202e")
+	require.Contains(t, out, `\x1b[2J`)
+	for _, line := range strings.Split(out, "\n") {
+		require.Less(t, len([]rune(line)), 400, "cells are cut: %q", line)
+	}
+	code, out, _ = cmd("poison", "list", "--json", "--limit", "0")
+	require.Equal(t, 0, code)
+	var recs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &recs), out)
+	require.Len(t, recs, 2)
+	require.Equal(t, hostile, recs[0]["reason"], "JSON stays exact")
+	code, out, _ = cmd("poison", "list", "--json", "--after-id", strconv.FormatInt(ids[0], 10))
+	require.Equal(t, 0, code)
+	require.NoError(t, json.Unmarshal([]byte(out), &recs))
+	require.Len(t, recs, 1, "the next page")
+
+	for _, bad := range [][]string{{"poison", "list", "--limit", "-1"}, {"poison", "list", "--limit", "99999999999"}, {"poison", "requeue", "--all", "--after-id", "-5"}} {
+		code, _, errOut := cmd(bad...)
+		require.Equal(t, 2, code, "%v", bad)
+		require.Contains(t, errOut, "must", "%v: a clear message, not SQL", bad)
+		require.NotContains(t, errOut, "SQLSTATE")
+	}
+
+	code, out, _ = cmd("poison", "show", strconv.FormatInt(ids[0], 10))
+	require.Equal(t, 0, code)
+	require.Contains(t, out, strings.Repeat("x", 5000), "show keeps the reason whole")
+	require.NotContains(t, out, "\x1b")
+	require.Contains(t, out, "attempt history")
+	require.Contains(t, out, "#1  t  first")
+	require.Contains(t, out, `"a": 1`)
+	code, _, errOut := cmd("poison", "show", "999999")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "no such poisoned message")
+
+	code, out, errOut = cmd("poison", "discard", "--id", strconv.FormatInt(ids[1], 10)+",999999")
+	require.Equal(t, 1, code, "an unknown id fails the command")
+	require.Contains(t, out, "discarded 1 message(s)")
+	require.Contains(t, errOut, "no poisoned message with id 999999")
+	// The one left has a 5,000-byte id the outbox cannot take: the dry run
+	// finds that as the real run would, names it and fails.
+	code, out, errOut = cmd("poison", "requeue", "--all", "--dry-run")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "would requeue 0 message(s)")
+	require.Contains(t, out, "skipped poison id "+strconv.FormatInt(ids[0], 10)+": cannot be written back")
+	require.Contains(t, errOut, "1 message(s) skipped")
+
+	code, out, _ = cmd("status")
+	require.Equal(t, 3, code, "a poisoned message and no live relay need a human:\n%s", out)
+	require.Contains(t, out, "needs attention:")
+	require.Contains(t, out, "no live relay")
+	require.NotContains(t, out, "\x1b")
+	code, out, _ = cmd("status", "--exit-code=false", "--json")
+	require.Equal(t, 0, code)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.NotEmpty(t, rep["attention"])
+	require.Contains(t, rep, "unrouted")
+
+	code, out, _ = cmd("prune", "outbox", "--archive", "--dry-run")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "would archive 0 row(s)")
+	require.Contains(t, out, "in 1 batch(es)")
 }

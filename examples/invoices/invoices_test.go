@@ -125,9 +125,16 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 	require.Contains(t, poisoned[0].Reason, pipeline.MetaTenantID)
 	require.True(t, poisoned[0].Permanent)
 
+	// Something needs a human (the poisoned invoice): status says so and
+	// exits 3; --exit-code=false prints the same and exits 0.
 	status, err := cmd("status")
-	require.NoError(t, err, status)
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, status)
+	require.Equal(t, 3, exit.ExitCode(), status)
 	require.Contains(t, status, "poison store: 1 message(s)")
+	require.Contains(t, status, "needs attention:")
+	status, err = cmd("status", "--exit-code=false")
+	require.NoError(t, err, status)
 
 	require.NoError(t, run.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, run.Wait(), "graceful stop; logs:\n%s", logs.String())

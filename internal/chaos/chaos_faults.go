@@ -113,9 +113,9 @@ func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Option
 			mu.Unlock()
 			switch {
 			case x < f.PanicRate:
-				panic("chaos: injected panic")
+				panic(injectedPanic)
 			case x < f.PanicRate+f.FailRate:
-				return nil, errors.New("chaos: injected failure")
+				return nil, errInjectedFailure
 			}
 			return h(msg)
 		}
@@ -131,3 +131,8 @@ func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Option
 	}
 	return opts
 }
+
+// The faults' own words: the run's invariants accept no other poison reason.
+const injectedPanic = "chaos: injected panic"
+
+var errInjectedFailure = errors.New("chaos: injected failure")

@@ -49,6 +49,18 @@ type RelayConfig struct {
 	// Observer, if set, is told the outcome of every committed batch
 	// (metrics, benchmarks). It is called on the relay's goroutine: keep it quick.
 	Observer func(outcomes []Outcome)
+	// Spans, if set, opens a span around each event's publish
+	// (tracing.Tracer does, as a producer span in the event's trace).
+	Spans PublishSpans
+}
+
+// PublishSpans traces the relay's publishes.
+type PublishSpans interface {
+	// StartPublish starts the span of publishing msg (outbox row outboxID)
+	// to topic, continuing the trace in msg's metadata and writing the
+	// span's own context back into it, so that the consumer's span follows
+	// from the publish. end finishes the span with the publish's outcome.
+	StartPublish(ctx context.Context, topic string, outboxID int64, msg *message.Message) (end func(err error))
 }
 
 // Outcome is what happened to one claimed row.
@@ -466,21 +478,31 @@ func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
 		batch[i] = pipeline.Outgoing{Topic: row.topic, Msg: msg}
 		outcomes[i] = Outcome{ID: row.id, Topic: row.topic, AggregateID: row.aggregateID, CreatedAt: row.createdAt, Attempt: row.attempts + 1, Msg: msg}
 	}
+	ends := make([]func(error), len(rows))
+	for i, o := range batch {
+		ends[i] = func(error) {}
+		if r.cfg.Spans != nil {
+			ends[i] = r.cfg.Spans.StartPublish(ctx, o.Topic, rows[i].id, o.Msg)
+		}
+	}
 	if bp, ok := r.pub.(pipeline.BatchPublisher); ok {
 		errs := bp.PublishBatch(ctx, batch)
 		now := time.Now()
 		for i, err := range errs {
 			outcomes[i].Err, outcomes[i].At = err, now
+			ends[i](err)
 		}
 		return outcomes
 	}
 	for i, o := range batch {
 		if err := ctx.Err(); err != nil {
 			outcomes[i].Err = err
+			ends[i](err)
 			continue
 		}
 		outcomes[i].Err = r.pub.Publish(o.Topic, o.Msg)
 		outcomes[i].At = time.Now()
+		ends[i](outcomes[i].Err)
 	}
 	return outcomes
 }

@@ -71,3 +71,76 @@ func TestStoreRoundTrip(t *testing.T) {
 	require.Error(t, pgpoison.Selector{}.Validate())
 	require.Error(t, pgpoison.Selector{All: true, Topic: "x"}.Validate())
 }
+
+// A message that cannot be written back is skipped with its reason and
+// the rest are requeued; the dry run takes the same steps and reports the
+// same; ids the store does not hold are named.
+func TestRequeueSkipsWhatCannotBeStoredAndDryRunAgrees(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	db := pgconn.SQLDB(pool)
+	defer db.Close()
+	pub, err := pgpoison.NewPublisher(db)
+	require.NoError(t, err)
+	noID := poisoned("", "a.topic", `{"ok":3}`) // a message that came without an id
+	nul := poisoned("4", "a.topic", `{"s":"\u0000"}`)
+	require.NoError(t, pub.Publish("ignored", poisoned("1", "a.topic", `{"ok":1}`), noID, poisoned("2", "a.topic", `{"ok":2}`), nul))
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	all, err := store.List(context.Background(), "", 0)
+	require.NoError(t, err)
+	require.Len(t, all, 4)
+
+	dry, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, true)
+	require.NoError(t, err)
+	require.Len(t, dry.Requeued, 3)
+	require.Len(t, dry.Skipped, 1)
+	require.Contains(t, dry.Skipped[0].Why, "message has no UUID")
+	var outbox int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&outbox))
+	require.Zero(t, outbox, "a dry run writes nothing")
+
+	res, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, false)
+	require.NoError(t, err)
+	require.Len(t, res.Requeued, len(dry.Requeued), "the dry run said what the real run did")
+	require.Len(t, res.Skipped, 1)
+	require.Equal(t, dry.Skipped[0].Record.ID, res.Skipped[0].Record.ID)
+	left, err := store.List(context.Background(), "", 0)
+	require.NoError(t, err)
+	require.Len(t, left, 1, "the skipped message stays in the store")
+
+	gone, err := store.Discard(context.Background(), pgpoison.Selector{IDs: []int64{left[0].ID}}, false)
+	require.NoError(t, err)
+	require.Len(t, gone, 1)
+	sum, err := store.DiscardEach(context.Background(), pgpoison.Selector{IDs: []int64{left[0].ID, 999}}, false, func(pgpoison.Action) error { return nil })
+	require.NoError(t, err)
+	require.Equal(t, []int64{left[0].ID, 999}, sum.NotFound)
+}
+
+// Each pages by id: every record once, in order, from any starting id,
+// within the limit.
+func TestEachPagesByID(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+		SELECT 'm' || g, CASE WHEN g % 2 = 0 THEN 'even' ELSE 'odd' END, 'h', '\x7b7d'::bytea, 'r' FROM generate_series(1, 1234) g`)
+	require.NoError(t, err)
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	var ids []int64
+	require.NoError(t, store.Each(context.Background(), pgpoison.Filter{}, func(r pgpoison.Record) error { ids = append(ids, r.ID); return nil }))
+	require.Len(t, ids, 1234)
+	for i := 1; i < len(ids); i++ {
+		require.Less(t, ids[i-1], ids[i])
+	}
+	var page []int64
+	require.NoError(t, store.Each(context.Background(), pgpoison.Filter{AfterID: ids[599], Limit: 700, Topic: "even"}, func(r pgpoison.Record) error {
+		page = append(page, r.ID)
+		return nil
+	}))
+	require.Len(t, page, 317, "the even ids after the 600th: 634 are past it, 317 of them even")
+	require.Greater(t, page[0], ids[599])
+	require.Error(t, pgpoison.Filter{Limit: -1}.Validate())
+	require.Error(t, pgpoison.Filter{Limit: pgpoison.MaxLimit + 1}.Validate())
+	require.Error(t, pgpoison.Filter{AfterID: -1}.Validate())
+}

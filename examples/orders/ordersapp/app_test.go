@@ -343,10 +343,13 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 	exchange := h.app.Topology.ExchangeName(orders.TopicChargeRequested)
 	bad := []amqp.Publishing{
 		{MessageId: "m1", Body: []byte("not json"), Headers: amqp.Table{"schema_version": "1"}},
-		{MessageId: "m2", Body: []byte(`{"order_id":1}`), Headers: amqp.Table{"schema_version": "1"}},                                                 // missing fields
-		{MessageId: "m3", Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": int32(99)}}, // unknown version, integer header
-		{Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": "1"}},                        // no message id
-		{MessageId: "m5", Body: []byte(`{"order_id":1,"user_id":"` + strings.Repeat("x", 2<<20) + `"}`), Headers: amqp.Table{"schema_version": "1"}},  // huge
+		{MessageId: "m2", Body: []byte(`{"order_id":1}`), Headers: amqp.Table{"schema_version": "1"}},                                                      // missing fields
+		{MessageId: "m3", Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": int32(99)}},      // unknown version, integer header
+		{Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": "1"}},                             // no message id
+		{MessageId: "m5", Body: []byte(`{"order_id":1,"user_id":"` + strings.Repeat("x", 2<<20) + `"}`), Headers: amqp.Table{"schema_version": "1"}},       // huge
+		{MessageId: "m6", Body: []byte(`{"order_id":1,"user_id":"u\u0000","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": "1"}},      // NUL: no retry could store it
+		{MessageId: "m7", Body: []byte(`{"order_id":1,"user_id":"u","amount":5,"amount":9,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": "1"}}, // duplicate key
+		{MessageId: "m8", Body: []byte(`{"order_id":1,"user_id":"a> NOTIFY=SUCCESS ORCPT=rfc822;x@evil","amount":5,"currency":"JPY"}`), Headers: amqp.Table{"schema_version": "1"}},
 	}
 	for _, p := range bad {
 		require.NoError(t, ch.PublishWithContext(context.Background(), exchange, "", false, false, p))
@@ -371,6 +374,9 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 	require.Contains(t, reasons["m3"], `unknown schema_version "99"`)
 	require.Contains(t, reasons[""], "no id")
 	require.Contains(t, reasons["m5"], "more than 1048576")
+	require.Contains(t, reasons["m6"], "NUL character")
+	require.Contains(t, reasons["m7"], "amount: is given twice")
+	require.Contains(t, reasons["m8"], "user_id must be letters, digits")
 	mu.Lock()
 	defer mu.Unlock()
 	require.Zero(t, calls)
@@ -395,6 +401,7 @@ func TestCorrelationAndTraceTravelToTheHandler(t *testing.T) {
 	srv := apiServer(t, h)
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"user_id":"dana","amount":10,"currency":"USD"}`))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", "trace-1")
 	req.Header.Set("X-Correlation-ID", "req-123")
 	req.Header.Set("traceparent", tp)

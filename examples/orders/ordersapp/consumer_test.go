@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -269,4 +271,44 @@ func budgeted(t *testing.T, b **middleware.Budget, cfg middleware.BudgetConfig, 
 		r.Middleware = []message.HandlerMiddleware{(*b).Middleware}
 		return []handlers.Route{r}, nil
 	}
+}
+
+// A delivery that reuses a processed message id with other content (a
+// forged or broken publisher pre-empting a real event) is not dropped as a
+// duplicate: it is poisoned with the reason, logged at WARN and counted.
+func TestSameIDDifferentContentIsPoisonedNotDropped(t *testing.T) {
+	t.Parallel()
+	var effects sync.Map
+	logs := &syncBuffer{}
+	cfg, provider, sink := testConfig(t)
+	h := startWith(t, cfg, provider, sink, app.Options{
+		Logger: slog.New(pipeline.LogHandler(slog.NewTextHandler(logs, nil))),
+		Routes: func(app.Deps) ([]handlers.Route, error) {
+			return []handlers.Route{{Name: "mail.like", Topic: "work.forged", Handler: func(msg *message.Message) error {
+				effects.Store(string(msg.Payload), true)
+				return nil
+			}}}, nil
+		}}, app.Components{Consumers: true})
+	ch, closeCh := h.channel(t)
+	defer closeCh()
+	publish := func(body string) {
+		require.NoError(t, ch.PublishWithContext(context.Background(), h.app.Topology.ExchangeName("work.forged"), "", false, false,
+			amqp.Publishing{MessageId: "next-id", Body: []byte(body), DeliveryMode: amqp.Persistent}))
+	}
+	publish(`{"to":"genuine"}`)
+	eventually(t, "the first delivery handled", func() bool { _, ok := effects.Load(`{"to":"genuine"}`); return ok })
+	publish(`{"to":"genuine"}`) // a real redelivery: same content
+	publish(`{"to":"attacker"}`)
+	var poisoned []pgpoison.Record
+	eventually(t, "the conflicting delivery poisoned", func() bool { poisoned = h.poisoned(t); return len(poisoned) == 1 })
+	eventually(t, "the redelivery seen as a duplicate", func() bool { return h.app.Idempotency.Duplicates() == 1 })
+	require.Equal(t, `{"to":"attacker"}`, string(poisoned[0].Payload))
+	require.Contains(t, poisoned[0].Reason, "message id already processed with different content")
+	require.True(t, poisoned[0].Permanent)
+	_, ran := effects.Load(`{"to":"attacker"}`)
+	require.False(t, ran)
+	require.Contains(t, logs.String(), "level=WARN msg=\"message id reused with different content")
+	rec := httptest.NewRecorder()
+	h.app.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	require.Contains(t, rec.Body.String(), `ferry_consumer_messages_total{handler="mail.like",outcome="id_conflict"} 1`)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
@@ -39,7 +40,7 @@ func get(t *testing.T, h http.Handler, method, path, token string) (int, string)
 func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	t.Parallel()
 	cfg, provider, sink := testConfig(t)
-	cfg.AdminToken = "s3cret"
+	cfg.AdminToken = "s3cret-admin-token-0123"
 	h := startWith(t, cfg, provider, sink, app.Options{}, app.Components{Relay: true, Consumers: true})
 	_, err := h.orders.CreateOrder(context.Background(), orders.Input{UserID: "mia", Amount: 300, Currency: "JPY", IdempotencyKey: "m-1"})
 	require.NoError(t, err)
@@ -85,9 +86,19 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	require.Equal(t, 401, code)
 	code, _ = get(t, admin, "POST", "/admin/prune", "wrong")
 	require.Equal(t, 401, code)
-	code, body = get(t, admin, "POST", "/admin/prune", "s3cret")
+	code, body = get(t, admin, "POST", "/admin/prune", "s3cret-admin-token-0123")
 	require.Equal(t, 200, code, body)
 	require.Contains(t, body, `"target":"ledger"`)
+	// The scheme is case-insensitive; the token is not.
+	req := httptest.NewRequest("POST", "/admin/prune", nil)
+	req.Header.Set("Authorization", "bearer s3cret-admin-token-0123")
+	rec := httptest.NewRecorder()
+	admin.ServeHTTP(rec, req)
+	require.Equal(t, 200, rec.Code, rec.Body.String())
+	code, _ = get(t, admin, "POST", "/admin/prune", "S3CRET-ADMIN-TOKEN-0123")
+	require.Equal(t, 401, code)
+	_, body = get(t, admin, "GET", "/metrics", "")
+	require.Contains(t, body, "ferry_unrouted_messages ", "the unrouted queue's depth is a metric")
 
 	rep, err := pgstatus.Collect(context.Background(), h.app.Pool, "", pgstatus.DefaultAttemptsThreshold)
 	require.NoError(t, err)
@@ -102,6 +113,14 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	rep, err = pgstatus.Collect(context.Background(), h.app.Pool, "", 5)
 	require.NoError(t, err)
 	require.Empty(t, rep.Instances, "a clean stop removes the heartbeat")
+
+	// /readyz says what failed, never the driver's text (hosts, users, databases).
+	h.app.Pool.Close()
+	code, body = get(t, admin, "GET", "/readyz", "")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, `"database":"unreachable`)
+	require.NotContains(t, body, "closed pool")
+	require.NotContains(t, body, "ferry_test_")
 }
 
 func TestAdminWithoutTokenRefusesStateChanges(t *testing.T) {
@@ -152,6 +171,7 @@ func TestTraceFollowsOneTraceIDAcrossHops(t *testing.T) {
 	srv := apiServer(t, h)
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"user_id":"tess","amount":10,"currency":"USD"}`))
+	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", "trace-hops")
 	req.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
 	resp, err := http.DefaultClient.Do(req)
@@ -170,15 +190,37 @@ func TestTraceFollowsOneTraceIDAcrossHops(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the onward event was never handled")
 	}
-	eventually(t, "the consumer spans", func() bool { return len(spans.Ended()) >= 3 })
-	names := map[string]bool{}
+	eventually(t, "the consumer spans", func() bool {
+		n := 0
+		for _, s := range spans.Ended() {
+			if strings.HasPrefix(s.Name(), "consume ") {
+				n++
+			}
+		}
+		return n >= 2 // stripe.charge, receipt.issued
+	})
+	byName := map[string]sdktrace.ReadOnlySpan{}
 	for _, s := range spans.Ended() {
 		require.Equal(t, traceID, s.SpanContext().TraceID().String(), "span %s left the trace", s.Name())
-		names[s.Name()] = true
+		byName[s.Name()] = s
 	}
-	require.True(t, names["POST /orders"])
-	require.True(t, names["consume stripe.charge"])
-	require.True(t, names["consume receipt.issued"])
+	require.Contains(t, byName, "POST /orders")
+	require.Contains(t, byName, "consume stripe.charge")
+	require.Contains(t, byName, "consume receipt.issued")
+	// The relay's span sits between the commit and the consumer: no gap.
+	pub := byName["publish stripe.charge"]
+	require.NotNil(t, pub, "the relay opens a span per published event")
+	require.Equal(t, trace.SpanKindProducer, pub.SpanKind())
+	attrs := map[string]string{}
+	for _, kv := range pub.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.Emit()
+	}
+	require.Equal(t, orders.TopicChargeRequested, attrs["messaging.destination.name"])
+	require.NotEmpty(t, attrs["ferry.outbox_id"])
+	require.NotEmpty(t, attrs["messaging.message.id"])
+	require.Equal(t, byName["POST /orders"].SpanContext().SpanID(), pub.Parent().SpanID(), "published within the request's trace")
+	require.Equal(t, pub.SpanContext().SpanID(), byName["consume stripe.charge"].Parent().SpanID(), "the consumer follows from the relay's span")
+	require.Contains(t, byName, "publish receipt.issued")
 }
 
 // Consumer log lines carry the message's ids (pipeline.LogHandler).

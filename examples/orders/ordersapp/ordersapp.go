@@ -124,7 +124,8 @@ func HTTP(a *app.App) (http.Handler, error) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	return mux, nil
+	// Unknown paths and methods answer in the API's JSON error envelope too.
+	return orders.JSONErrors(mux), nil
 }
 
 // Options are app.Options for the example: its routes, its HTTP API and
