@@ -539,10 +539,14 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 			}
 			return nil
 		})
+		consumers := 0 // router.Handlers() races with the running router
+		for _, r := range a.Routes {
+			consumers += len(a.Topology.Subscriptions(r.Name, r.Topic))
+		}
 		g.Go(func() error {
 			select {
 			case <-router.Running():
-				a.logger.Info("consumers started", "routes", len(a.Routes), "handlers", len(router.Handlers()))
+				a.logger.Info("consumers started", "routes", len(a.Routes), "consumers", consumers)
 			case <-ctx.Done():
 			}
 			return nil
