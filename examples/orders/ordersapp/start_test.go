@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
 	exmigrations "github.com/ferry-dev/ferry/examples/orders/migrations"
+	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
