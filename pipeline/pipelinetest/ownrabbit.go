@@ -17,14 +17,52 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
+// RabbitNode is a RabbitMQ node of a test's own (see OwnRabbit).
+type RabbitNode struct {
+	// Config connects to the node, with a namespace of the test's own.
+	Config rabbit.Config
+	// Restart is a command that restarts the node (stop_app, start_app);
+	// restarts are serialised, and each one that completes is counted.
+	Restart []string
+	dir     string
+}
+
+// AwaitRestarts waits until n restarts have completed and the node accepts
+// connections again: a test whose restarts run in the background (as
+// Watermill's TestReconnect's do) calls it before its cleanups talk to the
+// node, or stop it, mid-restart.
+func (n *RabbitNode) AwaitRestarts(t testing.TB, count int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		b, _ := os.ReadFile(filepath.Join(n.dir, "restarts"))
+		if len(b) >= count {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d broker restarts completed within %s", len(b), count, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for {
+		conn, err := amqp.DialConfig(n.Config.URL, amqp.Config{Dial: amqp.DefaultDial(time.Second)})
+		if err == nil {
+			_ = conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the test's RabbitMQ node did not come back after its restarts: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // OwnRabbit starts a RabbitMQ node of the test's own (rabbitmq-server from
 // the machine's package, on free loopback ports, data in a temporary
 // directory) for tests that must stop or restart the broker without
-// touching the shared one. It returns the node's configuration and a
-// command that restarts the node (stop_app, start_app; restarts are
-// serialised). The node is
-// stopped and its files removed when the test ends.
-func OwnRabbit(t testing.TB) (rabbit.Config, []string) {
+// touching the shared one. The node is stopped and its files removed when
+// the test ends.
+func OwnRabbit(t testing.TB) *RabbitNode {
 	t.Helper()
 	skipShort(t)
 	server, err := exec.LookPath("rabbitmq-server")
@@ -95,9 +133,12 @@ func OwnRabbit(t testing.TB) (rabbit.Config, []string) {
 	}
 	// One restart at a time: a stop_app during another restart's start_app
 	// fails (rabbitmqctl exit 69), and callers may restart concurrently.
+	// Each completed restart appends one byte to the restarts file
+	// (AwaitRestarts counts them).
 	restart := []string{"flock", filepath.Join(dir, "restart.lock"), "sh", "-c",
-		fmt.Sprintf("%[1]s -n %[2]s stop_app && %[1]s -n %[2]s start_app", ctl, node)}
-	return rabbit.Config{URL: url, Namespace: UniqueName("ferrytest.") + "."}, restart
+		fmt.Sprintf("%[1]s -n %[2]s stop_app && %[1]s -n %[2]s start_app && %[1]s -n %[2]s await_startup && printf x >> %[3]s",
+			ctl, node, filepath.Join(dir, "restarts"))}
+	return &RabbitNode{Config: rabbit.Config{URL: url, Namespace: UniqueName("ferrytest.") + "."}, Restart: restart, dir: dir}
 }
 
 func freePort(t testing.TB) int {

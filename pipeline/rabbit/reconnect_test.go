@@ -4,6 +4,7 @@ package rabbit_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
@@ -25,10 +26,14 @@ import (
 // tests): 10,000 messages through outbox, relay and subscriber while the
 // node is restarted twice.
 func TestPubSubReconnect(t *testing.T) {
-	cfg, restart := pipelinetest.OwnRabbit(t)
-	newPubSub := ferryPubSub(t, cfg)
+	node := pipelinetest.OwnRabbit(t)
+	newPubSub := ferryPubSub(t, node.Config)
 	f := features()
-	f.RestartServiceCommand = restart
+	f.RestartServiceCommand = node.Restart
 	tests.TestReconnect(t, tests.TestContext{TestID: tests.NewTestID(), Features: f},
 		func(t *testing.T) (message.Publisher, message.Subscriber) { return newPubSub(t, "") })
+	// The suite starts its two restarts in the background and may return
+	// before the second is done: let it finish before the cleanups tear
+	// the topology down and stop the node.
+	node.AwaitRestarts(t, 2, 2*time.Minute)
 }
