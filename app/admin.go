@@ -80,16 +80,22 @@ func (a *App) Ready(ctx context.Context) (map[string]string, bool) {
 }
 
 func (a *App) requireToken(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.cfg.AdminToken == "" {
+	if a.cfg.AdminToken == "" {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			writeAdminJSON(w, http.StatusForbidden, map[string]string{"error": "state-changing admin endpoints are off: set FERRY_ADMIN_TOKEN"})
-			return
-		}
-		// The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
+		})
+	}
+	return a.bearer(a.cfg.AdminToken, "FERRY_ADMIN_TOKEN", next)
+}
+
+// bearer lets through requests with "Authorization: Bearer <token>". The
+// scheme is case-insensitive (RFC 9110 §11.1); the token is not.
+func (a *App) bearer(token, variable string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		scheme, got, found := strings.Cut(r.Header.Get("Authorization"), " ")
-		if !found || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(a.cfg.AdminToken)) != 1 {
+		if !found || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(token)) != 1 {
 			w.Header().Set("WWW-Authenticate", "Bearer")
-			writeAdminJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong Bearer token"})
+			writeAdminJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong Bearer token (" + variable + ")"})
 			return
 		}
 		next.ServeHTTP(w, r)

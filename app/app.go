@@ -18,6 +18,7 @@ import (
 	wmetrics "github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
@@ -34,6 +35,8 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/tools"
+	"github.com/ferry-dev/ferry/tools/mcptools"
 	"github.com/ferry-dev/ferry/tracing"
 )
 
@@ -68,6 +71,11 @@ type Options struct {
 	// HTTP, if set, builds the application's HTTP API, served on
 	// Config.HTTPAddr when Components.HTTP is on.
 	HTTP func(*App) (http.Handler, error)
+	// Tools, if set, builds the application's agent tools. They are served
+	// on the API server over MCP (/mcp, streamable HTTP) and as plain JSON
+	// (/tools), by `ferry mcp` over stdio, and run in-process with
+	// App.Tools.Call; intent_status comes with them.
+	Tools func(Deps) ([]tools.Tool, error)
 	// Migrate applies pending migrations at start instead of refusing to start.
 	Migrate bool
 	// Logger receives every log line. Default: NewLogger(cfg, os.Stderr).
@@ -103,7 +111,9 @@ type App struct {
 	Poison      *pgpoison.Store
 	Metrics     *metrics.Metrics
 	Routes      []handlers.Route
-	tracer      *tracing.Tracer
+	// Tools runs the application's agent tools (nil without Options.Tools).
+	Tools  *tools.Runner
+	tracer *tracing.Tracer
 
 	pubConn         *wamqp.ConnectionWrapper
 	publisher       *wamqp.Publisher
@@ -189,6 +199,15 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	if err := handlers.ValidateRoutes(a.Routes); err != nil {
 		return nil, fmt.Errorf("invalid route table: %w", err)
+	}
+	if opts.Tools != nil {
+		ts, err := opts.Tools(Deps{Config: cfg, Logger: a.logger, Pool: a.Pool, DB: a.DB, Outbox: a.Outbox})
+		if err != nil {
+			return nil, fmt.Errorf("building tools: %w", err)
+		}
+		if a.Tools, err = tools.NewRunner(a.Pool, a.Outbox, ts, a.logger); err != nil {
+			return nil, err
+		}
 	}
 
 	// The ordering unit, derived once: a topic is ordered when a route on it
@@ -337,7 +356,11 @@ func (a *App) Prune(ctx context.Context) ([]pgretention.Result, error) {
 	if err != nil {
 		return []pgretention.Result{out}, err
 	}
-	return []pgretention.Result{out, led}, nil
+	calls, err := pgretention.Prune(ctx, a.Pool, pgretention.ToolCalls, pgretention.Options{OlderThan: r.ToolCalls, BatchSize: r.BatchSize})
+	if err != nil {
+		return []pgretention.Result{out, led}, err
+	}
+	return []pgretention.Result{out, led, calls}, nil
 }
 
 // runPruner prunes at start and every interval; a failed prune is logged
@@ -491,16 +514,20 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 				"addr", s.ln.Addr().String())
 		}
 	}
-	if what.HTTP && a.opts.HTTP != nil {
-		h, err := a.opts.HTTP(a)
+	if what.HTTP && (a.opts.HTTP != nil || a.Tools != nil) {
+		h, err := a.APIHandler()
 		if err != nil {
-			return fmt.Errorf("building the HTTP API: %w", err)
+			return err
 		}
 		s, err := a.listen("HTTP API", a.cfg.HTTPAddr, h)
 		if err != nil {
 			return err
 		}
 		servers = append(servers, s)
+		if a.Tools != nil && a.cfg.MCPToken == "" && !s.loopback() {
+			a.logger.Warn("the agent tool endpoints /mcp and /tools listen beyond loopback without a token: set FERRY_MCP_TOKEN",
+				"addr", s.ln.Addr().String())
+		}
 	}
 	if what.Consumers {
 		if router, conn, err = a.NewRouter(); err != nil {
@@ -565,6 +592,44 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 		}()
 	}
 	return g.Wait()
+}
+
+// APIHandler is what the API server serves: the application's HTTP API
+// (Options.HTTP) and, with Options.Tools, the agent tools over MCP at /mcp
+// (streamable HTTP) and as plain JSON at /tools (see tools.HTTPHandler),
+// behind FERRY_MCP_TOKEN when it is set.
+func (a *App) APIHandler() (http.Handler, error) {
+	var app http.Handler
+	if a.opts.HTTP != nil {
+		h, err := a.opts.HTTP(a)
+		if err != nil {
+			return nil, fmt.Errorf("building the HTTP API: %w", err)
+		}
+		app = h
+	}
+	if a.Tools == nil {
+		if app == nil {
+			return nil, errors.New("app: no HTTP API and no tools to serve")
+		}
+		return app, nil
+	}
+	mcpHandler, err := mcptools.HTTPHandler(a.Tools, mcptools.HTTPOptions{Token: a.cfg.MCPToken, Logger: a.logger,
+		Implementation: &mcp.Implementation{Name: "ferry", Version: a.version()}})
+	if err != nil {
+		return nil, fmt.Errorf("FERRY_MCP_TOKEN: %w", err)
+	}
+	var plain http.Handler = tools.HTTPHandler(a.Tools, a.logger)
+	if a.cfg.MCPToken != "" {
+		plain = a.bearer(a.cfg.MCPToken, "FERRY_MCP_TOKEN", plain)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcpHandler)
+	mux.Handle("/tools", plain)
+	mux.Handle("/tools/", plain)
+	if app != nil {
+		mux.Handle("/", app)
+	}
+	return mux, nil
 }
 
 // server is an HTTP server whose port is bound and that is not running yet.

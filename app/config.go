@@ -69,6 +69,9 @@ type Config struct {
 	// HTTPServer bounds what one client can hold of the HTTP API and the
 	// admin server. FERRY_HTTP_*.
 	HTTPServer HTTPServerConfig
+	// MCPToken, if set, is the Bearer token the agent tool endpoints (/mcp,
+	// /tools) on the API server require. FERRY_MCP_TOKEN.
+	MCPToken string
 	// ShutdownTimeout bounds a graceful stop. FERRY_SHUTDOWN_TIMEOUT.
 	ShutdownTimeout time.Duration
 	// LogLevel is debug, info, warn or error. FERRY_LOG_LEVEL.
@@ -128,6 +131,9 @@ type RetentionConfig struct {
 	// outlast any redelivery: a message redelivered after its row is pruned
 	// runs again. Default 336h (14 days).
 	Ledger time.Duration
+	// ToolCalls is how long agent tool call records are kept: a host
+	// retrying a call after that runs it again. Default 336h (14 days).
+	ToolCalls time.Duration
 	// ArchiveOutbox moves pruned outbox rows into outbox_archive. Default false.
 	ArchiveOutbox bool
 	// Interval is how often `ferry run` prunes. Default 1h.
@@ -193,6 +199,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_DURABLE_RETRY_MAX", "15m", "cap of the durable retry delay (it doubles, 20% jitter)", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Max })},
 		{"FERRY_OUTBOX_RETENTION", "720h", "keep dispatched outbox rows this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.Outbox })},
 		{"FERRY_LEDGER_RETENTION", "336h", "keep the consumers' ledger this long (must outlast redeliveries)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Ledger })},
+		{"FERRY_TOOL_CALL_RETENTION", "336h", "keep agent tool call records (idempotency) this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.ToolCalls })},
 		{"FERRY_OUTBOX_ARCHIVE", "false", "move pruned outbox rows to outbox_archive", func(c *Config, v string) error {
 			b, err := strconv.ParseBool(v)
 			if err != nil {
@@ -207,6 +214,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_ADMIN_TOKEN", "(none: state-changing admin endpoints refuse)", "Bearer token of the state-changing admin endpoints (at least 16 characters)", func(c *Config, v string) error { c.AdminToken = v; return nil }},
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "listen address of the application's HTTP API (Options.HTTP)", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
+		{"FERRY_MCP_TOKEN", "(none: /mcp and /tools need no token; keep FERRY_HTTP_ADDR on loopback)", "Bearer token of the agent tool endpoints /mcp and /tools (at least 16 characters)", func(c *Config, v string) error { c.MCPToken = v; return nil }},
 		{"FERRY_HTTP_READ_HEADER_TIMEOUT", DefaultHTTPReadHeaderTimeout.String(), "API and admin servers: time to read a request's headers", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.ReadHeaderTimeout })},
 		{"FERRY_HTTP_READ_TIMEOUT", DefaultHTTPReadTimeout.String(), "API and admin servers: time to read a whole request, body included", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.ReadTimeout })},
 		{"FERRY_HTTP_WRITE_TIMEOUT", DefaultHTTPWriteTimeout.String(), "API and admin servers: time to write a response", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.WriteTimeout })},
@@ -311,6 +319,9 @@ func (c Config) WithDefaults() Config {
 	if c.Retention.Ledger == 0 {
 		c.Retention.Ledger = pgretention.DefaultLedgerRetention
 	}
+	if c.Retention.ToolCalls == 0 {
+		c.Retention.ToolCalls = pgretention.DefaultToolCallRetention
+	}
 	if c.Retention.Interval == 0 {
 		c.Retention.Interval = pgretention.DefaultInterval
 	}
@@ -385,7 +396,7 @@ func (c Config) Validate() error {
 		add("FERRY_RETRY_*", c.Retry.Validate())
 		add("FERRY_DURABLE_RETRY_*", c.DurableRetry.Backoff.Validate())
 	}
-	if c.Retention.Outbox <= 0 || c.Retention.Ledger <= 0 || c.Retention.Interval <= 0 || c.Retention.BatchSize <= 0 {
+	if c.Retention.Outbox <= 0 || c.Retention.Ledger <= 0 || c.Retention.ToolCalls <= 0 || c.Retention.Interval <= 0 || c.Retention.BatchSize <= 0 {
 		add("FERRY_*_RETENTION / FERRY_PRUNE_*", errors.New("retentions, interval and batch size must be positive"))
 	}
 	if c.Retention.Ledger < time.Hour {
@@ -393,6 +404,9 @@ func (c Config) Validate() error {
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenLength {
 		add("FERRY_ADMIN_TOKEN", fmt.Errorf("must be at least %d characters (or unset, which turns the state-changing endpoints off)", MinAdminTokenLength))
+	}
+	if c.MCPToken != "" && len(c.MCPToken) < MinAdminTokenLength {
+		add("FERRY_MCP_TOKEN", fmt.Errorf("must be at least %d characters", MinAdminTokenLength))
 	}
 	if h := c.HTTPServer; h.ReadHeaderTimeout <= 0 || h.ReadTimeout <= 0 || h.WriteTimeout <= 0 || h.IdleTimeout <= 0 || h.MaxHeaderBytes <= 0 || h.MaxConns <= 0 {
 		add("FERRY_HTTP_*", errors.New("timeouts, header size and connection cap must be positive"))

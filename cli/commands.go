@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferry-dev/ferry/app"
@@ -28,6 +29,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/tools/mcptools"
 )
 
 var (
@@ -54,7 +56,14 @@ var (
 	cmdPrune = &Command{Name: "prune", Summary: "remove rows past their retention", Sub: []*Command{
 		{Name: "outbox", Summary: "remove (or archive) dispatched outbox rows past their retention", Flags: pruneFlags(pgretention.Outbox)},
 		{Name: "ledger", Summary: "remove consumer ledger rows past their retention", Flags: pruneFlags(pgretention.Ledger)},
+		{Name: "tool-calls", Summary: "remove agent tool call records (idempotency) past their retention", Flags: pruneFlags(pgretention.ToolCalls)},
 	}}
+	cmdMCP = &Command{Name: "mcp", Summary: "serve the application's agent tools over MCP on stdin/stdout, for a host that starts it as a subprocess",
+		Long: `Logs go to stderr; stdout carries only MCP. The idempotency key of a call
+comes from the request's _meta "dev.ferry/idempotency-key", set by the
+host. The same tools are served over streamable HTTP at /mcp on the API
+server (ferry run), and as plain JSON at POST /tools/{name}.`,
+		Flags: mcpFlags}
 	cmdHealthcheck = &Command{Name: "healthcheck", Summary: "exit 0 if the admin server's /readyz (or --url) answers 200; for container healthchecks, the image having no shell or curl",
 		Flags: healthcheckFlags}
 )
@@ -631,10 +640,13 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 		// is reported when the command runs, not while printing help.
 		cfg, _ := app.ConfigFromEnv()
 		o := pgretention.Options{BatchSize: cfg.Retention.BatchSize}
-		if target == pgretention.Outbox {
+		switch target {
+		case pgretention.Outbox:
 			o.OlderThan, o.Archive = cfg.Retention.Outbox, cfg.Retention.ArchiveOutbox
 			fs.BoolVar(&o.Archive, "archive", o.Archive, "move the rows to outbox_archive instead of deleting them")
-		} else {
+		case pgretention.ToolCalls:
+			o.OlderThan = cfg.Retention.ToolCalls
+		default:
 			o.OlderThan = cfg.Retention.Ledger
 		}
 		fs.DurationVar(&o.OlderThan, "older-than", o.OlderThan, "retention")
@@ -668,6 +680,37 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 			fmt.Fprintf(env.Stdout, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches)
 			return nil
 		}
+	}
+}
+
+func mcpFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	migrate := fs.Bool("migrate", false, "apply pending migrations at start instead of refusing to start")
+	return func(ctx context.Context, _ []string) error {
+		cfg, err := LoadConfig()
+		if err != nil {
+			return err
+		}
+		// stdout is the protocol's: every log line goes to stderr.
+		logger, err := app.NewLogger(cfg, env.Stderr)
+		if err != nil {
+			return err
+		}
+		opts, err := env.appOptions()
+		if err != nil {
+			return err
+		}
+		opts.Migrate = opts.Migrate || *migrate
+		opts.Logger, opts.Version, opts.WithoutBroker = logger, env.Options.Version, true
+		a, err := app.New(ctx, cfg, opts)
+		if err != nil {
+			return err
+		}
+		defer a.Close()
+		if a.Tools == nil {
+			return errors.New("this application defines no agent tools (app.Options.Tools)")
+		}
+		logger.Info(env.Name+" mcp serving on stdio", "tools", len(a.Tools.Tools()))
+		return mcptools.ServeStdio(ctx, a.Tools, &mcp.Implementation{Name: env.Name, Version: env.Options.Version}, logger)
 	}
 }
 

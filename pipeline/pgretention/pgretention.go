@@ -20,6 +20,9 @@ import (
 const (
 	DefaultOutboxRetention = 30 * 24 * time.Hour
 	DefaultLedgerRetention = 14 * 24 * time.Hour
+	// DefaultToolCallRetention keeps agent tool call records as long as
+	// the ledger: a host retrying a call after that runs it again.
+	DefaultToolCallRetention = 14 * 24 * time.Hour
 	DefaultBatchSize       = 10_000
 	DefaultInterval        = time.Hour
 )
@@ -32,11 +35,17 @@ const (
 	Outbox Target = iota
 	// Ledger is processed_messages rows (processed_at older than the retention).
 	Ledger
+	// ToolCalls is agent tool call records (ferry_tool_calls, created_at
+	// older than the retention).
+	ToolCalls
 )
 
 func (t Target) String() string {
-	if t == Ledger {
+	switch t {
+	case Ledger:
 		return "ledger"
+	case ToolCalls:
+		return "tool-calls"
 	}
 	return "outbox"
 }
@@ -109,6 +118,11 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 		batch = `WITH doomed AS (
 			SELECT consumer, message_id FROM processed_messages WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
 			DELETE FROM processed_messages p USING doomed d WHERE p.consumer = d.consumer AND p.message_id = d.message_id`
+	case t == ToolCalls:
+		count = `SELECT count(*) FROM ferry_tool_calls WHERE created_at < $1`
+		batch = `WITH doomed AS (
+			SELECT tool, idempotency_key FROM ferry_tool_calls WHERE created_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+			DELETE FROM ferry_tool_calls c USING doomed d WHERE c.tool = d.tool AND c.idempotency_key = d.idempotency_key`
 	case o.Archive:
 		count = `SELECT count(*) FROM ` + outbox + ` WHERE dispatched_at < $1`
 		batch = `WITH doomed AS (

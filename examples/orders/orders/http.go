@@ -1,7 +1,7 @@
 package orders
 
 import (
-	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/strictjson"
+	"github.com/ferry-dev/ferry/tools"
 )
 
 // MaxRequestBytes bounds a create_order request body.
@@ -41,13 +42,19 @@ type APIError struct {
 	Fields  map[string]string `json:"fields,omitempty"`
 }
 
-// Handler returns the HTTP API: POST /orders with an Idempotency-Key header
-// and a JSON body {"user_id", "amount", "currency"}. It answers 201 with
-// {"order_id", "deduped": false} for a new order, 200 with "deduped": true
-// for a repeated key, and a JSON {"error": {...}} with 400, 413, 415 or 422
-// for input it refuses (nothing is written then); unknown paths and methods
-// get 404 and 405 in the same envelope.
-func Handler(svc *Service, logger *slog.Logger) http.Handler {
+// ToolCaller runs a tool (tools.Runner does).
+type ToolCaller interface {
+	Call(ctx context.Context, name, key string, args json.RawMessage) (*tools.Result, error)
+}
+
+// Handler returns the HTTP API, a thin wrapper over the create_order tool
+// (CreateOrderTool) run by tools: POST /orders with an Idempotency-Key
+// header and a JSON body {"user_id", "amount", "currency"}. It answers 201
+// with {"order_id", "deduped": false} for a new order, 200 with "deduped":
+// true for a repeated key, and a JSON {"error": {...}} with 400, 413, 415 or
+// 422 for input it refuses (nothing is written then); unknown paths and
+// methods get 404 and 405 in the same envelope.
+func Handler(call ToolCaller, logger *slog.Logger) http.Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -87,30 +94,33 @@ func Handler(svc *Service, logger *slog.Logger) http.Handler {
 			writeError(w, http.StatusBadRequest, APIError{Code: "missing_idempotency_key", Message: "the Idempotency-Key header is required"})
 			return
 		}
-		in, err := ParseCreateOrder(bytes.NewReader(body), key)
-		if err != nil {
-			apiErr := APIError{Code: "invalid_json", Message: err.Error()}
-			var jerr *strictjson.Error
-			if errors.As(err, &jerr) && jerr.Path != "" {
-				apiErr.Fields = map[string]string{jerr.Path: jerr.Msg}
-			}
-			writeError(w, http.StatusBadRequest, apiErr)
-			return
-		}
-		res, err := svc.CreateOrder(ctx, in)
-		var verr *ValidationError
+		res, err := call.Call(ctx, ToolCreateOrder, key, body)
+		var ie *tools.InputError
 		switch {
-		case errors.As(err, &verr):
-			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "invalid_input", Message: verr.Error(), Fields: verr.Fields})
-		case errors.Is(err, ErrIdempotencyKeyReused):
-			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "idempotency_key_reused", Message: err.Error()})
+		case errors.As(err, &ie) && ie.Malformed:
+			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_json", Message: "the body is not a valid create_order JSON object: " + ie.Error(), Fields: ie.Fields})
+		case errors.As(err, &ie):
+			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "invalid_input", Message: ie.Error(), Fields: ie.Fields})
+		case errors.Is(err, tools.ErrInvalidKey):
+			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "invalid_input", Message: err.Error(),
+				Fields: map[string]string{"idempotency_key": "must be 1 to 255 printable characters"}})
+		case errors.Is(err, tools.ErrKeyConflict):
+			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "idempotency_key_reused", Message: ErrIdempotencyKeyReused.Error()})
 		case err != nil:
 			logger.Error("create_order failed", "error", err, "correlation_id", corr)
 			writeError(w, http.StatusInternalServerError, APIError{Code: "internal", Message: "the order could not be placed; it is safe to retry with the same Idempotency-Key"})
-		case res.Deduped:
-			writeJSON(w, http.StatusOK, res)
 		default:
-			writeJSON(w, http.StatusCreated, res)
+			var placed OrderPlaced
+			if err := json.Unmarshal(res.Output, &placed); err != nil {
+				logger.Error("create_order answered what is not an order", "error", err)
+				writeError(w, http.StatusInternalServerError, APIError{Code: "internal", Message: "the order's answer could not be read"})
+				return
+			}
+			status := http.StatusCreated
+			if res.Replay {
+				status = http.StatusOK
+			}
+			writeJSON(w, status, Result{OrderID: placed.OrderID, Deduped: res.Replay})
 		}
 	})
 	return JSONErrors(mux)

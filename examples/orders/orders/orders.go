@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/ferry-dev/ferry/pipeline"
 )
@@ -58,6 +59,9 @@ func (e *ValidationError) Error() string {
 	return "invalid create_order input: " + strings.Join(parts, "; ")
 }
 
+// FieldErrors lets the tools runner name the fields (tools.InputError).
+func (e *ValidationError) FieldErrors() map[string]string { return e.Fields }
+
 // Unwrap makes errors.Is(err, ErrInvalidInput) hold.
 func (e *ValidationError) Unwrap() error { return ErrInvalidInput }
 
@@ -71,24 +75,30 @@ type Input struct {
 
 // Validate reports every invalid field at once, as a *ValidationError.
 func (in Input) Validate() error {
-	fields := map[string]string{}
-	if err := CheckUserID(in.UserID); err != nil {
-		fields["user_id"] = err.Error()
-	}
-	switch {
-	case in.Amount <= 0:
-		fields["amount"] = "must be greater than 0"
-	case in.Amount > MaxAmount:
-		fields["amount"] = "must be at most " + strconv.Itoa(MaxAmount)
-	}
-	if !validCurrency(in.Currency) {
-		fields["currency"] = "must be JPY or USD"
-	}
+	fields := checkDetails(in.UserID, in.Amount, in.Currency)
 	checkText(fields, "idempotency_key", in.IdempotencyKey, MaxIdempotencyKeyLen)
 	if len(fields) > 0 {
 		return &ValidationError{Fields: fields}
 	}
 	return nil
+}
+
+// checkDetails checks an order's details (the API's and the tool's).
+func checkDetails(userID string, amount int64, currency string) map[string]string {
+	fields := map[string]string{}
+	if err := CheckUserID(userID); err != nil {
+		fields["user_id"] = err.Error()
+	}
+	switch {
+	case amount <= 0:
+		fields["amount"] = "must be greater than 0"
+	case amount > MaxAmount:
+		fields["amount"] = "must be at most " + strconv.Itoa(MaxAmount)
+	}
+	if !validCurrency(currency) {
+		fields["currency"] = "must be JPY or USD"
+	}
+	return fields
 }
 
 // CheckUserID says what is wrong with a user id, or nil. A user id ends up
@@ -195,29 +205,14 @@ func (s *Service) CreateOrderTx(ctx context.Context, tx *sql.Tx, in Input) (Resu
 	var id int64
 	// ON CONFLICT DO NOTHING waits for a concurrent insert of the same key
 	// to commit or roll back, so two racing requests cannot both create it.
-	err := tx.QueryRowContext(ctx,
-		`INSERT INTO orders (user_id, amount, currency, idempotency_key)
-		 VALUES ($1, $2, $3, $4)
-		 ON CONFLICT (idempotency_key) DO NOTHING
-		 RETURNING id`,
-		in.UserID, in.Amount, in.Currency, in.IdempotencyKey).Scan(&id)
+	err := tx.QueryRowContext(ctx, insertOrderSQL, in.UserID, in.Amount, in.Currency, in.IdempotencyKey).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s.existing(ctx, tx, in)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("inserting order: %w", err)
 	}
-
-	aggregate := strconv.FormatInt(id, 10)
-	charge, err := pipeline.NewEvent(ctx, aggregate, ChargeRequested{OrderID: id, UserID: in.UserID, Amount: in.Amount, Currency: in.Currency})
-	if err != nil {
-		return Result{}, err
-	}
-	mail, err := pipeline.NewEvent(ctx, aggregate, MailRequested{
-		OrderID: id, UserID: in.UserID,
-		Subject: fmt.Sprintf("Your order #%d", id),
-		Body:    fmt.Sprintf("Thank you. Order #%d for %d %s is confirmed.", id, in.Amount, in.Currency),
-	})
+	charge, mail, err := orderEvents(ctx, id, in.UserID, in.Amount, in.Currency)
 	if err != nil {
 		return Result{}, err
 	}
@@ -228,6 +223,28 @@ func (s *Service) CreateOrderTx(ctx context.Context, tx *sql.Tx, in Input) (Resu
 		return Result{}, err
 	}
 	return Result{OrderID: id}, nil
+}
+
+// insertOrderSQL writes an order; no row comes back when its idempotency
+// key is taken.
+const insertOrderSQL = `INSERT INTO orders (user_id, amount, currency, idempotency_key)
+	VALUES ($1, $2, $3, $4)
+	ON CONFLICT (idempotency_key) DO NOTHING
+	RETURNING id`
+
+// orderEvents are an order's two intents: charge it, mail its confirmation.
+func orderEvents(ctx context.Context, id int64, userID string, amount int64, currency string) (charge, mail *message.Message, err error) {
+	aggregate := strconv.FormatInt(id, 10)
+	charge, err = pipeline.NewEvent(ctx, aggregate, ChargeRequested{OrderID: id, UserID: userID, Amount: amount, Currency: currency})
+	if err != nil {
+		return nil, nil, err
+	}
+	mail, err = pipeline.NewEvent(ctx, aggregate, MailRequested{
+		OrderID: id, UserID: userID,
+		Subject: fmt.Sprintf("Your order #%d", id),
+		Body:    fmt.Sprintf("Thank you. Order #%d for %d %s is confirmed.", id, amount, currency),
+	})
+	return charge, mail, err
 }
 
 func (s *Service) existing(ctx context.Context, tx *sql.Tx, in Input) (Result, error) {

@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/tools"
 )
 
 func setup(t *testing.T) (*orders.Service, *pgxpool.Pool, *sql.DB) {
@@ -161,8 +162,12 @@ func TestConcurrentRepeatsCreateOneOrder(t *testing.T) {
 
 func TestHTTPCreateOrder(t *testing.T) {
 	t.Parallel()
-	svc, pool, _ := setup(t)
-	srv := httptest.NewServer(orders.Handler(svc, nil))
+	_, pool, _ := setup(t)
+	ts, err := orders.Tools()
+	require.NoError(t, err)
+	runner, err := tools.NewRunner(pool, pipelinetest.Outbox(t), ts, nil)
+	require.NoError(t, err)
+	srv := httptest.NewServer(orders.Handler(runner, nil))
 	defer srv.Close()
 
 	post := func(key, contentType, body string) (*http.Response, string) {

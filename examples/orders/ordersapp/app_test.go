@@ -88,6 +88,9 @@ func startWith(t *testing.T, cfg app.Config, provider *sandbox.PaymentProvider, 
 	}
 	if opts.HTTP == nil {
 		opts.HTTP = ordersapp.HTTP
+		if opts.Tools == nil {
+			opts.Tools = ordersapp.Tools
+		}
 	}
 	opts.Migrations = append(opts.Migrations, exmigrations.Set)
 	a, err := app.New(context.Background(), cfg, opts)

@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/handlers"
 	ferrymigrations "github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/tools"
 )
 
 // Defaults of Config.
@@ -112,14 +113,15 @@ func NewService(a *app.App) (*orders.Service, error) {
 	return orders.NewService(a.DB, a.Outbox, nil)
 }
 
-// HTTP is the example's HTTP API: POST /orders and GET /healthz.
+// HTTP is the example's HTTP API: POST /orders (a thin wrapper over the
+// create_order tool) and GET /healthz. The tools themselves are served
+// beside it, at /mcp and /tools.
 func HTTP(a *app.App) (http.Handler, error) {
-	svc, err := NewService(a)
-	if err != nil {
-		return nil, err
+	if a.Tools == nil {
+		return nil, errors.New("ordersapp: the HTTP API needs the example's tools (Options.Tools)")
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", a.TraceHTTP("POST /orders", orders.Handler(svc, nil)))
+	mux.Handle("POST /orders", a.TraceHTTP("POST /orders", orders.Handler(a.Tools, nil)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
@@ -131,5 +133,9 @@ func HTTP(a *app.App) (http.Handler, error) {
 // Options are app.Options for the example: its routes, its HTTP API and
 // its migrations. Set Logger, Migrate and the rest on the result.
 func Options(c Config) app.Options {
-	return app.Options{Routes: Routes(c), HTTP: HTTP, Migrations: []ferrymigrations.Set{migrations.Set}}
+	return app.Options{Routes: Routes(c), HTTP: HTTP, Tools: Tools, Migrations: []ferrymigrations.Set{migrations.Set}}
 }
+
+// Tools are the example's agent tools: create_order and send_reminder.
+func Tools(app.Deps) ([]tools.Tool, error) { return orders.Tools() }
+

@@ -24,7 +24,7 @@ func newApp(t *testing.T, cfg app.Config, logs *syncBuffer) *app.App {
 	t.Helper()
 	_, ex, _, _ := testConfigs(t)
 	a, err := app.New(context.Background(), cfg, app.Options{
-		Routes: ordersapp.Routes(ex), HTTP: ordersapp.HTTP, Migrations: []migrations.Set{exmigrations.Set},
+		Routes: ordersapp.Routes(ex), HTTP: ordersapp.HTTP, Tools: ordersapp.Tools, Migrations: []migrations.Set{exmigrations.Set},
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	require.NoError(t, err)

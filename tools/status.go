@@ -1,0 +1,242 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+)
+
+// IntentStatusName is the read-only status tool every Runner has.
+const IntentStatusName = "intent_status"
+
+// MaxStatusIntents bounds one intent_status answer.
+const MaxStatusIntents = 200
+
+// StatusInput asks for the intents of an aggregate, or of one tool call.
+type StatusInput struct {
+	AggregateID    string `json:"aggregate_id,omitempty" jsonschema:"the aggregate (for example an order id) whose intents to show"`
+	Tool           string `json:"tool,omitempty" jsonschema:"with idempotency_key: the tool whose call to show"`
+	IdempotencyKey string `json:"idempotency_key,omitempty" jsonschema:"with tool: the key of the call whose intents to show"`
+}
+
+// Validate requires exactly one of aggregate_id or tool+idempotency_key.
+func (in StatusInput) Validate() error {
+	fields := map[string]string{}
+	switch {
+	case in.AggregateID != "" && (in.Tool != "" || in.IdempotencyKey != ""):
+		fields["aggregate_id"] = "give either aggregate_id, or tool and idempotency_key, not both"
+	case in.AggregateID == "" && in.Tool == "" && in.IdempotencyKey == "":
+		fields["aggregate_id"] = "give aggregate_id, or tool and idempotency_key"
+	case in.AggregateID == "" && in.Tool == "":
+		fields["tool"] = "is required with idempotency_key"
+	case in.AggregateID == "" && in.IdempotencyKey == "":
+		fields["idempotency_key"] = "is required with tool"
+	}
+	if len(fields) > 0 {
+		return &InputError{Fields: fields}
+	}
+	return nil
+}
+
+// Intent states, from the least to the most advanced.
+const (
+	StatePending    = "pending"    // in the outbox, due, not yet relayed
+	StateScheduled  = "scheduled"  // in the outbox, delayed until available_at
+	StateRetrying   = "retrying"   // the relay or a handler failed; it will be tried again (last_error says why)
+	StateDispatched = "dispatched" // the broker has it; no handler has finished it yet
+	StateHandled    = "handled"    // at least one handler processed it (handled_by says which)
+	StatePoisoned   = "poisoned"   // a handler gave up on it (poisoned says why)
+)
+
+// IntentState is one intent and what became of it.
+type IntentState struct {
+	MessageID    string      `json:"message_id"`
+	Topic        string      `json:"topic"`
+	AggregateID  string      `json:"aggregate_id,omitempty"`
+	State        string      `json:"state" jsonschema:"pending, scheduled, retrying, dispatched, handled or poisoned"`
+	CreatedAt    time.Time   `json:"created_at"`
+	AvailableAt  time.Time   `json:"available_at"`
+	DispatchedAt *time.Time  `json:"dispatched_at,omitempty"`
+	Attempts     int         `json:"attempts" jsonschema:"relay attempts"`
+	LastError    string      `json:"last_error,omitempty"`
+	HandledBy    []Handling  `json:"handled_by"`
+	Retrying     []Retrying  `json:"retrying"`
+	Poisoned     []Poisoning `json:"poisoned"`
+}
+
+// Handling is one handler that processed an intent.
+type Handling struct {
+	Handler string    `json:"handler"`
+	At      time.Time `json:"at"`
+}
+
+// Retrying is a handler's durable retry waiting in the outbox.
+type Retrying struct {
+	Handler   string    `json:"handler"`
+	Attempt   string    `json:"next_attempt"`
+	LastError string    `json:"last_error"`
+	Due       time.Time `json:"due"`
+}
+
+// Poisoning is a handler that gave up on an intent.
+type Poisoning struct {
+	Handler string    `json:"handler"`
+	Reason  string    `json:"reason"`
+	At      time.Time `json:"at"`
+}
+
+// StatusOutput is intent_status's answer.
+type StatusOutput struct {
+	Intents []IntentState `json:"intents"`
+	// Truncated says more intents exist than MaxStatusIntents.
+	Truncated bool `json:"truncated"`
+}
+
+func intentStatusTool(outboxTable string) Tool {
+	t, err := New(Def{
+		Name: IntentStatusName, Title: "Intent status", ReadOnly: true,
+		Description: "Shows every intent (queued side effect) of an aggregate, or of one earlier tool call, and what became of it: " +
+			"pending, scheduled, retrying (with the last error), dispatched, handled (by which handler) or poisoned (with the reason). " +
+			"Call it to check progress instead of calling a tool again.",
+	}, func(ctx context.Context, tx pgx.Tx, _ *Emitter, in StatusInput) (StatusOutput, error) {
+		return IntentStatus(ctx, tx, outboxTable, in)
+	})
+	if err != nil {
+		panic(err) // a definition of this package's own: a bug, caught by its tests
+	}
+	return t
+}
+
+// IntentStatus answers intent_status on q (a transaction or pool) for the
+// outbox table ("" for the default).
+func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusInput) (StatusOutput, error) {
+	out := StatusOutput{Intents: []IntentState{}}
+	table, err := pgoutbox.QuoteTable(outboxTable)
+	if err != nil {
+		return out, err
+	}
+	var ids []string
+	if in.AggregateID == "" {
+		err := q.QueryRow(ctx, `SELECT intent_ids FROM `+CallsTable+` WHERE tool = $1 AND idempotency_key = $2`, in.Tool, in.IdempotencyKey).Scan(&ids)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return out, &InputError{Fields: map[string]string{"idempotency_key": "no call of this tool with this key is recorded"}}
+		}
+		if err != nil {
+			return out, fmt.Errorf("reading the tool call: %w", err)
+		}
+		if len(ids) == 0 {
+			return out, nil
+		}
+	}
+	rows, err := q.Query(ctx, `SELECT coalesce(message_uuid, id::text), topic, aggregate_id, created_at, available_at, dispatched_at, attempts, coalesce(last_error, '')
+		FROM `+table+` WHERE topic <> $1 AND (CASE WHEN $2 <> '' THEN aggregate_id = $2 ELSE message_uuid = ANY($3) END)
+		ORDER BY id LIMIT $4`, pipeline.RetryTopic, in.AggregateID, ids, MaxStatusIntents+1)
+	if err != nil {
+		return out, fmt.Errorf("reading intents: %w", err)
+	}
+	out.Intents, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (IntentState, error) {
+		s := IntentState{HandledBy: []Handling{}, Retrying: []Retrying{}, Poisoned: []Poisoning{}}
+		err := row.Scan(&s.MessageID, &s.Topic, &s.AggregateID, &s.CreatedAt, &s.AvailableAt, &s.DispatchedAt, &s.Attempts, &s.LastError)
+		return s, err
+	})
+	if err != nil {
+		return out, fmt.Errorf("reading intents: %w", err)
+	}
+	if len(out.Intents) > MaxStatusIntents {
+		out.Intents, out.Truncated = out.Intents[:MaxStatusIntents], true
+	}
+	idx := map[string]*IntentState{}
+	ids = ids[:0]
+	for i := range out.Intents {
+		idx[out.Intents[i].MessageID] = &out.Intents[i]
+		ids = append(ids, out.Intents[i].MessageID)
+	}
+	if err := scanInto(ctx, q, `SELECT message_id, consumer, processed_at FROM processed_messages WHERE message_id = ANY($1) ORDER BY processed_at`, ids,
+		func(id string, row pgx.Rows) error {
+			var h Handling
+			if err := row.Scan(&id, &h.Handler, &h.At); err != nil {
+				return err
+			}
+			if s := idx[id]; s != nil {
+				s.HandledBy = append(s.HandledBy, h)
+			}
+			return nil
+		}); err != nil {
+		return out, err
+	}
+	if err := scanInto(ctx, q, `SELECT message_uuid, coalesce(headers->>'`+pipeline.MetaRetryQueue+`', ''), coalesce(headers->>'`+pipeline.MetaAttempt+`', ''),
+		coalesce(headers->>'`+pipeline.MetaLastError+`', ''), available_at FROM `+table+`
+		WHERE topic = '`+pipeline.RetryTopic+`' AND dispatched_at IS NULL AND message_uuid = ANY($1) ORDER BY id`, ids,
+		func(id string, row pgx.Rows) error {
+			var r Retrying
+			if err := row.Scan(&id, &r.Handler, &r.Attempt, &r.LastError, &r.Due); err != nil {
+				return err
+			}
+			if s := idx[id]; s != nil {
+				s.Retrying = append(s.Retrying, r)
+			}
+			return nil
+		}); err != nil {
+		return out, err
+	}
+	if err := scanInto(ctx, q, `SELECT message_id, handler, reason, poisoned_at FROM poison_messages WHERE message_id = ANY($1) ORDER BY id`, ids,
+		func(id string, row pgx.Rows) error {
+			var p Poisoning
+			if err := row.Scan(&id, &p.Handler, &p.Reason, &p.At); err != nil {
+				return err
+			}
+			if s := idx[id]; s != nil {
+				s.Poisoned = append(s.Poisoned, p)
+			}
+			return nil
+		}); err != nil {
+		return out, err
+	}
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return out, err
+	}
+	for i := range out.Intents {
+		s := &out.Intents[i]
+		switch {
+		case len(s.Poisoned) > 0:
+			s.State = StatePoisoned
+		case len(s.Retrying) > 0, s.DispatchedAt == nil && s.LastError != "":
+			s.State = StateRetrying
+		case len(s.HandledBy) > 0:
+			s.State = StateHandled
+		case s.DispatchedAt != nil:
+			s.State = StateDispatched
+		case s.AvailableAt.After(now):
+			s.State = StateScheduled
+		default:
+			s.State = StatePending
+		}
+		sort.SliceStable(s.HandledBy, func(a, b int) bool { return s.HandledBy[a].At.Before(s.HandledBy[b].At) })
+	}
+	return out, nil
+}
+
+func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func(string, pgx.Rows) error) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := q.Query(ctx, sql, ids)
+	if err != nil {
+		return fmt.Errorf("reading intent state: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each("", rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}

@@ -1,0 +1,250 @@
+package tools_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline/pgretention"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/tools"
+)
+
+type noteArgs struct {
+	Text  string `json:"text" jsonschema:"what to note"`
+	Fail  bool   `json:"fail,omitempty"`
+	Later bool   `json:"later,omitempty"`
+}
+
+func (a noteArgs) Validate() error {
+	if a.Text == "" {
+		return &tools.InputError{Fields: map[string]string{"text": "is required"}}
+	}
+	return nil
+}
+
+type noted struct {
+	ID int64 `json:"id"`
+}
+
+var errBoom = errors.New("boom")
+
+// note writes a row and an intent; it fails after both when asked to.
+func note(t *testing.T, window time.Duration) tools.Tool {
+	t.Helper()
+	tl, err := tools.New(tools.Def{Name: "note", Description: "notes a text", KeyWindow: window},
+		func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, in noteArgs) (noted, error) {
+			var id int64
+			if err := tx.QueryRow(ctx, `INSERT INTO notes (text, key) VALUES ($1, $2) RETURNING id`, in.Text, tools.KeyFromContext(ctx)).Scan(&id); err != nil {
+				return noted{}, err
+			}
+			var opts []tools.IntentOption
+			if in.Later {
+				opts = append(opts, tools.After(3*time.Minute))
+			}
+			if _, err := emit.Emit(ctx, "note.made", "note", map[string]any{"id": id}, opts...); err != nil {
+				return noted{}, err
+			}
+			if in.Fail {
+				return noted{}, errBoom
+			}
+			return noted{ID: id}, nil
+		})
+	require.NoError(t, err)
+	return tl
+}
+
+func setup(t *testing.T, ts ...tools.Tool) (*tools.Runner, *pgxpool.Pool) {
+	t.Helper()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(context.Background(), `CREATE TABLE notes (id bigserial PRIMARY KEY, text text NOT NULL, key text NOT NULL)`)
+	require.NoError(t, err)
+	r, err := tools.NewRunner(pool, pipelinetest.Outbox(t), ts, nil)
+	require.NoError(t, err)
+	return r, pool
+}
+
+func counts(t *testing.T, pool *pgxpool.Pool) (notes, intents, calls int) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM notes), (SELECT count(*) FROM outbox), (SELECT count(*) FROM ferry_tool_calls)`).Scan(&notes, &intents, &calls))
+	return
+}
+
+func TestRunnerKeyedCalls(t *testing.T) {
+	t.Parallel()
+	r, pool := setup(t, note(t, 0))
+	ctx := context.Background()
+
+	_, err := r.Call(ctx, "note", "", json.RawMessage(`{"text":"a"}`))
+	require.ErrorIs(t, err, tools.ErrMissingKey)
+	_, err = r.Call(ctx, "note", "k\n1", json.RawMessage(`{"text":"a"}`))
+	require.ErrorIs(t, err, tools.ErrInvalidKey)
+	_, err = r.Call(ctx, "nope", "k", nil)
+	require.ErrorIs(t, err, tools.ErrUnknownTool)
+	_, err = r.Call(ctx, "note", "k", json.RawMessage(`{"text":""}`))
+	var ie *tools.InputError
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, map[string]string{"text": "is required"}, ie.Fields)
+	_, err = r.Call(ctx, "note", "k", json.RawMessage(`{"text":"a","idempotency_key":"x"}`))
+	require.ErrorAs(t, err, &ie)
+	require.True(t, ie.Malformed, "the key is no argument")
+	n, i, c := counts(t, pool)
+	require.Zero(t, n+i+c, "refused calls write nothing")
+
+	// A body's error rolls back its row, its intent and the call record:
+	// the same key then runs for real.
+	_, err = r.Call(ctx, "note", "k", json.RawMessage(`{"text":"a","fail":true}`))
+	require.ErrorIs(t, err, errBoom)
+	n, i, c = counts(t, pool)
+	require.Zero(t, n+i+c)
+
+	first, err := r.Call(ctx, "note", "k", json.RawMessage(`{"text":"a"}`))
+	require.NoError(t, err)
+	require.False(t, first.Replay)
+	require.Len(t, first.IntentIDs, 1)
+	// Same arguments in another spelling: a replay.
+	again, err := r.Call(ctx, "note", "k", json.RawMessage(` { "text" : "\u0061" } `))
+	require.NoError(t, err)
+	require.True(t, again.Replay)
+	require.JSONEq(t, string(first.Output), string(again.Output))
+	require.Equal(t, first.IntentIDs, again.IntentIDs)
+	_, err = r.Call(ctx, "note", "k", json.RawMessage(`{"text":"b"}`))
+	require.ErrorIs(t, err, tools.ErrKeyConflict)
+	n, i, c = counts(t, pool)
+	require.Equal(t, [3]int{1, 1, 1}, [3]int{n, i, c})
+
+	// Concurrent calls with one key: one effect, one answer.
+	var wg sync.WaitGroup
+	outs := make([]string, 16)
+	for k := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := r.Call(ctx, "note", "together", json.RawMessage(`{"text":"c"}`))
+			if err == nil {
+				outs[k] = string(res.Output)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, o := range outs {
+		require.Equal(t, outs[0], o)
+		require.NotEmpty(t, o)
+	}
+	n, i, _ = counts(t, pool)
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, i)
+}
+
+func TestRunnerDelayedIntentAndKeyWindow(t *testing.T) {
+	t.Parallel()
+	r, pool := setup(t, note(t, time.Hour))
+	ctx := context.Background()
+	res, err := r.Call(ctx, "note", "", json.RawMessage(`{"text":"later","later":true}`))
+	require.NoError(t, err)
+	require.True(t, res.KeyDerived, "the tool opted into a key from its arguments")
+	require.True(t, strings.HasPrefix(res.Key, "derived-"))
+	again, err := r.Call(ctx, "note", "", json.RawMessage(`{"text":"later","later":true}`))
+	require.NoError(t, err)
+	require.True(t, again.Replay, "the same arguments within the window are the same call")
+	var delay time.Duration
+	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at - created_at FROM outbox`).Scan(&delay))
+	require.InDelta(t, (3 * time.Minute).Seconds(), delay.Seconds(), 1, "the intent waits in the same table")
+
+	st, err := r.Call(ctx, tools.IntentStatusName, "", json.RawMessage(`{"aggregate_id":"note"}`))
+	require.NoError(t, err)
+	var out tools.StatusOutput
+	require.NoError(t, json.Unmarshal(st.Output, &out))
+	require.Len(t, out.Intents, 1)
+	require.Equal(t, tools.StateScheduled, out.Intents[0].State)
+	_, err = r.Call(ctx, tools.IntentStatusName, "", json.RawMessage(`{}`))
+	require.Error(t, err, "intent_status needs an aggregate or a call")
+
+	// Call records are pruned like the ledger.
+	_, err = pool.Exec(ctx, `UPDATE ferry_tool_calls SET created_at = now() - interval '15 days'`)
+	require.NoError(t, err)
+	pr, err := pgretention.Prune(ctx, pool, pgretention.ToolCalls, pgretention.Options{OlderThan: pgretention.DefaultToolCallRetention})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, pr.Removed)
+}
+
+func TestReadOnlyToolCannotEmit(t *testing.T) {
+	t.Parallel()
+	peek, err := tools.New(tools.Def{Name: "peek", Description: "tries to write", ReadOnly: true},
+		func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, _ struct{}) (struct{}, error) {
+			_, err := emit.Emit(ctx, "x", "a", map[string]int{})
+			return struct{}{}, err
+		})
+	require.NoError(t, err)
+	r, _ := setup(t, peek)
+	_, err = r.Call(context.Background(), "peek", "", nil)
+	require.ErrorIs(t, err, tools.ErrReadOnly)
+}
+
+func TestNewRefusesBadDefinitions(t *testing.T) {
+	t.Parallel()
+	body := func(context.Context, pgx.Tx, *tools.Emitter, struct{}) (struct{}, error) { return struct{}{}, nil }
+	for _, d := range []tools.Def{{Name: "Bad Name", Description: "x"}, {Name: "ok"}, {Name: "ok", Description: "x", KeyWindow: -1}} {
+		_, err := tools.New(d, body)
+		require.Error(t, err, "%+v", d)
+	}
+	_, err := tools.New(tools.Def{Name: "scalar", Description: "x"}, func(context.Context, pgx.Tx, *tools.Emitter, int) (int, error) { return 0, nil })
+	require.Error(t, err, "inputs are objects")
+}
+
+func TestHTTPHandler(t *testing.T) {
+	t.Parallel()
+	r, _ := setup(t, note(t, 0))
+	srv := httptest.NewServer(tools.HTTPHandler(r, nil))
+	defer srv.Close()
+	post := func(key, body string) (int, map[string]any) {
+		req, _ := http.NewRequest("POST", srv.URL+"/tools/note", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var out map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		return resp.StatusCode, out
+	}
+	code, out := post("h1", `{"text":"x"}`)
+	require.Equal(t, 200, code, out)
+	require.Equal(t, false, out["replay"])
+	code, out = post("h1", `{"text":"x"}`)
+	require.Equal(t, 200, code)
+	require.Equal(t, true, out["replay"])
+	code, _ = post("h1", `{"text":"y"}`)
+	require.Equal(t, 409, code)
+	code, _ = post("", `{"text":"x"}`)
+	require.Equal(t, 400, code)
+	code, out = post("h2", `{"text":""}`)
+	require.Equal(t, 422, code)
+	require.Contains(t, out["error"].(map[string]any)["fields"], "text")
+	code, _ = post("h2", `{"text":"x","text":"y"}`)
+	require.Equal(t, 400, code)
+
+	resp, err := http.Get(srv.URL + "/tools")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var cat struct {
+		Tools []tools.Description `json:"tools"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&cat))
+	require.Len(t, cat.Tools, 2)
+	require.True(t, cat.Tools[0].KeyRequired)
+	require.True(t, cat.Tools[1].ReadOnly)
+}
