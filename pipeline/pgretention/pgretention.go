@@ -23,8 +23,8 @@ const (
 	// DefaultToolCallRetention keeps agent tool call records as long as
 	// the ledger: a host retrying a call after that runs it again.
 	DefaultToolCallRetention = 14 * 24 * time.Hour
-	DefaultBatchSize       = 10_000
-	DefaultInterval        = time.Hour
+	DefaultBatchSize         = 10_000
+	DefaultInterval          = time.Hour
 )
 
 // Target is what a prune removes.

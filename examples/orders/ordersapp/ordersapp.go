@@ -138,4 +138,3 @@ func Options(c Config) app.Options {
 
 // Tools are the example's agent tools: create_order and send_reminder.
 func Tools(app.Deps) ([]tools.Tool, error) { return orders.Tools() }
-
