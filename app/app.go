@@ -24,6 +24,7 @@ import (
 	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-dev/ferry/cutoff"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
@@ -112,7 +113,10 @@ type App struct {
 	Metrics     *metrics.Metrics
 	Routes      []handlers.Route
 	// Tools runs the application's agent tools (nil without Options.Tools).
-	Tools  *tools.Runner
+	Tools *tools.Runner
+	// Cutoff routes aggregates to the outbox or the legacy path by their
+	// creation time (Config.Cutoff), counted in the app's metrics.
+	Cutoff *cutoff.Cutoff
 	tracer *tracing.Tracer
 
 	pubConn         *wamqp.ConnectionWrapper
@@ -168,6 +172,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	a.DB = pgconn.SQLDB(a.Pool)
+	if a.Cutoff, err = cutoff.New(cfg.Cutoff, a.Metrics.Registry, a.logger); err != nil {
+		return nil, err
+	}
 	if err := a.checkSchema(ctx); err != nil {
 		return nil, err
 	}

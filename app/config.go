@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-dev/ferry/cutoff"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
@@ -69,6 +70,9 @@ type Config struct {
 	// HTTPServer bounds what one client can hold of the HTTP API and the
 	// admin server. FERRY_HTTP_*.
 	HTTPServer HTTPServerConfig
+	// Cutoff says which aggregates go through the outbox while a service
+	// adopts Ferry (App.Cutoff). FERRY_CUTOFF, FERRY_CUTOFF_TOPICS.
+	Cutoff cutoff.Config
 	// MCPToken, if set, is the Bearer token the agent tool endpoints (/mcp,
 	// /tools) on the API server require. FERRY_MCP_TOKEN.
 	MCPToken string
@@ -176,6 +180,27 @@ func EnvVars() []EnvVar {
 				}
 			}
 			return nil
+		}},
+		{"FERRY_SHADOW_TOPICS", "(none)", "topics in shadow mode: the relay marks their intents dispatched without publishing, comma-separated", func(c *Config, v string) error {
+			for _, t := range strings.Split(v, ",") {
+				if t = strings.TrimSpace(t); t != "" {
+					c.Relay.ShadowTopics = append(c.Relay.ShadowTopics, t)
+				}
+			}
+			return nil
+		}},
+		{"FERRY_CUTOFF", "(none: every aggregate through the outbox)", "cut-off (RFC 3339) of topics without their own: older aggregates stay on the legacy path (App.Cutoff)", func(c *Config, v string) error {
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				return errors.New("must be an RFC 3339 time, like 2026-12-01T00:00:00Z")
+			}
+			c.Cutoff.Default = t
+			return nil
+		}},
+		{"FERRY_CUTOFF_TOPICS", "(none)", "cut-offs per topic: topic=RFC 3339 time, comma-separated", func(c *Config, v string) error {
+			m, err := cutoff.ParseTopics(v)
+			c.Cutoff.Topics = m
+			return err
 		}},
 		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize }, 1, pgoutbox.MaxRelayBatchSize)},
 		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/backfill"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -29,6 +31,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/shadow"
 	"github.com/ferry-dev/ferry/tools/mcptools"
 )
 
@@ -64,6 +67,18 @@ comes from the request's _meta "dev.ferry/idempotency-key", set by the
 host. The same tools are served over streamable HTTP at /mcp on the API
 server (ferry run), and as plain JSON at POST /tools/{name}.`,
 		Flags: mcpFlags}
+	cmdShadow = &Command{Name: "shadow", Summary: "shadow mode (adopting Ferry in a running service): compare intents with legacy effects", Sub: []*Command{
+		{Name: "report", Summary: "per topic: shadow intents vs legacy effects, matched, and the aggregates missing on each side; exits 1 on a mismatch",
+			Flags: shadowReportFlags},
+	}}
+	cmdBackfill = &Command{Name: "backfill", Summary: "write intents for existing rows the legacy system never handled: a dry run unless --apply, capped by --max, spread over time, resumable",
+		Long: `The query (run in a READ ONLY transaction) returns aggregate_id, payload
+(json, jsonb or JSON text) and optionally headers (a JSON object of strings),
+one row per aggregate. Without --apply nothing is written: the dry run says
+how many intents would be written, shows three, how many an earlier run of
+the same --name wrote, and the schedule. Re-running the same --name writes
+no intent twice; an interrupted run continues where it stopped.`,
+		Flags: backfillFlags}
 	cmdHealthcheck = &Command{Name: "healthcheck", Summary: "exit 0 if the admin server's /readyz (or --url) answers 200; for container healthchecks, the image having no shell or curl",
 		Flags: healthcheckFlags}
 )
@@ -712,6 +727,170 @@ func mcpFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		logger.Info(env.Name+" mcp serving on stdio", "tools", len(a.Tools.Tools()))
 		return mcptools.ServeStdio(ctx, a.Tools, &mcp.Implementation{Name: env.Name, Version: env.Options.Version}, logger)
 	}
+}
+
+func shadowReportFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	since := fs.Duration("since", 168*time.Hour, "how far back to compare")
+	topic := fs.String("topic", "", "only this topic")
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, _ []string) error {
+		if *since <= 0 {
+			return usagef("--since must be positive")
+		}
+		cfg, err := LoadConfig()
+		if err != nil {
+			return err
+		}
+		pool, err := OpenPool(ctx, "shadow")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		rep, err := shadow.Report(ctx, pool, shadow.Options{Since: *since, Topic: *topic, ShadowTopics: cfg.Relay.ShadowTopics, OutboxTable: cfg.Relay.Table})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			err = WriteJSON(env.Stdout, map[string]any{"since": rep.Since, "topics": rep.Topics, "agree": rep.Agree()})
+		} else {
+			err = printShadow(env.Stdout, rep)
+		}
+		if err != nil {
+			return err
+		}
+		if !rep.Agree() {
+			return ExitError{Code: 1, Err: errors.New("the intents and the legacy effects do not agree: do not switch over yet")}
+		}
+		return nil
+	}
+}
+
+func printShadow(w io.Writer, rep shadow.ReportResult) error {
+	fmt.Fprintf(w, "shadow report since %s\n", rep.Since.Format(time.RFC3339))
+	if len(rep.Topics) == 0 {
+		fmt.Fprintln(w, "(no shadow intents and no legacy effects in the window)")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOPIC\tINTENTS\tLEGACY\tMATCHED\tMISSING IN OUTBOX\tMISSING IN LEGACY\tVERDICT")
+	for _, t := range rep.Topics {
+		verdict := "agree"
+		if !t.Agree() {
+			verdict = "MISMATCH"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", cell(t.Topic, maxIDCell), t.Intents, t.LegacyEffects, t.Matched,
+			t.MissingInOutboxCount, t.MissingInLegacyCount, verdict)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, t := range rep.Topics {
+		if len(t.MissingInOutbox) > 0 {
+			fmt.Fprintf(w, "%s: legacy effect, no intent (sample): %s\n", cell(t.Topic, maxIDCell), sample(t.MissingInOutbox))
+		}
+		if len(t.MissingInLegacy) > 0 {
+			fmt.Fprintf(w, "%s: intent, no legacy effect (sample): %s\n", cell(t.Topic, maxIDCell), sample(t.MissingInLegacy))
+		}
+	}
+	return nil
+}
+
+func sample(ids []string) string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = cell(id, maxIDCell)
+	}
+	return strings.Join(out, ", ")
+}
+
+func backfillFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	var o backfill.Options
+	var queryFile string
+	var asJSON bool
+	fs.StringVar(&o.Name, "name", "", "identifies the backfill, for dedup and resume (required)")
+	fs.StringVar(&o.Topic, "topic", "", "the intents' topic (required)")
+	fs.StringVar(&o.Query, "query", "", "SQL returning aggregate_id, payload [, headers]")
+	fs.StringVar(&queryFile, "query-file", "", "file holding the query")
+	fs.BoolVar(&o.Apply, "apply", false, "write the intents (default: a dry run that writes nothing)")
+	fs.IntVar(&o.Max, "max", backfill.DefaultMax, "refuse when the query returns more rows")
+	fs.DurationVar(&o.Spread, "spread", 0, "spread the intents' available_at evenly over this window from now (e.g. 30m)")
+	fs.Float64Var(&o.Rate, "rate", 0, "or schedule this many intents per second")
+	fs.BoolVar(&asJSON, "json", false, "print a JSON summary")
+	return func(ctx context.Context, _ []string) error {
+		if queryFile != "" {
+			if o.Query != "" {
+				return usagef("give --query or --query-file, not both")
+			}
+			b, err := os.ReadFile(queryFile)
+			if err != nil {
+				return usagef("--query-file: %v", err)
+			}
+			o.Query = string(b)
+		}
+		if o.Max <= 0 {
+			return usagef("--max must be positive")
+		}
+		if o.Name == "" || o.Topic == "" || strings.TrimSpace(o.Query) == "" {
+			return usagef("--name, --topic and --query (or --query-file) are required")
+		}
+		if o.Spread < 0 || o.Rate < 0 || (o.Spread > 0 && o.Rate > 0) {
+			return usagef("give a positive --spread or --rate, not both")
+		}
+		pool, err := OpenPool(ctx, "backfill")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+		if err != nil {
+			return err
+		}
+		if f, ok := env.Stderr.(*os.File); ok && isTerminal(f) && o.Apply {
+			o.Progress = func(p backfill.Progress) {
+				rate := float64(p.Written) / max(p.Elapsed.Seconds(), 0.001)
+				eta := time.Duration(float64(p.ToWrite-p.Written) / max(rate, 0.001) * float64(time.Second))
+				fmt.Fprintf(f, "\r%d/%d intents written, %.0f/s, ETA %s   ", p.Written, p.ToWrite, rate, eta.Round(time.Second))
+			}
+		}
+		sum, err := backfill.Run(ctx, pool, outbox, o)
+		if o.Progress != nil {
+			fmt.Fprintln(env.Stderr)
+		}
+		if err != nil {
+			if errors.Is(err, backfill.ErrTooMany) {
+				return usagef("%v", err)
+			}
+			return err
+		}
+		if asJSON {
+			return WriteJSON(env.Stdout, sum)
+		}
+		w := env.Stdout
+		verb := "would write"
+		if o.Apply {
+			verb = "wrote"
+		}
+		fmt.Fprintf(w, "backfill %q on %s: the query returned %d row(s); %d already written by earlier runs of this name (%d in all)\n",
+			sum.Name, sum.Topic, sum.Rows, sum.AlreadyWritten, sum.PreviousRuns)
+		if o.Apply {
+			fmt.Fprintf(w, "%s %d intent(s) of %d\n", verb, sum.Written, sum.ToWrite)
+		} else {
+			fmt.Fprintf(w, "%s %d intent(s) (dry run: nothing written; --apply writes)\n", verb, sum.ToWrite)
+		}
+		if sum.FirstAt != nil {
+			fmt.Fprintf(w, "schedule: from %s to %s\n", sum.FirstAt.Format(time.RFC3339), sum.LastAt.Format(time.RFC3339))
+		}
+		for _, s := range sum.Samples {
+			b, _ := json.Marshal(s)
+			fmt.Fprintf(w, "sample: %s\n", cell(string(b), 500))
+		}
+		return nil
+	}
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 func healthcheckFlags(fs *flag.FlagSet, env *Env) RunFunc {

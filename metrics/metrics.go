@@ -44,10 +44,12 @@ type Metrics struct {
 	maxAttempts      prometheus.Gauge
 	poison           *prometheus.GaugeVec
 	unrouted         prometheus.Gauge
+	legacyEffects    *prometheus.GaugeVec
 	dispatchLatency  *prometheus.HistogramVec
 	attempts         prometheus.Histogram
 	dispatched       *prometheus.CounterVec
 	publishErrors    *prometheus.CounterVec
+	shadowEvents     *prometheus.CounterVec
 	consumer         *prometheus.CounterVec
 	refreshErrors    prometheus.Counter
 }
@@ -74,6 +76,9 @@ func New() *Metrics {
 		unrouted: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ferry_unrouted_messages", Help: "Messages in the broker's unrouted queue: published to a topic no route consumes.",
 		}),
+		legacyEffects: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_legacy_effects_24h", Help: "Effects the legacy code recorded in the last 24 hours (shadow mode), by topic.",
+		}, []string{"topic"}),
 		dispatchLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "outbox_dispatch_latency_seconds", Help: "From outbox row creation to the broker's confirm.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600},
@@ -88,6 +93,9 @@ func New() *Metrics {
 		publishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_relay_publish_errors_total", Help: "Relay publishes that failed (the row is retried with backoff).",
 		}, []string{"topic"}),
+		shadowEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_shadow_events_total", Help: "Shadow intents the relay marked dispatched without publishing (shadow mode).",
+		}, []string{"topic"}),
 		consumer: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_consumer_messages_total",
 			Help: "Consumer outcomes per route: handled, duplicate, retry_scheduled, deferred, poisoned.",
@@ -96,8 +104,8 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.Registry.MustRegister(m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted,
-		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.consumer, m.refreshErrors,
+	m.Registry.MustRegister(m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.refreshErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -110,6 +118,10 @@ func (m *Metrics) Handler() http.Handler {
 // ObserveRelay records a relay batch's outcomes (pgoutbox.RelayConfig.Observer).
 func (m *Metrics) ObserveRelay(outcomes []pgoutbox.Outcome) {
 	for _, o := range outcomes {
+		if o.Shadowed {
+			m.shadowEvents.WithLabelValues(o.Topic).Inc()
+			continue
+		}
 		if o.Err != nil {
 			m.publishErrors.WithLabelValues(o.Topic).Inc()
 			continue
@@ -153,6 +165,24 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	m.poison.Reset()
 	for topic, n := range poison {
 		m.poison.WithLabelValues(topic).Set(float64(n))
+	}
+	legacy, err := pool.Query(ctx, `SELECT topic, count(*) FROM ferry_legacy_effects WHERE recorded_at > now() - interval '24 hours' GROUP BY topic`)
+	if err != nil {
+		return fmt.Errorf("counting legacy effects: %w", err)
+	}
+	m.legacyEffects.Reset()
+	for legacy.Next() {
+		var topic string
+		var n int
+		if err := legacy.Scan(&topic, &n); err != nil {
+			legacy.Close()
+			return err
+		}
+		m.legacyEffects.WithLabelValues(topic).Set(float64(n))
+	}
+	legacy.Close()
+	if err := legacy.Err(); err != nil {
+		return err
 	}
 	if m.Unrouted != nil {
 		n, err := m.Unrouted(ctx)

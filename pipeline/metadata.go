@@ -33,6 +33,10 @@ const (
 	MetaSchemaVersion = "schema_version"
 	// MetaTenantID names the tenant in multi-tenant deployments.
 	MetaTenantID = "tenant_id"
+	// MetaShadow is "true" on a shadow intent (shadow mode, while the legacy
+	// code still performs the effect): the relay marks it dispatched
+	// without publishing it.
+	MetaShadow = "shadow_mode"
 	// MetaOutboxCreatedAt is set by the relay: when the outbox row was
 	// written (RFC 3339), so consumers can measure end-to-end latency.
 	MetaOutboxCreatedAt = "outbox_created_at"

@@ -132,7 +132,7 @@ func TestGrafanaDashboardUsesFerrysMetrics(t *testing.T) {
 		"outbox_pending_total", "outbox_pending_due_total", "outbox_oldest_pending_age_seconds", "outbox_pending_max_attempts",
 		"outbox_dispatch_latency_seconds_bucket", "outbox_attempts_bucket", "outbox_dispatched_total",
 		"outbox_relay_publish_errors_total", "ferry_consumer_messages_total", "ferry_poison_messages",
-		"handler_execution_time_seconds_bucket",
+		"handler_execution_time_seconds_bucket", "outbox_shadow_events_total", "ferry_legacy_effects_24h",
 	}
 	metric := regexp.MustCompile(`\b(outbox_[a-z_]+|ferry_[a-z_]+|handler_execution_[a-z_]+)\b`)
 	charted := map[string]bool{}

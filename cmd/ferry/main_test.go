@@ -22,13 +22,13 @@ func TestHelpListsEveryCommand(t *testing.T) {
 	var out, errOut strings.Builder
 	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
 	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue", "poison discard",
-		"prune outbox", "prune ledger", "prune tool-calls", "poison show", "mcp", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
+		"prune outbox", "prune ledger", "prune tool-calls", "poison show", "mcp", "shadow report", "backfill", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
 	}
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
-		"poison discard", "poison show", "prune outbox", "prune ledger", "prune tool-calls", "mcp", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
+		"poison discard", "poison show", "prune outbox", "prune ledger", "prune tool-calls", "mcp", "shadow report", "backfill", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, string(readme), "`ferry "+cmd, "the README must document ferry %s", cmd)
 	}
 	for _, ev := range append(app.EnvVars(), options().EnvVars...) {
@@ -43,7 +43,7 @@ func TestHelpListsEveryCommand(t *testing.T) {
 // with its own flags and exit status 0.
 func TestEveryCommandHasHelp(t *testing.T) {
 	for _, path := range [][]string{{"run"}, {"relay"}, {"consume"}, {"migrate"}, {"migrate", "up"}, {"migrate", "down"}, {"migrate", "status"},
-		{"status"}, {"poison"}, {"poison", "list"}, {"poison", "show"}, {"poison", "requeue"}, {"poison", "discard"}, {"prune"}, {"prune", "outbox"}, {"prune", "ledger"}, {"prune", "tool-calls"}, {"mcp"},
+		{"status"}, {"poison"}, {"poison", "list"}, {"poison", "show"}, {"poison", "requeue"}, {"poison", "discard"}, {"prune"}, {"prune", "outbox"}, {"prune", "ledger"}, {"prune", "tool-calls"}, {"mcp"}, {"shadow"}, {"shadow", "report"}, {"backfill"},
 		{"healthcheck"}, {"demo"}, {"sandbox"}, {"bench"}, {"chaos"}, {"help"}, {"version"}} {
 		for _, h := range []string{"-h", "--help"} {
 			var out, errOut strings.Builder
@@ -327,4 +327,73 @@ func TestPoisonAndStatusCommands(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "would archive 0 row(s)")
 	require.Contains(t, out, "in 1 batch(es)")
+}
+
+// ferry shadow report gates the switch-over: 1 with a mismatch on either
+// side (named, with samples), 0 once the sides agree. ferry backfill is a
+// dry run unless --apply, refuses past --max, and writes each intent once.
+func TestShadowReportAndBackfillCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; skipped with -short")
+	}
+	schema := pipelinetest.Schema(t)
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
+	t.Setenv("FERRY_SHADOW_TOPICS", "mail.send")
+	pool := pipelinetest.Pool(t, schema, "ferry-test-cli")
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, shadowed, dispatched_at)
+		VALUES ('m1', 'o-1', 'mail.send', '{}', true, now()), ('m2', 'o-2', 'mail.send', '{}', true, now());
+		INSERT INTO ferry_legacy_effects (topic, aggregate_id) VALUES ('mail.send', 'o-2'), ('mail.send', 'o-3')`)
+	require.NoError(t, err)
+	cmd := func(args ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := run(args, &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	code, out, errOut := cmd("shadow", "report")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "MISMATCH")
+	require.Contains(t, out, "legacy effect, no intent (sample): o-3")
+	require.Contains(t, out, "intent, no legacy effect (sample): o-1")
+	require.Contains(t, errOut, "do not switch over yet")
+	code, out, _ = cmd("shadow", "report", "--json")
+	require.Equal(t, 1, code)
+	var rep struct {
+		Agree  bool `json:"agree"`
+		Topics []struct {
+			Matched, MissingInOutboxCount, MissingInLegacyCount int
+		} `json:"topics"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.False(t, rep.Agree)
+	require.Equal(t, 1, rep.Topics[0].Matched)
+	_, err = pool.Exec(ctx, `INSERT INTO ferry_legacy_effects (topic, aggregate_id) VALUES ('mail.send', 'o-1');
+		INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, headers) VALUES ('m3', 'o-3', 'mail.send', '{}', '{"shadow_mode":"true"}')`)
+	require.NoError(t, err)
+	code, out, _ = cmd("shadow", "report", "--topic", "mail.send")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "agree")
+
+	_, err = pool.Exec(ctx, `CREATE TABLE signups (id int, welcomed bool); INSERT INTO signups SELECT g, false FROM generate_series(1, 12) g`)
+	require.NoError(t, err)
+	q := `SELECT id AS aggregate_id, json_build_object('user_id', id) AS payload FROM signups WHERE NOT welcomed`
+	var before int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&before))
+	code, out, _ = cmd("backfill", "--name", "welcome", "--topic", "mail.welcome", "--query", q, "--spread", "30m")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "would write 12 intent(s) (dry run: nothing written")
+	require.Equal(t, 3, strings.Count(out, "sample: "))
+	require.Contains(t, out, "schedule: from ")
+	code, _, errOut = cmd("backfill", "--name", "welcome", "--topic", "mail.welcome", "--query", q, "--apply", "--max", "5")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "12 rows, --max 5")
+	for range 2 {
+		code, out, _ = cmd("backfill", "--name", "welcome", "--topic", "mail.welcome", "--query", q, "--apply", "--json")
+		require.Equal(t, 0, code, out)
+	}
+	require.Contains(t, out, `"already_written": 12`)
+	var after int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&after))
+	require.Equal(t, before+12, after, "twice --apply, each intent once")
 }

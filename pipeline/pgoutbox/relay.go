@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -49,6 +50,11 @@ type RelayConfig struct {
 	// Observer, if set, is told the outcome of every committed batch
 	// (metrics, benchmarks). It is called on the relay's goroutine: keep it quick.
 	Observer func(outcomes []Outcome)
+	// ShadowTopics are topics in shadow mode: their intents are marked
+	// dispatched (and shadowed) without being published, like every intent
+	// with metadata pipeline.MetaShadow "true". Switching a topic live is
+	// removing it here. Default: none.
+	ShadowTopics []string
 	// Spans, if set, opens a span around each event's publish
 	// (tracing.Tracer does, as a producer span in the event's trace).
 	Spans PublishSpans
@@ -78,6 +84,9 @@ type Outcome struct {
 	// At is when the publish returned: the broker's confirm for a
 	// confirmed message. The row is marked dispatched just after.
 	At time.Time
+	// Shadowed is true for a shadow intent: marked dispatched, never
+	// published (Msg is nil).
+	Shadowed bool
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -137,7 +146,7 @@ type Relay struct {
 	logger  *slog.Logger
 	ordered []string
 
-	claimSQL, dispatchedSQL, failedSQL, nextDueSQL string
+	claimSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL string
 
 	dispatched, failed atomic.Int64
 	wake               chan struct{}
@@ -210,6 +219,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 		wake:          make(chan struct{}, 1),
 		claimSQL:      claimSQL(t, len(ordered) > 0),
 		dispatchedSQL: `UPDATE ` + t + ` SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
+		shadowSQL:     `UPDATE ` + t + ` SET dispatched_at = now(), shadowed = true WHERE id = ANY($1)`,
 		nextDueSQL:    `SELECT min(available_at) FROM ` + t + ` WHERE dispatched_at IS NULL`,
 		failedSQL: `UPDATE ` + t + ` AS o
 			SET attempts = o.attempts + 1, last_error = f.err,
@@ -224,6 +234,8 @@ type BatchResult struct {
 	Claimed    int
 	Dispatched int
 	Failed     int
+	// Shadowed counts shadow intents marked dispatched without publishing.
+	Shadowed int
 }
 
 // RelayStats are the relay's running totals.
@@ -347,6 +359,11 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 	}
 }
 
+// shadow reports whether a claimed row is a shadow intent.
+func (r *Relay) shadow(c claimedRow) bool {
+	return headerString(c.headers, pipeline.MetaShadow) == "true" || slices.Contains(r.cfg.ShadowTopics, c.topic)
+}
+
 type claimedRow struct {
 	id          int64
 	uuid        *string
@@ -394,6 +411,21 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 		return res, tx.Commit(ctx)
 	}
 
+	// Shadow intents: the legacy code performs their effect; they are
+	// recorded as dispatched (shadowed) and never reach the broker.
+	live := claimed[:0:0]
+	var shadowIDs []int64
+	var shadowOutcomes []Outcome
+	for _, c := range claimed {
+		if r.shadow(c) {
+			shadowIDs = append(shadowIDs, c.id)
+			shadowOutcomes = append(shadowOutcomes, Outcome{ID: c.id, Topic: c.topic, AggregateID: c.aggregateID, CreatedAt: c.createdAt,
+				Attempt: c.attempts + 1, Shadowed: true, At: time.Now()})
+			continue
+		}
+		live = append(live, c)
+	}
+	claimed = live
 	outcomes := r.publishAll(ctx, claimed)
 	var (
 		okIDs               []int64
@@ -431,15 +463,19 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	if len(failIDs) > 0 {
 		batch.Queue(r.failedSQL, failIDs, failErrs, failDelays)
 	}
+	if len(shadowIDs) > 0 {
+		batch.Queue(r.shadowSQL, shadowIDs)
+	}
 	if batch.Len() > 0 {
 		if err := tx.SendBatch(finishCtx, batch).Close(); err != nil {
-			return res, fmt.Errorf("recording relay outcome of %d row(s): %w", len(okIDs)+len(failIDs), err)
+			return res, fmt.Errorf("recording relay outcome of %d row(s): %w", len(okIDs)+len(failIDs)+len(shadowIDs), err)
 		}
 	}
 	if err := tx.Commit(finishCtx); err != nil {
 		return res, fmt.Errorf("committing relay batch: %w", err)
 	}
-	res.Dispatched, res.Failed = len(okIDs), len(failIDs)
+	res.Dispatched, res.Failed, res.Shadowed = len(okIDs), len(failIDs), len(shadowIDs)
+	outcomes = append(outcomes, shadowOutcomes...)
 	r.dispatched.Add(int64(res.Dispatched))
 	r.failed.Add(int64(res.Failed))
 	if r.cfg.Observer != nil {

@@ -1,0 +1,121 @@
+package backfill_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/backfill"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+// users are the legacy rows: 25 sign-ups, 5 of them already welcomed.
+func setup(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(context.Background(), `CREATE TABLE users (id int PRIMARY KEY, email text, welcomed boolean);
+		INSERT INTO users SELECT g, 'u' || g || '@example.com', g <= 5 FROM generate_series(1, 25) g`)
+	require.NoError(t, err)
+	return pool
+}
+
+const query = `SELECT id AS aggregate_id, json_build_object('user_id', id) AS payload,
+	json_build_object('tenant_id', 't1') AS headers FROM users WHERE NOT welcomed ORDER BY id`
+
+func intents(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n))
+	return n
+}
+
+func TestDryRunWritesNothingAndApplyWritesEachIntentOnce(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	o := backfill.Options{Name: "welcome-2026-12", Topic: "mail.welcome", Query: query, Spread: 30 * time.Minute}
+
+	dry, err := backfill.Run(ctx, pool, pipelinetest.Outbox(t), o)
+	require.NoError(t, err)
+	require.True(t, dry.DryRun)
+	require.Equal(t, 20, dry.Rows)
+	require.Equal(t, 20, dry.ToWrite)
+	require.Len(t, dry.Samples, 3)
+	require.JSONEq(t, `{"user_id": 6}`, string(dry.Samples[0].Payload))
+	require.Equal(t, map[string]string{"tenant_id": "t1"}, dry.Samples[0].Headers)
+	require.InDelta(t, (30 * time.Minute).Seconds(), dry.LastAt.Sub(*dry.FirstAt).Seconds(), 1)
+	require.Zero(t, intents(t, pool), "a dry run writes nothing")
+
+	o.Apply = true
+	res, err := backfill.Run(ctx, pool, pipelinetest.Outbox(t), o)
+	require.NoError(t, err)
+	require.Equal(t, 20, res.Written)
+	again, err := backfill.Run(ctx, pool, pipelinetest.Outbox(t), o)
+	require.NoError(t, err)
+	require.Zero(t, again.Written, "the same name writes no intent twice")
+	require.Equal(t, 20, again.AlreadyWritten)
+	require.Equal(t, 20, intents(t, pool))
+
+	// --spread: available_at runs evenly across the window.
+	var first, last time.Time
+	var distinct int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT min(available_at), max(available_at), count(DISTINCT available_at) FROM outbox`).Scan(&first, &last, &distinct))
+	require.InDelta(t, (30 * time.Minute).Seconds(), last.Sub(first).Seconds(), 2)
+	require.Equal(t, 20, distinct)
+	var tenant, name string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'tenant_id', headers->>'ferry_backfill' FROM outbox LIMIT 1`).Scan(&tenant, &name))
+	require.Equal(t, "t1", tenant)
+	require.Equal(t, "welcome-2026-12", name)
+}
+
+func TestInterruptedApplyResumesWithoutDoubles(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	o := backfill.Options{Name: "resume", Topic: "mail.welcome", Query: query, Apply: true, BatchSize: 6, Rate: 10,
+		Progress: func(p backfill.Progress) { cancel() }} // interrupted after the first batch
+	res, err := backfill.Run(ctx, pool, pipelinetest.Outbox(t), o)
+	require.Error(t, err)
+	require.True(t, errors.Is(err, context.Canceled), "%v", err)
+	require.Equal(t, 6, res.Written)
+	require.Equal(t, 6, intents(t, pool))
+
+	o.Progress = nil
+	res, err = backfill.Run(context.Background(), pool, pipelinetest.Outbox(t), o)
+	require.NoError(t, err)
+	require.Equal(t, 14, res.Written, "the rest, and only the rest")
+	require.Equal(t, 6, res.AlreadyWritten)
+	var n, aggregates int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*), count(DISTINCT aggregate_id) FROM outbox`).Scan(&n, &aggregates))
+	require.Equal(t, 20, n)
+	require.Equal(t, 20, aggregates)
+}
+
+func TestMaxAndBadQueriesAreRefusedBeforeAnyWrite(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	_, err := backfill.Run(ctx, pool, pipelinetest.Outbox(t), backfill.Options{Name: "n", Topic: "t", Query: query, Apply: true, Max: 10})
+	require.ErrorIs(t, err, backfill.ErrTooMany)
+	require.Contains(t, err.Error(), "20 rows")
+	for q, want := range map[string]string{
+		`SELECT id FROM users`: "aggregate_id and payload",
+		`SELECT id AS aggregate_id, 'not json' AS payload FROM users`:                               "not JSON",
+		`SELECT 1 AS aggregate_id, '{}'::jsonb AS payload FROM users`:                               "appears twice",
+		`SELECT id AS aggregate_id, '{}'::jsonb AS payload, '{"a":1}'::jsonb AS headers FROM users`: "not a string",
+		`DELETE FROM users RETURNING id AS aggregate_id, '{}'::jsonb AS payload`:                    "read-only",
+	} {
+		_, err := backfill.Run(ctx, pool, pipelinetest.Outbox(t), backfill.Options{Name: "n", Topic: "t", Query: q, Apply: true})
+		require.ErrorContains(t, err, want, q)
+	}
+	require.Zero(t, intents(t, pool))
+	var users int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM users`).Scan(&users))
+	require.Equal(t, 25, users, "the query ran read-only")
+	_, err = backfill.Run(ctx, pool, pipelinetest.Outbox(t), backfill.Options{Name: "n", Topic: "t", Query: query, Spread: time.Minute, Rate: 2})
+	require.Error(t, err)
+}
