@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferry-dev/ferry/console"
 	"github.com/ferry-dev/ferry/migrations"
 )
 
@@ -17,10 +18,18 @@ import (
 //	GET  /healthz       the process is up
 //	GET  /readyz        database and broker reachable, migrations current (503 otherwise)
 //	POST /admin/prune   prune the outbox and the ledger now (Bearer FERRY_ADMIN_TOKEN)
+//	     /console/      the operator console (package console): reading from
+//	                    loopback needs no token, actions need FERRY_ADMIN_TOKEN
 //
 // The admin server listens on loopback by default (FERRY_ADMIN_ADDR).
 func (a *App) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
+	if con, err := a.Console(); err == nil {
+		mux.Handle("/console/", con)
+		mux.Handle("GET /console", http.RedirectHandler("/console/", http.StatusMovedPermanently))
+	} else {
+		a.logger.Error("the console could not be built", "error", err)
+	}
 	mux.Handle("GET /metrics", a.Metrics.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -43,6 +52,17 @@ func (a *App) AdminHandler() http.Handler {
 		writeAdminJSON(w, http.StatusOK, res)
 	})))
 	return mux
+}
+
+// Console is the operator console on this app's database, poison store and
+// broker, for mounting at /console/ in a server of your own (AdminHandler
+// mounts it on the admin server).
+func (a *App) Console() (*console.Console, error) {
+	cfg := console.Config{Token: a.cfg.AdminToken, OutboxTable: a.cfg.Relay.Table, Logger: a.logger}
+	if a.pubConn != nil {
+		cfg.Unrouted = a.UnroutedDepth
+	}
+	return console.New(a.Pool, a.Poison, cfg)
 }
 
 // Ready checks what a process needs to do its work.

@@ -25,6 +25,7 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/backfill"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -79,6 +80,7 @@ how many intents would be written, shows three, how many an earlier run of
 the same --name wrote, and the schedule. Re-running the same --name writes
 no intent twice; an interrupted run continues where it stopped.`,
 		Flags: backfillFlags}
+	cmdAudit = &Command{Name: "audit", Summary: "the audit log: who requeued or discarded what, when, how many (console and CLI)", Flags: auditFlags}
 	cmdHealthcheck = &Command{Name: "healthcheck", Summary: "exit 0 if the admin server's /readyz (or --url) answers 200; for container healthchecks, the image having no shell or curl",
 		Flags: healthcheckFlags}
 )
@@ -216,6 +218,8 @@ type statusReport struct {
 	BrokerError string `json:"broker_error,omitempty"`
 	// Attention lists what needs a human; empty when all is well.
 	Attention []string `json:"attention"`
+	// Audit is the newest entries of the audit log (ferry audit).
+	Audit []pgaudit.Entry `json:"audit"`
 }
 
 func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
@@ -245,6 +249,9 @@ func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			rep.Unrouted = &n
 		}
 		rep.Attention = attention(rep)
+		if rep.Audit, err = pgaudit.List(ctx, pool, 20); err != nil {
+			return err
+		}
 		if *asJSON {
 			err = WriteJSON(env.Stdout, rep)
 		} else {
@@ -358,14 +365,17 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 	return func(fs *flag.FlagSet, env *Env) RunFunc {
 		var (
 			sel         pgpoison.Selector
-			ids         string
+			ids, filter string
 			asJSON, dry bool
+			group       bool
 		)
 		fs.BoolVar(&asJSON, "json", false, "print JSON (exact, unescaped and uncut)")
+		fs.StringVar(&filter, "filter", "", "narrow by handler=H,aggregate=A,text=T,fingerprint=F,since=24h|RFC3339,until=… (comma-separated; as the console's filters)")
 		fs.Int64Var(&sel.AfterID, "after-id", 0, "start after this poison id (the next page)")
 		if sub == "list" {
 			fs.StringVar(&sel.Topic, "topic", "", "only this original topic")
 			fs.IntVar(&sel.Limit, "limit", 50, fmt.Sprintf("at most this many, oldest first (0: all, streamed; at most %d)", pgpoison.MaxLimit))
+			fs.BoolVar(&group, "group", false, "group by error fingerprint (the reason with ids, numbers and addresses normalised away): count, first and last seen, an example")
 		} else {
 			fs.StringVar(&ids, "id", "", "poison ids, comma-separated")
 			fs.StringVar(&sel.Topic, "topic", "", "every message of this original topic")
@@ -384,9 +394,25 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 				}
 				sel.IDs = append(sel.IDs, id)
 			}
+			if filter != "" {
+				f, err := ParseFilter(filter)
+				if err != nil {
+					return UsageError{fmt.Errorf("--filter: %w", err)}
+				}
+				f.Topic = sel.Topic
+				sel.Filter = f
+			}
 			// Refuse bad flags before connecting, let alone changing anything.
-			check := pgpoison.Filter{Topic: sel.Topic, AfterID: sel.AfterID, Limit: sel.Limit}.Validate
-			if sub != "list" {
+			check := sel.Filter.Validate
+			if sel.Filter.Topic == "" {
+				sel.Filter.Topic = sel.Topic
+			}
+			lf := sel.Filter
+			lf.AfterID, lf.Limit = sel.AfterID, sel.Limit
+			if sub == "list" {
+				check = lf.Validate
+			} else {
+				sel.Filter.Topic = ""
 				check = sel.Validate
 			}
 			if err := check(); err != nil {
@@ -398,8 +424,11 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 			}
 			defer closeStore()
 			out := env.Stdout
+			if sub == "list" && group {
+				return listGroups(ctx, out, store, lf, asJSON)
+			}
 			if sub == "list" {
-				return listPoison(ctx, out, store, pgpoison.Filter{Topic: sel.Topic, AfterID: sel.AfterID, Limit: sel.Limit}, asJSON)
+				return listPoison(ctx, out, store, lf, asJSON)
 			}
 			act := store.RequeueEach
 			verb, dryVerb := "requeued", "would requeue"
@@ -409,11 +438,103 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 			if dry {
 				verb = dryVerb
 			}
-			return streamActions(out, asJSON, verb, func(fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
-				return act(ctx, sel, dry, fn)
+			var done pgpoison.Summary
+			err = streamActions(out, asJSON, verb, func(fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
+				sum, err := act(ctx, sel, dry, fn)
+				done = sum
+				return sum, err
 			})
+			if !dry && (done.Done > 0 || done.Skipped > 0) {
+				scope := "all"
+				switch {
+				case len(sel.IDs) > 0:
+					scope = "ids " + joinIDs(sel.IDs)
+				case sel.Topic != "":
+					scope = "topic " + sel.Topic
+				case sel.Filter.String() != "all":
+					scope = "filter " + sel.Filter.String()
+				}
+				if aerr := pgaudit.Record(ctx, store.Pool(), pgaudit.Entry{Actor: pgaudit.CLIActor(), Action: "poison." + sub, Scope: scope,
+					Count: done.Done, Detail: map[string]any{"skipped": done.Skipped, "not_found": done.NotFound}}); aerr != nil && err == nil {
+					err = aerr
+				}
+			}
+			return err
 		}
 	}
+}
+
+// ParseFilter reads --filter: key=value pairs, comma-separated (handler,
+// aggregate, text, fingerprint, since, until; since and until take a
+// duration back from now or an RFC 3339 time).
+func ParseFilter(v string) (pgpoison.Filter, error) {
+	var f pgpoison.Filter
+	for _, part := range strings.Split(v, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		k, val, ok := strings.Cut(part, "=")
+		if !ok {
+			return f, fmt.Errorf("want key=value, got %q", part)
+		}
+		switch k {
+		case "handler":
+			f.Handler = val
+		case "aggregate":
+			f.AggregateID = val
+		case "text":
+			f.Text = val
+		case "fingerprint":
+			f.Fingerprint = val
+		case "since", "until":
+			t, err := timeOrAgo(val)
+			if err != nil {
+				return f, fmt.Errorf("%s: %w", k, err)
+			}
+			if k == "since" {
+				f.Since = t
+			} else {
+				f.Until = t
+			}
+		default:
+			return f, fmt.Errorf("unknown key %q (handler, aggregate, text, fingerprint, since, until)", k)
+		}
+	}
+	return f, nil
+}
+
+func timeOrAgo(v string) (time.Time, error) {
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return time.Now().Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return t, errors.New("want a duration back from now (24h) or an RFC 3339 time")
+	}
+	return t, nil
+}
+
+func listGroups(ctx context.Context, w io.Writer, store *pgpoison.Store, f pgpoison.Filter, asJSON bool) error {
+	f.AfterID, f.Limit = 0, 0
+	groups, err := store.Groups(ctx, f, 0)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return WriteJSON(w, groups)
+	}
+	if len(groups) == 0 {
+		fmt.Fprintln(w, "(no poisoned messages)")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "COUNT\tHANDLERS\tFIRST SEEN\tLAST SEEN\tFINGERPRINT\tEXAMPLE")
+	for _, g := range groups {
+		fmt.Fprintf(tw, "%d\t%s\t%s ago\t%s ago\t%s\t%s\n", g.Count, cell(g.Handlers, maxIDCell), time.Since(g.FirstSeen).Round(time.Second),
+			time.Since(g.LastSeen).Round(time.Second), cell(g.Fingerprint, maxReasonCell), cell(g.Example, maxTextCell))
+	}
+	fmt.Fprintln(tw, "(act on a group: ferry poison requeue --filter 'fingerprint=<FINGERPRINT>' --dry-run)")
+	return tw.Flush()
 }
 
 // flagNames says "--limit" and "--after-id" where the store says "limit".
@@ -891,6 +1012,38 @@ func backfillFlags(fs *flag.FlagSet, env *Env) RunFunc {
 func isTerminal(f *os.File) bool {
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func auditFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	limit := fs.Int("limit", 50, "the newest this many entries")
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, _ []string) error {
+		if *limit <= 0 || *limit > 100_000 {
+			return usagef("--limit must be in [1, 100000]")
+		}
+		pool, err := OpenPool(ctx, "audit")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		entries, err := pgaudit.List(ctx, pool, *limit)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return WriteJSON(env.Stdout, entries)
+		}
+		if len(entries) == 0 {
+			fmt.Fprintln(env.Stdout, "(no action recorded)")
+			return nil
+		}
+		tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "AT\tWHO\tACTION\tCOUNT\tSCOPE")
+		for _, e := range entries {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", e.At.Format(time.RFC3339), cell(e.Actor, maxIDCell), cell(e.Action, maxIDCell), e.Count, cell(e.Scope, maxReasonCell))
+		}
+		return tw.Flush()
+	}
 }
 
 func healthcheckFlags(fs *flag.FlagSet, env *Env) RunFunc {

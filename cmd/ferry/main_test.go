@@ -22,13 +22,13 @@ func TestHelpListsEveryCommand(t *testing.T) {
 	var out, errOut strings.Builder
 	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
 	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue", "poison discard",
-		"prune outbox", "prune ledger", "prune tool-calls", "poison show", "mcp", "shadow report", "backfill", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
+		"prune outbox", "prune ledger", "prune tool-calls", "poison show", "mcp", "shadow report", "backfill", "audit", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
 	}
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
 	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
-		"poison discard", "poison show", "prune outbox", "prune ledger", "prune tool-calls", "mcp", "shadow report", "backfill", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
+		"poison discard", "poison show", "prune outbox", "prune ledger", "prune tool-calls", "mcp", "shadow report", "backfill", "audit", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, string(readme), "`ferry "+cmd, "the README must document ferry %s", cmd)
 	}
 	for _, ev := range append(app.EnvVars(), options().EnvVars...) {
@@ -43,7 +43,7 @@ func TestHelpListsEveryCommand(t *testing.T) {
 // with its own flags and exit status 0.
 func TestEveryCommandHasHelp(t *testing.T) {
 	for _, path := range [][]string{{"run"}, {"relay"}, {"consume"}, {"migrate"}, {"migrate", "up"}, {"migrate", "down"}, {"migrate", "status"},
-		{"status"}, {"poison"}, {"poison", "list"}, {"poison", "show"}, {"poison", "requeue"}, {"poison", "discard"}, {"prune"}, {"prune", "outbox"}, {"prune", "ledger"}, {"prune", "tool-calls"}, {"mcp"}, {"shadow"}, {"shadow", "report"}, {"backfill"},
+		{"status"}, {"poison"}, {"poison", "list"}, {"poison", "show"}, {"poison", "requeue"}, {"poison", "discard"}, {"prune"}, {"prune", "outbox"}, {"prune", "ledger"}, {"prune", "tool-calls"}, {"mcp"}, {"shadow"}, {"shadow", "report"}, {"backfill"}, {"audit"},
 		{"healthcheck"}, {"demo"}, {"sandbox"}, {"bench"}, {"chaos"}, {"help"}, {"version"}} {
 		for _, h := range []string{"-h", "--help"} {
 			var out, errOut strings.Builder
@@ -303,6 +303,23 @@ func TestPoisonAndStatusCommands(t *testing.T) {
 	require.Equal(t, 1, code, "an unknown id fails the command")
 	require.Contains(t, out, "discarded 1 message(s)")
 	require.Contains(t, errOut, "no poisoned message with id 999999")
+	// Grouping and filters, as in the console; the discard above is audited.
+	code, out, _ = cmd("poison", "list", "--group")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "COUNT")
+	require.NotContains(t, out, "\x1b")
+	code, out, _ = cmd("poison", "list", "--filter", "handler=notifications.mail,text=OWNED", "--json")
+	require.Equal(t, 0, code, out)
+	require.NoError(t, json.Unmarshal([]byte(out), &recs))
+	require.Len(t, recs, 1)
+	code, _, errOut = cmd("poison", "list", "--filter", "colour=red")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "unknown key")
+	code, out, _ = cmd("audit")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "poison.discard")
+	require.Contains(t, out, "ids "+strconv.FormatInt(ids[1], 10))
+
 	// The one left has a 5,000-byte id the outbox cannot take: the dry run
 	// finds that as the real run would, names it and fails.
 	code, out, errOut = cmd("poison", "requeue", "--all", "--dry-run")
@@ -322,6 +339,7 @@ func TestPoisonAndStatusCommands(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.NotEmpty(t, rep["attention"])
 	require.Contains(t, rep, "unrouted")
+	require.NotEmpty(t, rep["audit"], "status --json carries the audit log")
 
 	code, out, _ = cmd("prune", "outbox", "--archive", "--dry-run")
 	require.Equal(t, 0, code)

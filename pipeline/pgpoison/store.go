@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -33,14 +35,19 @@ type Record struct {
 	LastFailedAt  time.Time         `json:"last_failed_at"`
 	PoisonedAt    time.Time         `json:"poisoned_at"`
 	CorrelationID string            `json:"correlation_id"`
+	// Fingerprint is the reason's group (see Filter.Fingerprint).
+	Fingerprint string `json:"fingerprint"`
 }
 
-// Selector chooses poisoned messages: exactly one of IDs, Topic or All,
-// oldest first.
+// Selector chooses poisoned messages: exactly one of IDs, Topic, a Filter
+// or All, oldest first.
 type Selector struct {
 	IDs   []int64
 	Topic string
 	All   bool
+	// Filter chooses by handler, aggregate, text, group or time (its Topic
+	// works like Selector.Topic; its AfterID and Limit are ignored).
+	Filter Filter
 	// AfterID starts after this poison id: the next page of an earlier run.
 	AfterID int64
 	// Limit caps how many are chosen (oldest first); 0 means no cap.
@@ -63,26 +70,96 @@ func (s Selector) Validate() error {
 	if len(s.IDs) > 0 {
 		n++
 	}
-	if s.Topic != "" {
+	if s.Topic != "" || s.Filter.narrows() {
 		n++
 	}
 	if s.All {
 		n++
 	}
 	if n != 1 {
-		return errors.New("select the messages with exactly one of --id, --topic or --all")
+		return errors.New("select the messages with exactly one of --id, --topic/--filter or --all")
 	}
 	return Filter{AfterID: s.AfterID, Limit: s.Limit}.Validate()
 }
 
-// Filter chooses poisoned messages to read, oldest first.
+// Filter chooses poisoned messages to read, oldest first. Every field set
+// narrows the choice.
 type Filter struct {
 	// Topic keeps the messages of one original topic ("" for all).
 	Topic string
+	// Handler keeps the messages one route gave up on.
+	Handler string
+	// AggregateID keeps one aggregate's messages.
+	AggregateID string
+	// Text keeps messages whose reason contains it (case-insensitive).
+	Text string
+	// Fingerprint keeps one group: the reason with ids, numbers and
+	// addresses normalised away (ferry_fingerprint, migration 00013).
+	Fingerprint string
+	// Since and Until bound the time the messages were poisoned.
+	Since, Until time.Time
 	// AfterID starts after this poison id.
 	AfterID int64
 	// Limit caps how many are read; 0 means all.
 	Limit int
+}
+
+// String is the filter's criteria, for messages and the audit log.
+func (f Filter) String() string {
+	var parts []string
+	for _, kv := range [][2]string{{"topic", f.Topic}, {"handler", f.Handler}, {"aggregate", f.AggregateID}, {"text", f.Text}, {"fingerprint", f.Fingerprint}} {
+		if kv[1] != "" {
+			parts = append(parts, kv[0]+"="+kv[1])
+		}
+	}
+	if !f.Since.IsZero() {
+		parts = append(parts, "since="+f.Since.UTC().Format(time.RFC3339))
+	}
+	if !f.Until.IsZero() {
+		parts = append(parts, "until="+f.Until.UTC().Format(time.RFC3339))
+	}
+	if len(parts) == 0 {
+		return "all"
+	}
+	return strings.Join(parts, ",")
+}
+
+// narrows reports whether f selects anything narrower than everything.
+func (f Filter) narrows() bool {
+	return f.Topic != "" || f.Handler != "" || f.AggregateID != "" || f.Text != "" || f.Fingerprint != "" || !f.Since.IsZero() || !f.Until.IsZero()
+}
+
+// where is f's criteria as SQL over poison_messages, with its arguments
+// numbered from $first.
+func (f Filter) where(first int) (string, []any) {
+	conds := []string{"true"}
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(first+len(args)-1)))
+	}
+	if f.Topic != "" {
+		add("topic = $?", f.Topic)
+	}
+	if f.Handler != "" {
+		add("handler = $?", f.Handler)
+	}
+	if f.AggregateID != "" {
+		add("aggregate_id = $?", f.AggregateID)
+	}
+	if f.Text != "" {
+		add("strpos(lower(reason), lower($?)) > 0", f.Text)
+	}
+	if f.Fingerprint != "" {
+		add("fingerprint = $?", f.Fingerprint)
+	}
+	if !f.Since.IsZero() {
+		add("poisoned_at >= $?", f.Since)
+	}
+	if !f.Until.IsZero() {
+		add("poisoned_at < $?", f.Until)
+	}
+	return strings.Join(conds, " AND "), args
 }
 
 // Validate rejects out-of-range paging.
@@ -113,17 +190,20 @@ func NewStore(pool *pgxpool.Pool, outbox *pgoutbox.Outbox) (*Store, error) {
 }
 
 const columns = `id, message_id, topic, handler, consumer, aggregate_id, payload, headers, reason, permanent,
-	attempts, first_failed_at, last_failed_at, poisoned_at, correlation_id`
+	attempts, first_failed_at, last_failed_at, poisoned_at, correlation_id, coalesce(fingerprint, '')`
 
 func scanRecords(rows pgx.Rows) ([]Record, error) {
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
 		var r Record
 		err := row.Scan(&r.ID, &r.MessageID, &r.Topic, &r.Handler, &r.Consumer, &r.AggregateID, &r.Payload, &r.Headers,
-			&r.Reason, &r.Permanent, &r.Attempts, &r.FirstFailedAt, &r.LastFailedAt, &r.PoisonedAt, &r.CorrelationID)
+			&r.Reason, &r.Permanent, &r.Attempts, &r.FirstFailedAt, &r.LastFailedAt, &r.PoisonedAt, &r.CorrelationID, &r.Fingerprint)
 		r.PayloadText = string(r.Payload)
 		return r, err
 	})
 }
+
+// Pool is the store's database pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // List returns poisoned messages, oldest first, of topic (all when empty),
 // at most limit (all when 0). For large stores use Each, which pages.
@@ -152,8 +232,9 @@ func (s *Store) Each(ctx context.Context, f Filter, fn func(Record) error) error
 		if n <= 0 {
 			return nil
 		}
+		where, args := f.where(3)
 		rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM `+Table+`
-			WHERE id > $1 AND ($2 = '' OR topic = $2) ORDER BY id LIMIT $3`, after, f.Topic, n)
+			WHERE id > $1 AND `+where+` ORDER BY id LIMIT $2`, append([]any{after, n}, args...)...)
 		if err != nil {
 			return fmt.Errorf("listing poisoned messages: %w", err)
 		}
@@ -172,6 +253,51 @@ func (s *Store) Each(ctx context.Context, f Filter, fn func(Record) error) error
 			return nil
 		}
 	}
+}
+
+// Count counts the poisoned messages f chooses (its AfterID and Limit
+// ignored).
+func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
+	where, args := f.where(1)
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+Table+` WHERE `+where, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting poisoned messages: %w", err)
+	}
+	return n, nil
+}
+
+// CountIDs counts how many of ids the store holds.
+func (s *Store) CountIDs(ctx context.Context, ids []int64) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+Table+` WHERE id = ANY($1)`, ids).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting poisoned messages: %w", err)
+	}
+	return n, nil
+}
+
+// Group is the poisoned messages of one error fingerprint.
+type Group struct {
+	Fingerprint string    `json:"fingerprint"`
+	Count       int       `json:"count"`
+	FirstSeen   time.Time `json:"first_seen"`
+	LastSeen    time.Time `json:"last_seen"`
+	// Example is the newest message's reason.
+	Example  string `json:"example"`
+	Handlers string `json:"handlers"`
+	Topics   string `json:"topics"`
+}
+
+// Groups groups the messages f chooses by error fingerprint, the biggest
+// first, at most limit groups (0: all). It reads over the fingerprint index.
+func (s *Store) Groups(ctx context.Context, f Filter, limit int) ([]Group, error) {
+	where, args := f.where(2)
+	rows, err := s.pool.Query(ctx, `SELECT fingerprint, count(*), min(poisoned_at), max(poisoned_at),
+		(array_agg(reason ORDER BY id DESC))[1], string_agg(DISTINCT handler, ', '), string_agg(DISTINCT topic, ', ')
+		FROM `+Table+` WHERE `+where+` GROUP BY fingerprint ORDER BY 2 DESC, 1 LIMIT NULLIF($1, 0)`, append([]any{limit}, args...)...)
+	if err != nil {
+		return nil, fmt.Errorf("grouping poisoned messages: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Group])
 }
 
 // Get returns one poisoned message, or ErrNotFound.
@@ -352,9 +478,14 @@ func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Acti
 		var actions []Action
 		var last int64
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			f := sel.Filter
+			if sel.Topic != "" {
+				f.Topic = sel.Topic
+			}
+			where, args := f.where(4)
 			rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
-				WHERE id > $1 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND ($3 = '' OR topic = $3)
-				ORDER BY id LIMIT $4 FOR UPDATE`, sum.LastID, sel.IDs, sel.Topic, n)
+				WHERE id > $1 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND `+where+`
+				ORDER BY id LIMIT $3 FOR UPDATE`, append([]any{sum.LastID, sel.IDs, n}, args...)...)
 			if err != nil {
 				return fmt.Errorf("selecting poisoned messages: %w", err)
 			}

@@ -1,0 +1,221 @@
+// Package console is Ferry's operator console: what is pending, what keeps
+// failing and why, what sits in the poison store, and the actions to put
+// it right, in a browser. It is server-rendered with html/template and a
+// little htmx (vendored and embedded: nothing is fetched at run time), and
+// it is an http.Handler, mounted by the app on its admin server at
+// /console and embeddable in a server of your own.
+//
+// Reading needs no token from loopback; from anywhere else it needs the
+// admin token, like every state-changing action always does. Actions are
+// protected against cross-site requests (http.CrossOriginProtection and a
+// per-session form token), always show the count first and ask to
+// confirm, and land in the audit log (ferry_audit_log), which the console,
+// `ferry audit` and `ferry status --json` show.
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Config configures the console.
+type Config struct {
+	// Token is the admin token: actions need it (as a session from the
+	// login form, or a Bearer header), and so does reading from beyond
+	// loopback. Empty: actions are refused.
+	Token string
+	// Prefix is the path the console is mounted at. Default "/console".
+	Prefix string
+	// OutboxTable is the outbox ("" for the default).
+	OutboxTable string
+	// Unrouted, if set, reads the broker's unrouted queue depth.
+	Unrouted func(context.Context) (int, error)
+	// Logger receives the console's log lines. Default: discard.
+	Logger *slog.Logger
+}
+
+// Console is the console's handler.
+type Console struct {
+	cfg   Config
+	pool  *pgxpool.Pool
+	store *pgpoison.Store
+	tmpl  *template.Template
+	mux   *http.ServeMux
+}
+
+const sessionCookie = "ferry_console"
+
+// New returns the console over pool and the poison store.
+func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error) {
+	if pool == nil || store == nil {
+		return nil, errors.New("console: New needs a pool and a poison store")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "/console"
+	}
+	cfg.Prefix = "/" + strings.Trim(cfg.Prefix, "/")
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Console{cfg: cfg, pool: pool, store: store}
+	tmpl, err := template.New("").Funcs(c.funcs()).ParseFS(templateFS, "templates/*.html")
+	if err != nil {
+		return nil, err
+	}
+	c.tmpl = tmpl
+	static, _ := fs.Sub(staticFS, "static")
+	p := cfg.Prefix
+	mux := http.NewServeMux()
+	mux.Handle("GET "+p+"/static/", http.StripPrefix(p+"/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET "+p+"/login", c.loginForm)
+	mux.HandleFunc("POST "+p+"/login", c.login)
+	mux.HandleFunc("GET "+p+"/{$}", c.read(c.overviewPage))
+	mux.HandleFunc("GET "+p+"/overview", c.read(c.overviewPartial))
+	mux.HandleFunc("GET "+p+"/poison", c.read(c.poisonPage))
+	mux.HandleFunc("GET "+p+"/poison/{id}", c.read(c.detailPage))
+	mux.HandleFunc("GET "+p+"/failing", c.read(c.failingPage))
+	mux.HandleFunc("GET "+p+"/audit", c.read(c.auditPage))
+	mux.HandleFunc("POST "+p+"/actions", c.act(c.action))
+	c.mux = mux
+	return c, nil
+}
+
+// ServeHTTP implements http.Handler. Cross-origin state changes are
+// refused before anything else (Sec-Fetch-Site / Origin).
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "same-origin")
+	csrf.Handler(c.mux).ServeHTTP(w, r)
+}
+
+var csrf = http.NewCrossOriginProtection()
+
+func (c *Console) mac(purpose string) string {
+	m := hmac.New(sha256.New, []byte(c.cfg.Token))
+	m.Write([]byte(purpose))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// authed reports whether r carries the admin token: a Bearer header, or
+// the session cookie the login form set.
+func (c *Console) authed(r *http.Request) bool {
+	if c.cfg.Token == "" {
+		return false
+	}
+	if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(c.cfg.Token)) == 1
+	}
+	if ck, err := r.Cookie(sessionCookie); err == nil {
+		return subtle.ConstantTimeCompare([]byte(ck.Value), []byte(c.mac("session"))) == 1
+	}
+	return false
+}
+
+func loopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// read lets a request read: from loopback always, else with the token.
+func (c *Console) read(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !loopback(r) && !c.authed(r) {
+			http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// act lets a request change state: with the token and the session's form
+// token, always.
+func (c *Console) act(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if c.cfg.Token == "" {
+			c.fail(w, r, http.StatusForbidden, "actions are off: set FERRY_ADMIN_TOKEN (and log in) to requeue or discard")
+			return
+		}
+		if !c.authed(r) {
+			c.fail(w, r, http.StatusUnauthorized, "log in with the admin token to requeue or discard")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		if err := r.ParseForm(); err != nil {
+			c.fail(w, r, http.StatusBadRequest, "the form could not be read")
+			return
+		}
+		// The Bearer header cannot be sent cross-site; a cookie session also
+		// needs the form token only the console's own pages carry.
+		if r.Header.Get("Authorization") == "" && subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(c.mac("csrf"))) != 1 {
+			c.fail(w, r, http.StatusForbidden, "the form's token is missing or stale: reload the page")
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == ""})
+}
+
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 4096)
+	if c.cfg.Token == "" || r.ParseForm() != nil || subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(c.cfg.Token)) != 1 {
+		w.WriteHeader(http.StatusUnauthorized)
+		c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == "", "Wrong": true})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: c.mac("session"), Path: c.cfg.Prefix, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int((12 * time.Hour).Seconds())})
+	http.Redirect(w, r, c.cfg.Prefix+"/poison", http.StatusSeeOther)
+}
+
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	w.WriteHeader(status)
+	c.render(w, r, "error", map[string]any{"Message": msg, "Status": status})
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, data map[string]any) {
+	if data == nil {
+		data = map[string]any{}
+	}
+	data["Prefix"] = c.cfg.Prefix
+	data["Authed"] = c.authed(r)
+	data["CanAct"] = c.cfg.Token != ""
+	data["CSRF"] = ""
+	if c.authed(r) {
+		data["CSRF"] = c.mac("csrf")
+	}
+	data["Page"] = name
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := c.tmpl.ExecuteTemplate(w, name, data); err != nil {
+		c.cfg.Logger.ErrorContext(r.Context(), "console: rendering failed", "page", name, "error", err)
+	}
+}

@@ -1,0 +1,195 @@
+package console_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/console"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+const token = "console-test-token-0123"
+
+func setup(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
+	t.Helper()
+	pool := pipelinetest.Postgres(t)
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	c, err := console.New(pool, store, console.Config{Token: token})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("/console/", c)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	// Three of one group, a hostile one, and a huge one.
+	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, aggregate_id, payload, reason)
+		SELECT 'm' || g, 'stripe.charge', 'payments.charge', 'order-' || g, convert_to('{"order_id":' || g || '}', 'UTF8'),
+		       'gave up after 5 attempts: charging order ' || g || ': payment provider answered 503 from 10.0.0.' || g FROM generate_series(1, 3) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason, headers) VALUES
+		('evil', 'mail.send', 'notifications.mail', convert_to('{"x":"</pre><script>alert(1)</script>"}', 'UTF8'),
+		 E'<script>alert(1)</script> \x1b[31m owned \u202e txt', '{"<img src=x onerror=alert(1)>":"<b>x</b>"}'),
+		('huge', 'mail.send', 'notifications.mail', convert_to(repeat('A', 1000000), 'UTF8'), repeat('r', 20000), '{}')`)
+	require.NoError(t, err)
+	return srv, pool
+}
+
+func get(t *testing.T, c *http.Client, u string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+func TestPagesEscapeAndBoundHostileContent(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	c := srv.Client()
+	for _, path := range []string{"/console/", "/console/overview", "/console/poison", "/console/failing", "/console/audit", "/console/static/htmx.min.js"} {
+		code, _ := get(t, c, srv.URL+path)
+		require.Equal(t, 200, code, path)
+	}
+	code, body := get(t, c, srv.URL+"/console/poison")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "payment provider answered &lt;n&gt; from &lt;ip&gt;", "grouped by fingerprint")
+	require.Contains(t, body, `<td class="n">3</td>`)
+	require.NotContains(t, body, "<script>alert(1)</script>")
+	require.Contains(t, body, "&lt;script&gt;alert(1)&lt;/script&gt;")
+	require.NotContains(t, body, "\x1b")
+	require.NotContains(t, body, "\u202e")
+	require.Contains(t, body, `\x1b[31m`)
+	require.Less(t, len(body), 100_000, "a 20,000-character reason is cut in lists")
+
+	var evil, huge int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT (SELECT id FROM poison_messages WHERE message_id = 'evil'), (SELECT id FROM poison_messages WHERE message_id = 'huge')`).Scan(&evil, &huge))
+	code, body = get(t, c, srv.URL+"/console/poison/"+itoa(evil))
+	require.Equal(t, 200, code)
+	require.NotContains(t, body, "<script>alert(1)</script>")
+	require.NotContains(t, body, "<img src=x")
+	require.Contains(t, body, "&lt;/pre&gt;&lt;script&gt;")
+	code, body = get(t, c, srv.URL+"/console/poison/"+itoa(huge))
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "first 64 KiB only")
+	require.Less(t, len(body), 200_000, "a 1 MB payload is shown bounded")
+
+	// Filters.
+	code, body = get(t, c, srv.URL+"/console/poison?handler=payments.charge&q=order+2")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "(1 under the filter)")
+	code, _ = get(t, c, srv.URL+"/console/poison?since=yesterday")
+	require.Equal(t, 400, code)
+}
+
+func TestActionsNeedTheTokenAndAreAudited(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	post := func(c *http.Client, form url.Values, header map[string]string) (*http.Response, string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/console/actions", strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	form := url.Values{"action": {"discard"}, "scope": {"filter"}, "handler": {"payments.charge"}}
+	resp, _ := post(noRedirect, form, nil)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "no token, no action")
+	resp, _ = post(noRedirect, form, map[string]string{"Authorization": "Bearer " + token, "Sec-Fetch-Site": "cross-site"})
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "cross-site requests are refused")
+
+	// A browser session: the login cookie alone is not enough without the form token.
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: noRedirect.CheckRedirect}
+	resp, _ = post(browser, form, nil)
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {"wrong"}})
+	require.NoError(t, err)
+	lr.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, lr.StatusCode)
+	lr, err = browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
+	require.NoError(t, err)
+	lr.Body.Close()
+	require.Equal(t, http.StatusSeeOther, lr.StatusCode)
+	resp, _ = post(browser, form, nil)
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "no form token")
+	_, page := get(t, browser, srv.URL+"/console/poison")
+	csrf := between(page, `name="csrf" value="`, `"`)
+	require.NotEmpty(t, csrf)
+	form.Set("csrf", csrf)
+
+	// The count first, then the action.
+	resp, body := post(browser, form, nil)
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, body, `This will discard <b id="count">3</b> message(s)`)
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
+	require.Equal(t, 5, n, "the confirmation changes nothing")
+	form.Set("confirm", "1")
+	resp, _ = post(browser, form, nil)
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Contains(t, resp.Header.Get("Location"), "discarded+3")
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
+	require.Equal(t, 2, n)
+	var actor, action, scope string
+	var count int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT actor, action, scope, count FROM ferry_audit_log`).Scan(&actor, &action, &scope, &count))
+	require.Equal(t, "poison.discard", action)
+	require.Equal(t, 3, count)
+	require.Contains(t, scope, "handler=payments.charge")
+	require.Contains(t, actor, "console")
+	_, body = get(t, browser, srv.URL+"/console/audit")
+	require.Contains(t, body, "poison.discard")
+}
+
+// Reading from beyond loopback needs the token too.
+func TestReadingBeyondLoopbackNeedsTheToken(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	c, err := console.New(pool, store, console.Config{Token: token})
+	require.NoError(t, err)
+	rec := httptest.NewRecorder() // RemoteAddr 192.0.2.1: not loopback
+	c.ServeHTTP(rec, httptest.NewRequest("GET", "/console/poison", nil))
+	require.Equal(t, http.StatusSeeOther, rec.Code)
+	rec = httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/console/poison", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	c.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code)
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func between(s, a, b string) string {
+	i := strings.Index(s, a)
+	if i < 0 {
+		return ""
+	}
+	s = s[i+len(a):]
+	j := strings.Index(s, b)
+	if j < 0 {
+		return ""
+	}
+	return s[:j]
+}

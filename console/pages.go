@@ -1,0 +1,449 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+)
+
+// Bounds of what a page shows: hostile or huge content stays readable.
+const (
+	pageSize        = 50
+	maxCell         = 120
+	maxDetailBytes  = 64 << 10
+	latencyWindow   = 15 * time.Minute
+	recentAuditRows = 100
+)
+
+func (c *Console) funcs() template.FuncMap {
+	return template.FuncMap{
+		"cut":  func(s string) string { return clean(s, maxCell) },
+		"full": func(s string) string { return clean(s, maxDetailBytes) },
+		"ago": func(t time.Time) string {
+			if t.IsZero() {
+				return "—"
+			}
+			return time.Since(t).Round(time.Second).String() + " ago"
+		},
+		"secs": func(s float64) string {
+			return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
+		},
+		"ts": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"q":  url.QueryEscape,
+		"deref": func(p any) any {
+			switch v := p.(type) {
+			case *float64:
+				return *v
+			case *int:
+				return *v
+			}
+			return p
+		},
+	}
+}
+
+// clean escapes control and format characters (shown as \x1b, \u202e) and
+// cuts to max runes: html/template escapes markup, this keeps invisible or
+// reordering characters from hiding what a reason says.
+func clean(s string, max int) string {
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+		if n >= max {
+			b.WriteString("…")
+			break
+		}
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i-1])
+		case r == '\n' || r == '\t':
+			b.WriteRune(r)
+		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r):
+			if r < 0x100 {
+				fmt.Fprintf(&b, `\x%02x`, r)
+			} else {
+				fmt.Fprintf(&b, `\u%04x`, r)
+			}
+		default:
+			b.WriteRune(r)
+		}
+		n++
+	}
+	return b.String()
+}
+
+type overview struct {
+	Report      pgstatus.Report
+	P95         *float64
+	PoisonByHdl []countRow
+	Unrouted    *int
+	UnroutedErr string
+	Failing     int
+}
+
+type countRow struct {
+	Name  string
+	Count int
+}
+
+func (c *Console) overview(r *http.Request) (overview, error) {
+	ctx := r.Context()
+	var o overview
+	rep, err := pgstatus.Collect(ctx, c.pool, c.cfg.OutboxTable, pgstatus.DefaultAttemptsThreshold)
+	if err != nil {
+		return o, err
+	}
+	o.Report = rep
+	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
+	if err != nil {
+		return o, err
+	}
+	if err := c.pool.QueryRow(ctx, `SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM dispatched_at - created_at))
+		FROM `+t+` WHERE dispatched_at > now() - $1 * interval '1 second' AND NOT shadowed`, latencyWindow.Seconds()).Scan(&o.P95); err != nil {
+		return o, fmt.Errorf("dispatch latency: %w", err)
+	}
+	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` WHERE dispatched_at IS NULL AND attempts > 0 AND last_error IS NOT NULL`).Scan(&o.Failing); err != nil {
+		return o, err
+	}
+	rows, err := c.pool.Query(ctx, `SELECT handler, count(*) FROM poison_messages GROUP BY handler ORDER BY 2 DESC, 1`)
+	if err != nil {
+		return o, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var cr countRow
+		if err := rows.Scan(&cr.Name, &cr.Count); err != nil {
+			return o, err
+		}
+		o.PoisonByHdl = append(o.PoisonByHdl, cr)
+	}
+	if c.cfg.Unrouted != nil {
+		if n, err := c.cfg.Unrouted(ctx); err != nil {
+			o.UnroutedErr = "unknown (broker not reachable)"
+		} else {
+			o.Unrouted = &n
+		}
+	}
+	return o, rows.Err()
+}
+
+func (c *Console) overviewPage(w http.ResponseWriter, r *http.Request) {
+	o, err := c.overview(r)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	c.render(w, r, "overview", map[string]any{"O": o})
+}
+
+func (c *Console) overviewPartial(w http.ResponseWriter, r *http.Request) {
+	o, err := c.overview(r)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	c.render(w, r, "overview-body", map[string]any{"O": o})
+}
+
+func (c *Console) internal(w http.ResponseWriter, r *http.Request, err error) {
+	c.cfg.Logger.ErrorContext(r.Context(), "console: a page failed", "path", r.URL.Path, "error", err)
+	c.fail(w, r, http.StatusInternalServerError, "the page could not be built (the process's log says why)")
+}
+
+// filterFrom reads the poison filter from a query or a form.
+func filterFrom(v url.Values) (pgpoison.Filter, error) {
+	f := pgpoison.Filter{Topic: v.Get("topic"), Handler: v.Get("handler"), AggregateID: v.Get("aggregate"),
+		Text: v.Get("q"), Fingerprint: v.Get("fingerprint"), Limit: pageSize}
+	var errs []error
+	if s := v.Get("after"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			errs = append(errs, errors.New("after must be a poison id"))
+		}
+		f.AfterID = n
+	}
+	for name, dst := range map[string]*time.Time{"since": &f.Since, "until": &f.Until} {
+		s := v.Get(name)
+		if s == "" {
+			continue
+		}
+		if d, err := time.ParseDuration(s); err == nil && d > 0 {
+			*dst = time.Now().Add(-d)
+			continue
+		}
+		t, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			if t2, err2 := time.Parse("2006-01-02T15:04", s); err2 == nil {
+				t, err = t2, nil
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s must be a duration back from now (24h) or a time (2026-12-03T10:00)", name))
+		}
+		*dst = t
+	}
+	return f, errors.Join(errs...)
+}
+
+func filterQuery(v url.Values) string {
+	out := url.Values{}
+	for _, k := range []string{"topic", "handler", "aggregate", "q", "fingerprint", "since", "until"} {
+		if s := v.Get(k); s != "" {
+			out.Set(k, s)
+		}
+	}
+	return out.Encode()
+}
+
+func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f, err := filterFrom(q)
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		c.render(w, r, "poison", map[string]any{"Error": err.Error(), "Q": q})
+		return
+	}
+	groupFilter := f
+	groupFilter.AfterID, groupFilter.Limit = 0, 0
+	groups, err := c.store.Groups(r.Context(), groupFilter, 50)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	var recs []pgpoison.Record
+	if err := c.store.Each(r.Context(), f, func(rec pgpoison.Record) error { recs = append(recs, rec); return nil }); err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	total, err := c.store.Count(r.Context(), groupFilter)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	next := ""
+	if len(recs) == pageSize {
+		nq := url.Values{}
+		for k, v := range q {
+			nq[k] = v
+		}
+		nq.Set("after", strconv.FormatInt(recs[len(recs)-1].ID, 10))
+		next = nq.Encode()
+	}
+	c.render(w, r, "poison", map[string]any{"Q": q, "Groups": groups, "Records": recs, "Total": total, "Next": next,
+		"FilterQuery": filterQuery(q), "Flash": q.Get("flash")})
+}
+
+type detail struct {
+	R         pgpoison.Record
+	Payload   string
+	PayloadJS bool
+	Truncated bool
+	Headers   [][2]string
+	History   []pipeline.FailedAttempt
+	Requeued  string
+}
+
+func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.fail(w, r, http.StatusNotFound, "no such poisoned message")
+		return
+	}
+	rec, err := c.store.Get(r.Context(), id)
+	if errors.Is(err, pgpoison.ErrNotFound) {
+		c.fail(w, r, http.StatusNotFound, "no such poisoned message")
+		return
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	d := detail{R: rec, History: pipeline.ErrorHistory(rec.Headers), Requeued: rec.Headers["ferry_requeued_from_poison_id"]}
+	payload := rec.Payload
+	if len(payload) > maxDetailBytes {
+		payload, d.Truncated = payload[:maxDetailBytes], true
+	}
+	var pretty bytes.Buffer
+	if !d.Truncated && json.Valid(payload) && json.Indent(&pretty, payload, "", "  ") == nil {
+		d.Payload, d.PayloadJS = pretty.String(), true
+	} else {
+		d.Payload = string(payload)
+	}
+	for k, v := range rec.Headers {
+		d.Headers = append(d.Headers, [2]string{k, v})
+	}
+	sort.Slice(d.Headers, func(a, b int) bool { return d.Headers[a][0] < d.Headers[b][0] })
+	c.render(w, r, "detail", map[string]any{"D": d})
+}
+
+type failingGroup struct {
+	Fingerprint string
+	Count       int
+	Topics      string
+	Example     string
+	MaxAttempts int
+	NextTry     time.Time
+}
+
+func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
+	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	rows, err := c.pool.Query(r.Context(), `SELECT ferry_fingerprint(last_error), count(*), string_agg(DISTINCT topic, ', '),
+		min(last_error), max(attempts), min(available_at)
+		FROM `+t+` WHERE dispatched_at IS NULL AND attempts > 0 AND last_error IS NOT NULL
+		GROUP BY 1 ORDER BY 2 DESC LIMIT 100`)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	defer rows.Close()
+	var groups []failingGroup
+	for rows.Next() {
+		var g failingGroup
+		if err := rows.Scan(&g.Fingerprint, &g.Count, &g.Topics, &g.Example, &g.MaxAttempts, &g.NextTry); err != nil {
+			c.internal(w, r, err)
+			return
+		}
+		groups = append(groups, g)
+	}
+	if err := rows.Err(); err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	c.render(w, r, "failing", map[string]any{"Groups": groups})
+}
+
+func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {
+	entries, err := pgaudit.List(r.Context(), c.pool, recentAuditRows)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	c.render(w, r, "audit", map[string]any{"Entries": entries})
+}
+
+// action is a requeue or discard: without confirm=1 it counts what would
+// be touched and asks; with it, it acts, records the audit entry and goes
+// back to the poison page with what was done.
+func (c *Console) action(w http.ResponseWriter, r *http.Request) {
+	form := r.PostForm
+	act := form.Get("action")
+	if act != "requeue" && act != "discard" {
+		c.fail(w, r, http.StatusBadRequest, "the action must be requeue or discard")
+		return
+	}
+	f, err := filterFrom(form)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	f.AfterID, f.Limit = 0, 0
+	sel := pgpoison.Selector{Filter: f}
+	scope := form.Get("scope")
+	switch scope {
+	case "selected":
+		for _, s := range form["id"] {
+			id, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || id <= 0 {
+				c.fail(w, r, http.StatusBadRequest, "a selected id is not a poison id")
+				return
+			}
+			sel.IDs = append(sel.IDs, id)
+		}
+		if len(sel.IDs) == 0 {
+			c.fail(w, r, http.StatusBadRequest, "select at least one message")
+			return
+		}
+		sel.Filter = pgpoison.Filter{}
+	case "group":
+		if f.Fingerprint == "" {
+			c.fail(w, r, http.StatusBadRequest, "a group action needs its fingerprint")
+			return
+		}
+	case "filter":
+		if f == (pgpoison.Filter{}) {
+			sel.All = true
+		}
+	default:
+		c.fail(w, r, http.StatusBadRequest, "the scope must be selected, group or filter")
+		return
+	}
+	countFilter := sel.Filter
+	var n int
+	if len(sel.IDs) > 0 {
+		n, err = c.store.CountIDs(r.Context(), sel.IDs)
+	} else {
+		n, err = c.store.Count(r.Context(), countFilter)
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	if form.Get("confirm") != "1" {
+		c.render(w, r, "confirm", map[string]any{"Action": act, "Scope": scope, "Count": n, "Form": form})
+		return
+	}
+	run := c.store.RequeueEach
+	if act == "discard" {
+		run = c.store.DiscardEach
+	}
+	var skipped []string
+	sum, err := run(r.Context(), sel, false, func(a pgpoison.Action) error {
+		if !a.Done && len(skipped) < 20 {
+			skipped = append(skipped, fmt.Sprintf("#%d: %s", a.Record.ID, a.Why))
+		}
+		return nil
+	})
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	if err := pgaudit.Record(r.Context(), c.pool, pgaudit.Entry{Actor: "console " + r.RemoteAddr, Action: "poison." + act,
+		Scope: scopeText(scope, sel), Count: sum.Done, Detail: map[string]any{"skipped": sum.Skipped, "not_found": sum.NotFound, "asked": n}}); err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	flash := fmt.Sprintf("requeued %d message(s)", sum.Done)
+	if act == "discard" {
+		flash = fmt.Sprintf("discarded %d message(s)", sum.Done)
+	}
+	if sum.Skipped > 0 {
+		flash += fmt.Sprintf("; skipped %d: %s", sum.Skipped, strings.Join(skipped, "; "))
+	}
+	http.Redirect(w, r, c.cfg.Prefix+"/poison?flash="+url.QueryEscape(flash), http.StatusSeeOther)
+}
+
+func scopeText(scope string, sel pgpoison.Selector) string {
+	switch scope {
+	case "selected":
+		ids := make([]string, len(sel.IDs))
+		for i, id := range sel.IDs {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		return "ids " + strings.Join(ids, ",")
+	case "group":
+		return "group " + sel.Filter.Fingerprint
+	}
+	return "filter " + sel.Filter.String()
+}

@@ -1,0 +1,155 @@
+package ordersapp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// The console in a real headless Chromium (Debian's, installed by
+// .ci/run): the overview with seeded data, a filter, a message's detail,
+// a refused action without the token, then logged in: requeue a group
+// after its dry-run count, see the rows handled and the audit entry.
+// Hostile content in reasons and payloads renders as text.
+func TestConsoleInAHeadlessBrowser(t *testing.T) {
+	t.Parallel()
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("this test drives Debian's chromium (apt-get install chromium; .ci/run installs it): %v", err)
+	}
+	cfg, provider, sink := testConfig(t)
+	cfg.AdminToken = "console-browser-token-0123"
+	var failing atomic.Bool
+	failing.Store(true)
+	var handled atomic.Int32
+	h := startWith(t, cfg, provider, sink, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "flaky.charge", Topic: "work.flaky", Handler: func(msg *message.Message) error {
+			if failing.Load() {
+				return pipeline.Permanent(fmt.Errorf("charging %s: provider answered 503 from 10.1.2.3", pipeline.MessageID(msg)))
+			}
+			handled.Add(1)
+			return nil
+		}}}, nil
+	}}, app.Components{Relay: true, Consumers: true})
+	for i := range 3 {
+		publishEvent(t, h, "work.flaky", fmt.Sprintf("order-%d", i), map[string]int{"order_id": i})
+	}
+	eventually(t, "three poisoned", func() bool { return len(h.poisoned(t)) == 3 })
+	_, err = h.app.Pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES
+		('evil', 'mail.send', 'notifications.mail', convert_to('{"x":"<img src=x onerror=window.__pwned=1>"}', 'UTF8'),
+		 E'<script>window.__pwned=1</script> \x1b[2J owned')`)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h.app.AdminHandler())
+	defer srv.Close()
+	shots := os.Getenv("FERRY_CONSOLE_SCREENSHOTS") // docs/ when refreshing the README's pictures
+	if shots == "" {
+		shots = t.TempDir()
+	}
+
+	// Chromium may still write its profile while it shuts down: its own
+	// directory, removed with retries rather than by t.TempDir.
+	profile, err := os.MkdirTemp("", "ferry-chromium-")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for range 50 {
+			if os.RemoveAll(profile) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Errorf("could not remove the browser profile %s", profile)
+	})
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(profile), chromedp.WindowSize(1400, 900))
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelA()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancelT := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelT()
+	run := func(what string, actions ...chromedp.Action) {
+		t.Helper()
+		require.NoError(t, chromedp.Run(ctx, actions...), what)
+	}
+	shot := func(name string) chromedp.Action {
+		return chromedp.ActionFunc(func(ctx context.Context) error {
+			var png []byte
+			if err := chromedp.FullScreenshot(&png, 100).Do(ctx); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(shots, name), png, 0o644)
+		})
+	}
+
+	var pending, poisonTotal string
+	run("overview", chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitVisible("#pending"),
+		chromedp.Text("#poison-total", &poisonTotal), chromedp.Text("#pending", &pending), shot("console-overview.png"))
+	require.Equal(t, "4", strings.TrimSpace(poisonTotal))
+
+	var records, groups string
+	run("filter", chromedp.Navigate(srv.URL+"/console/poison"), chromedp.WaitVisible("#filter"),
+		chromedp.SendKeys("#f-handler", "flaky.charge"), chromedp.Click("#apply-filter"), chromedp.WaitVisible("#records"),
+		chromedp.Text("#records", &records), chromedp.Text("#groups", &groups), shot("console-poison.png"))
+	require.Equal(t, 3, strings.Count(records, "flaky.charge"), records)
+	require.Contains(t, groups, "provider answered <n> from <ip>")
+
+	var payload string
+	run("detail", chromedp.Click("a.detail", chromedp.NodeVisible), chromedp.WaitVisible("#payload"), chromedp.Text("#payload", &payload))
+	require.Contains(t, payload, "order_id")
+
+	// Hostile content is text, never markup.
+	var hostile string
+	var pwned bool
+	run("hostile", chromedp.Navigate(srv.URL+"/console/poison?handler=notifications.mail"), chromedp.WaitVisible("#records"),
+		chromedp.Text("#records", &hostile), chromedp.Click("a.detail", chromedp.NodeVisible), chromedp.WaitVisible("#payload"),
+		chromedp.Evaluate(`window.__pwned === 1`, &pwned))
+	require.Contains(t, hostile, "<script>window.__pwned=1</script>")
+	require.NotContains(t, hostile, "\x1b")
+	require.False(t, pwned, "no script or handler from the data ran")
+
+	// Without the token the action is refused; nothing changes.
+	var refusal string
+	run("refused", chromedp.Navigate(srv.URL+"/console/poison?handler=flaky.charge"), chromedp.WaitVisible("#groups"),
+		chromedp.Click("button.requeue-group", chromedp.NodeVisible), chromedp.WaitVisible("#error"), chromedp.Text("#error", &refusal))
+	require.Contains(t, refusal, "log in with the admin token")
+	require.Len(t, h.poisoned(t), 4)
+
+	// Logged in: the dry-run count, then the requeue of the group.
+	failing.Store(false)
+	var count, flash string
+	run("requeue", chromedp.Navigate(srv.URL+"/console/login"), chromedp.WaitVisible("#token"),
+		chromedp.SendKeys("#token", cfg.AdminToken), chromedp.Click("#login"), chromedp.WaitVisible("#groups"),
+		chromedp.Navigate(srv.URL+"/console/poison?handler=flaky.charge"), chromedp.WaitVisible("#groups"),
+		chromedp.Click("button.requeue-group", chromedp.NodeVisible), chromedp.WaitVisible("#count"), chromedp.Text("#count", &count))
+	require.Equal(t, "3", count, "the count comes first")
+	require.Len(t, h.poisoned(t), 4, "the confirmation page changed nothing")
+	run("confirm", chromedp.Click("#confirm"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash))
+	require.Contains(t, flash, "requeued 3 message(s)")
+	eventually(t, "the requeued messages handled", func() bool { return handled.Load() == 3 })
+	require.Len(t, h.poisoned(t), 1, "only the hostile one is left")
+
+	var audit string
+	run("audit", chromedp.Navigate(srv.URL+"/console/audit"), chromedp.WaitVisible("#audit"), chromedp.Text("#audit", &audit))
+	require.Contains(t, audit, "poison.requeue")
+	require.Contains(t, audit, "group ")
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Fatal("the browser run timed out")
+	}
+}

@@ -1,0 +1,61 @@
+// Package pgaudit is the audit log of operators' actions (ferry_audit_log,
+// migration 00013): who requeued or discarded what, when, and how many,
+// from the console or the command line.
+package pgaudit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Entry is one action.
+type Entry struct {
+	ID     int64          `json:"id"`
+	At     time.Time      `json:"at"`
+	Actor  string         `json:"actor"`
+	Action string         `json:"action"`
+	Scope  string         `json:"scope"`
+	Count  int            `json:"count"`
+	Detail map[string]any `json:"detail"`
+}
+
+// Record writes e (At and ID are set by the database).
+func Record(ctx context.Context, pool *pgxpool.Pool, e Entry) error {
+	if e.Actor == "" || e.Action == "" {
+		return errors.New("pgaudit: an entry needs an actor and an action")
+	}
+	if e.Detail == nil {
+		e.Detail = map[string]any{}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO ferry_audit_log (actor, action, scope, count, detail) VALUES ($1, $2, $3, $4, $5)`,
+		e.Actor, e.Action, e.Scope, e.Count, e.Detail); err != nil {
+		return fmt.Errorf("recording the audit entry: %w", err)
+	}
+	return nil
+}
+
+// List returns the newest limit entries, newest first.
+func List(ctx context.Context, pool *pgxpool.Pool, limit int) ([]Entry, error) {
+	rows, err := pool.Query(ctx, `SELECT id, at, actor, action, scope, count, detail FROM ferry_audit_log ORDER BY id DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading the audit log: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Entry])
+}
+
+// CLIActor names the operator at a terminal: user@host.
+func CLIActor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return "cli " + name + "@" + host
+}
