@@ -80,7 +80,7 @@ how many intents would be written, shows three, how many an earlier run of
 the same --name wrote, and the schedule. Re-running the same --name writes
 no intent twice; an interrupted run continues where it stopped.`,
 		Flags: backfillFlags}
-	cmdAudit = &Command{Name: "audit", Summary: "the audit log: who requeued or discarded what, when, how many (console and CLI)", Flags: auditFlags}
+	cmdAudit       = &Command{Name: "audit", Summary: "the audit log: who requeued or discarded what, when, how many (console and CLI)", Flags: auditFlags}
 	cmdHealthcheck = &Command{Name: "healthcheck", Summary: "exit 0 if the admin server's /readyz (or --url) answers 200; for container healthchecks, the image having no shell or curl",
 		Flags: healthcheckFlags}
 )
