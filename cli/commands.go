@@ -116,11 +116,19 @@ func serveFlags(what app.Components) func(*flag.FlagSet, *Env) RunFunc {
 
 // OpenPool connects to the configured database and schema (no broker needed).
 func OpenPool(ctx context.Context, name string) (*pgxpool.Pool, error) {
+	_, pool, err := openConfigured(ctx, name)
+	return pool, err
+}
+
+// openConfigured loads the configuration and connects with it, for the
+// commands that need both.
+func openConfigured(ctx context.Context, name string) (app.Config, *pgxpool.Pool, error) {
 	cfg, err := LoadConfig()
 	if err != nil {
-		return nil, err
+		return cfg, nil, err
 	}
-	return pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry-" + name, MaxConns: 2})
+	pool, err := pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry-" + name, MaxConns: 2})
+	return cfg, pool, err
 }
 
 // WriteJSON writes v indented, for --json output.
@@ -230,11 +238,7 @@ func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		if *threshold < 0 {
 			return usagef("--attempts must not be negative")
 		}
-		cfg, err := LoadConfig()
-		if err != nil {
-			return err
-		}
-		pool, err := OpenPool(ctx, "status")
+		cfg, pool, err := openConfigured(ctx, "status")
 		if err != nil {
 			return err
 		}
@@ -858,11 +862,7 @@ func shadowReportFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		if *since <= 0 {
 			return usagef("--since must be positive")
 		}
-		cfg, err := LoadConfig()
-		if err != nil {
-			return err
-		}
-		pool, err := OpenPool(ctx, "shadow")
+		cfg, pool, err := openConfigured(ctx, "shadow")
 		if err != nil {
 			return err
 		}

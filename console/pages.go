@@ -12,9 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
+	"github.com/ferry-dev/ferry/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -58,37 +57,10 @@ func (c *Console) funcs() template.FuncMap {
 	}
 }
 
-// clean escapes control and format characters (shown as \x1b, \u202e) and
-// cuts to max runes: html/template escapes markup, this keeps invisible or
-// reordering characters from hiding what a reason says.
-func clean(s string, max int) string {
-	var b strings.Builder
-	n := 0
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		i += size
-		if n >= max {
-			b.WriteString("…")
-			break
-		}
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i-1])
-		case r == '\n' || r == '\t':
-			b.WriteRune(r)
-		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r):
-			if r < 0x100 {
-				fmt.Fprintf(&b, `\x%02x`, r)
-			} else {
-				fmt.Fprintf(&b, `\u%04x`, r)
-			}
-		default:
-			b.WriteRune(r)
-		}
-		n++
-	}
-	return b.String()
-}
+// clean is display.Escape keeping line breaks: html/template escapes
+// markup, this keeps invisible or reordering characters from hiding what a
+// reason says, and bounds it.
+func clean(s string, max int) string { return display.Escape(s, max, true) }
 
 type overview struct {
 	Report      pgstatus.Report

@@ -73,7 +73,7 @@ func TestUsageErrors(t *testing.T) {
 	// A requeue or discard that selects nothing, or too much, is refused before connecting.
 	errOut.Reset()
 	require.Equal(t, 2, run([]string{"poison", "requeue"}, &out, &errOut))
-	require.Contains(t, errOut.String(), "exactly one of --id, --topic or --all")
+	require.Contains(t, errOut.String(), "exactly one of --id, --topic/--filter or --all")
 	require.Equal(t, 2, run([]string{"poison", "discard", "--all", "--topic", "x"}, &out, &errOut))
 	require.Equal(t, 2, run([]string{"poison", "requeue", "--id", "abc"}, &out, &errOut))
 	require.Equal(t, 2, run([]string{"prune", "ledger", "--older-than", "1m"}, &out, &errOut))
