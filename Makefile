@@ -12,9 +12,10 @@ test-race: ## the same with the race detector (what CI runs)
 test-short: ## unit tests only (skips those needing servers)
 	go test -short ./...
 
-lint: ## gofmt and go vet
+lint: ## gofmt, go vet and ferrylint (no side effect in an agent tool body)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	go vet ./...
+	go run ./cmd/ferrylint ./...
 
 demo: ## run the end-to-end demo
 	go run ./cmd/ferry demo
