@@ -193,3 +193,27 @@ func between(s, a, b string) string {
 	}
 	return s[:j]
 }
+
+// Failing outbox rows: grouped by fingerprint with first and last seen,
+// filtered, and listed with their attempts, next try and last error.
+func TestFailingRowsAreGroupedAndFiltered(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+		SELECT 'a' || g, 'stripe.charge', '{}', g, 'publishing to exchange ' || g || ': NOT_FOUND', now() + interval '1 minute' FROM generate_series(1, 4) g;
+		INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error) VALUES ('b', 'mail.send', '{}', 2, E'<script>x</script> broker \x1b closed')`)
+	require.NoError(t, err)
+	code, body := get(t, srv.Client(), srv.URL+"/console/failing")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "publishing to exchange &lt;n&gt;: NOT_FOUND")
+	require.Contains(t, body, `<td class="n">4</td>`)
+	require.NotContains(t, body, "<script>x</script>")
+	require.NotContains(t, body, "\x1b")
+	code, body = get(t, srv.Client(), srv.URL+"/console/failing?topic=mail.send")
+	require.Equal(t, 200, code)
+	require.Equal(t, 1, strings.Count(body, "<td>#"), "one row under the filter")
+	code, body = get(t, srv.Client(), srv.URL+"/console/failing?q=not_found&aggregate=a3")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "<td>a3</td>")
+	require.Equal(t, 1, strings.Count(body, "<td>#"))
+}

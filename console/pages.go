@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ferry-dev/ferry/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
@@ -272,38 +274,101 @@ type failingGroup struct {
 	Topics      string
 	Example     string
 	MaxAttempts int
+	FirstSeen   time.Time
+	LastSeen    time.Time
 	NextTry     time.Time
 }
 
+type failingRow struct {
+	ID          int64
+	Topic       string
+	AggregateID string
+	Attempts    int
+	LastError   string
+	CreatedAt   time.Time
+	NextTry     time.Time
+}
+
+// failingWhere is the failing-rows filter (topic, aggregate, text, group,
+// created since/until) as SQL over the outbox, arguments from $first.
+func failingWhere(f pgpoison.Filter, first int) (string, []any) {
+	conds := []string{"dispatched_at IS NULL", "attempts > 0", "last_error IS NOT NULL"}
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(first+len(args)-1)))
+	}
+	if f.Topic != "" {
+		add("topic = $?", f.Topic)
+	}
+	if f.AggregateID != "" {
+		add("aggregate_id = $?", f.AggregateID)
+	}
+	if f.Text != "" {
+		add("strpos(lower(last_error), lower($?)) > 0", f.Text)
+	}
+	if f.Fingerprint != "" {
+		add("ferry_fingerprint(last_error) = $?", f.Fingerprint)
+	}
+	if !f.Since.IsZero() {
+		add("created_at >= $?", f.Since)
+	}
+	if !f.Until.IsZero() {
+		add("created_at < $?", f.Until)
+	}
+	return strings.Join(conds, " AND "), args
+}
+
+// failingPage shows the rows the relay keeps failing to publish, grouped
+// by error fingerprint, filtered and paged by id like the poison store.
 func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
 	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
 	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
+	q := r.URL.Query()
+	f, err := filterFrom(q)
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		c.render(w, r, "failing", map[string]any{"Error": err.Error(), "Q": q})
+		return
+	}
+	where, args := failingWhere(f, 1)
 	rows, err := c.pool.Query(r.Context(), `SELECT ferry_fingerprint(last_error), count(*), string_agg(DISTINCT topic, ', '),
-		min(last_error), max(attempts), min(available_at)
-		FROM `+t+` WHERE dispatched_at IS NULL AND attempts > 0 AND last_error IS NOT NULL
-		GROUP BY 1 ORDER BY 2 DESC LIMIT 100`)
+		(array_agg(last_error ORDER BY id DESC))[1], max(attempts), min(created_at), max(created_at), min(available_at)
+		FROM `+t+` WHERE `+where+` GROUP BY 1 ORDER BY 2 DESC LIMIT 100`, args...)
 	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
-	defer rows.Close()
-	var groups []failingGroup
-	for rows.Next() {
-		var g failingGroup
-		if err := rows.Scan(&g.Fingerprint, &g.Count, &g.Topics, &g.Example, &g.MaxAttempts, &g.NextTry); err != nil {
-			c.internal(w, r, err)
-			return
-		}
-		groups = append(groups, g)
-	}
-	if err := rows.Err(); err != nil {
+	groups, err := pgx.CollectRows(rows, pgx.RowToStructByPos[failingGroup])
+	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
-	c.render(w, r, "failing", map[string]any{"Groups": groups})
+	where, args = failingWhere(f, 3)
+	rows, err = c.pool.Query(r.Context(), `SELECT id, topic, aggregate_id, attempts, last_error, created_at, available_at
+		FROM `+t+` WHERE id > $1 AND `+where+` ORDER BY id LIMIT $2`, append([]any{f.AfterID, pageSize}, args...)...)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[failingRow])
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	next := ""
+	if len(list) == pageSize {
+		nq := url.Values{}
+		for k, v := range q {
+			nq[k] = v
+		}
+		nq.Set("after", strconv.FormatInt(list[len(list)-1].ID, 10))
+		next = nq.Encode()
+	}
+	c.render(w, r, "failing", map[string]any{"Groups": groups, "Rows": list, "Q": q, "Next": next})
 }
 
 func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {

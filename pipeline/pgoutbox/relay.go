@@ -52,7 +52,8 @@ type RelayConfig struct {
 	Observer func(outcomes []Outcome)
 	// ShadowTopics are topics in shadow mode: their intents are marked
 	// dispatched (and shadowed) without being published, like every intent
-	// with metadata pipeline.MetaShadow "true". Switching a topic live is
+	// with metadata pipeline.MetaShadow "true" or a JSON payload whose top
+	// level has "shadow_mode": true. Switching a topic live is
 	// removing it here. Default: none.
 	ShadowTopics []string
 	// Spans, if set, opens a span around each event's publish
@@ -171,7 +172,8 @@ func ClaimSQL(table string, ordered bool) (string, error) {
 // not heads, so two relays never hold rows of one ordered aggregate at once.
 func claimSQL(table string, ordered bool) string {
 	q := `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
-		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at
+		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at,
+		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true' OR o.payload->>'` + pipeline.MetaShadow + `' = 'true', false)
 		FROM ` + table + ` o
 		WHERE o.dispatched_at IS NULL AND o.available_at <= now()`
 	if ordered {
@@ -361,7 +363,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 
 // shadow reports whether a claimed row is a shadow intent.
 func (r *Relay) shadow(c claimedRow) bool {
-	return headerString(c.headers, pipeline.MetaShadow) == "true" || slices.Contains(r.cfg.ShadowTopics, c.topic)
+	return c.shadowMarked || slices.Contains(r.cfg.ShadowTopics, c.topic)
 }
 
 type claimedRow struct {
@@ -373,6 +375,9 @@ type claimedRow struct {
 	headers     map[string]any
 	attempts    int
 	createdAt   time.Time
+	// shadowMarked: shadow_mode "true" in the headers, or true at the top
+	// of a JSON payload (the article puts it in the event).
+	shadowMarked bool
 }
 
 // RelayBatch claims one batch of due rows, publishes them and records the
@@ -400,7 +405,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	}
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
 		var c claimedRow
-		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt)
+		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.shadowMarked)
 		return c, err
 	})
 	if err != nil {
