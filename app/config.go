@@ -203,6 +203,7 @@ func EnvVars() []EnvVar {
 			return err
 		}},
 		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize }, 1, pgoutbox.MaxRelayBatchSize)},
+		{"FERRY_RELAY_IN_FLIGHT", strconv.Itoa(pgoutbox.DefaultRelayInFlight), "batches one relay has in flight at once (claim the next while the last awaits its confirms)", intVar(func(c *Config) *int { return &c.Relay.InFlight }, 1, pgoutbox.MaxRelayInFlight)},
 		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},
 		{"FERRY_RELAY_BACKOFF_INITIAL", "30s", "relay retry delay after the first failure", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Initial })},
 		{"FERRY_RELAY_BACKOFF_MAX", "15m", "relay retry delay cap", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Max })},

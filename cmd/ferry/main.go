@@ -163,6 +163,7 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.BaselineEvents, "baseline-events", 5_000, "relay_throughput: events pushed through Watermill's stock forwarder")
 		relays := fs.String("relays", "1,2,4", "relay_throughput: relay counts to run")
 		fs.IntVar(&bc.BatchSize, "batch-size", 100, "relay and raw-loop batch size")
+		fs.IntVar(&bc.InFlight, "in-flight", 0, "relay_throughput: batches each relay has in flight (0: the relay's default, 1)")
 		fs.IntVar(&bc.Rate, "rate", 1000, "end_to_end_latency: producer events/s")
 		fs.DurationVar(&bc.Duration, "duration", 10*time.Second, "end_to_end_latency: length of the steady load")
 		fs.IntVar(&bc.Orders, "orders", 2000, "write_overhead: create_order transactions per variant")

@@ -64,6 +64,9 @@ type BenchConfig struct {
 	Relays []int
 	// BatchSize of the relay and of the raw loops. Default 100.
 	BatchSize int
+	// InFlight is the relays' batches in flight (pgoutbox.RelayConfig.InFlight).
+	// Default: the relay's default.
+	InFlight int
 	// Rate is end_to_end_latency's producer rate in events/s. Default 1,000.
 	Rate int
 	// Duration of end_to_end_latency's steady load. Default 10s.
@@ -295,7 +298,7 @@ func preload(ctx context.Context, pool *pgxpool.Pool, topic string, n int) error
 
 func benchRelayThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
 	maxRelays := slices.Max(bc.Relays)
-	sch, err := newBenchSchema(ctx, cfg, int32(2*maxRelays+4))
+	sch, err := newBenchSchema(ctx, cfg, int32((max(bc.InFlight, pgoutbox.DefaultRelayInFlight)+1)*maxRelays+4))
 	if err != nil {
 		return benchReport{}, err
 	}
@@ -380,7 +383,7 @@ func benchRelayThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, l
 	fmt.Fprintf(&tb, "baseline (Watermill forwarder, default watermill-sql schema): %.0f events/s (%d of %d in %.1fs)\n", baseRate, baseDone, bc.BaselineEvents, baseSecs)
 	return benchReport{
 		JSON: map[string]any{
-			"params": map[string]any{"events": bc.Events, "relays": bc.Relays, "batch_size": bc.BatchSize, "queue_type": cfg.AMQP.QueueType, "baseline_events": bc.BaselineEvents},
+			"params": map[string]any{"events": bc.Events, "relays": bc.Relays, "batch_size": bc.BatchSize, "in_flight": bc.InFlight, "queue_type": cfg.AMQP.QueueType, "baseline_events": bc.BaselineEvents},
 			"runs":   rows,
 			"baseline": map[string]any{
 				"name":   "watermill components/forwarder over watermill-sql DefaultPostgreSQLSchema, watermill-amqp publisher with confirms",
@@ -409,7 +412,7 @@ func cmpFloat(a, b float64) int {
 func runRelays(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, n int, bc BenchConfig, logger *slog.Logger) (float64, error) {
 	relays := make([]*pgoutbox.Relay, n)
 	for i := range relays {
-		r, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, PollInterval: 20 * time.Millisecond, PollOnly: true}, logger)
+		r, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, InFlight: bc.InFlight, PollInterval: 20 * time.Millisecond, PollOnly: true}, logger)
 		if err != nil {
 			return 0, err
 		}
@@ -939,8 +942,9 @@ func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchC
 				headers    map[string]any
 				attempts   int
 				created    time.Time
+				shadow     bool
 			)
-			if err := rows.Scan(&id, &uuid, &agg, &topic, &payload, &headers, &attempts, &created); err != nil {
+			if err := rows.Scan(&id, &uuid, &agg, &topic, &payload, &headers, &attempts, &created, &shadow); err != nil {
 				rows.Close()
 				_ = tx.Rollback(ctx)
 				return nil, err

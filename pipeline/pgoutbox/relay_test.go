@@ -130,6 +130,8 @@ func newRelay(t *testing.T, pool *pgxpool.Pool, pub message.Publisher, cfg pgout
 	return r
 }
 
+// Two relays, each with several batches in flight, dispatch every row
+// exactly once.
 func TestTwoRelaysDispatchEachRowExactlyOnce(t *testing.T) {
 	t.Parallel()
 	const rows = 1000
@@ -143,7 +145,7 @@ func TestTwoRelaysDispatchEachRowExactlyOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	relays := []*pgoutbox.Relay{
 		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, PollInterval: 10 * time.Millisecond}),
-		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, PollInterval: 10 * time.Millisecond}),
+		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, PollInterval: 10 * time.Millisecond, InFlight: 3}),
 	}
 	for _, r := range relays {
 		wg.Go(func() { _ = r.Run(ctx) })

@@ -111,8 +111,10 @@ func TestOrderedTopicKeepsPerAggregateOrderAcrossRelaysFailuresAndRestarts(t *te
 	}
 
 	pub := &flaky{inner: h.app.BatchPublisher(), rng: rand.New(rand.NewPCG(1, 2)), share: 0.05}
+	// Each relay with two batches in flight: they claim like separate
+	// relays, and order must hold all the same.
 	relayCfg := pgoutbox.RelayConfig{
-		BatchSize: 100, PollInterval: 20 * time.Millisecond,
+		BatchSize: 100, PollInterval: 20 * time.Millisecond, InFlight: 2,
 		Backoff: pipeline.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 	}
 	newRelay := func() *pgoutbox.Relay {
