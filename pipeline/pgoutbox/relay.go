@@ -27,9 +27,9 @@ const (
 	// DefaultRelayInFlight is how many batches one relay works on at once.
 	// 1 until a benchmark on a quiet machine shows what 2 buys (see the
 	// README's Performance section).
-	DefaultRelayInFlight = 1
-	MaxRelayInFlight     = 16
-	DefaultMaxErrorLength    = 2048
+	DefaultRelayInFlight  = 1
+	MaxRelayInFlight      = 16
+	DefaultMaxErrorLength = 2048
 	// finishTimeout bounds the write that records a batch's outcome after
 	// the relay was asked to stop: the broker already has those messages,
 	// and recording them saves a redelivery.
