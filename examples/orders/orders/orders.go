@@ -14,7 +14,11 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 // Bounds of Input.
@@ -262,4 +266,45 @@ func (s *Service) existing(ctx context.Context, tx *sql.Tx, in Input) (Result, e
 		return Result{}, fmt.Errorf("%w (order %d)", ErrIdempotencyKeyReused, id)
 	}
 	return Result{OrderID: id, Deduped: true}, nil
+}
+
+// CreateOrderInTx is CreateOrder on a pgx pool with the events written in
+// the same round trip as the COMMIT (pgoutbox.Outbox.InTx): the outbox
+// costs the bytes of its INSERT, not a round trip. Same contract as
+// CreateOrder: validated before any write, the same key and details
+// deduplicated, a key reused with other details refused.
+func CreateOrderInTx(ctx context.Context, ob *pgoutbox.Outbox, pool *pgxpool.Pool, in Input) (Result, error) {
+	if err := in.Validate(); err != nil {
+		return Result{}, err
+	}
+	var res Result
+	err := ob.InTx(ctx, pool, func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
+		var id int64
+		err := q.QueryRow(ctx, insertOrderSQL, in.UserID, in.Amount, in.Currency, in.IdempotencyKey).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			var prev Input
+			if err := q.QueryRow(ctx, `SELECT id, user_id, amount, currency FROM orders WHERE idempotency_key = $1`, in.IdempotencyKey).
+				Scan(&id, &prev.UserID, &prev.Amount, &prev.Currency); err != nil {
+				return fmt.Errorf("reading order of idempotency key: %w", err)
+			}
+			if prev.UserID != in.UserID || prev.Amount != in.Amount || prev.Currency != in.Currency {
+				return fmt.Errorf("%w (order %d)", ErrIdempotencyKeyReused, id)
+			}
+			res = Result{OrderID: id, Deduped: true}
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("inserting order: %w", err)
+		}
+		charge, mail, err := orderEvents(ctx, id, in.UserID, in.Amount, in.Currency)
+		if err != nil {
+			return err
+		}
+		res = Result{OrderID: id}
+		return p.PublishEvents(ctx, pipeline.Outgoing{Topic: TopicChargeRequested, Msg: charge}, pipeline.Outgoing{Topic: TopicMailRequested, Msg: mail})
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
 }
