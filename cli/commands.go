@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -89,21 +90,7 @@ func serveFlags(what app.Components) func(*flag.FlagSet, *Env) RunFunc {
 	return func(fs *flag.FlagSet, env *Env) RunFunc {
 		migrate := fs.Bool("migrate", false, "apply pending migrations at start instead of refusing to start")
 		return func(ctx context.Context, _ []string) error {
-			cfg, err := LoadConfig()
-			if err != nil {
-				return err
-			}
-			logger, err := app.NewLogger(cfg, nil)
-			if err != nil {
-				return err
-			}
-			opts, err := env.appOptions()
-			if err != nil {
-				return err
-			}
-			opts.Migrate = opts.Migrate || *migrate
-			opts.Logger, opts.Version = logger, env.Options.Version
-			a, err := app.New(ctx, cfg, opts)
+			a, logger, err := env.newApp(ctx, *migrate, nil, false)
 			if err != nil {
 				return err
 			}
@@ -112,6 +99,31 @@ func serveFlags(what app.Components) func(*flag.FlagSet, *Env) RunFunc {
 			return a.Run(ctx, what, nil)
 		}
 	}
+}
+
+// newApp builds the application from the FERRY_* configuration and the
+// binary's options, logging to logTo (nil: standard error).
+func (e *Env) newApp(ctx context.Context, migrate bool, logTo io.Writer, withoutBroker bool) (*app.App, *slog.Logger, error) {
+	cfg, err := LoadConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	logger, err := app.NewLogger(cfg, logTo)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts, err := e.appOptions()
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.Migrate = opts.Migrate || migrate
+	opts.Logger, opts.Version = logger, e.Options.Version
+	opts.WithoutBroker = opts.WithoutBroker || withoutBroker
+	a, err := app.New(ctx, cfg, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return a, logger, nil
 }
 
 // OpenPool connects to the configured database and schema (no broker needed).
@@ -826,22 +838,9 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 func mcpFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	migrate := fs.Bool("migrate", false, "apply pending migrations at start instead of refusing to start")
 	return func(ctx context.Context, _ []string) error {
-		cfg, err := LoadConfig()
-		if err != nil {
-			return err
-		}
-		// stdout is the protocol's: every log line goes to stderr.
-		logger, err := app.NewLogger(cfg, env.Stderr)
-		if err != nil {
-			return err
-		}
-		opts, err := env.appOptions()
-		if err != nil {
-			return err
-		}
-		opts.Migrate = opts.Migrate || *migrate
-		opts.Logger, opts.Version, opts.WithoutBroker = logger, env.Options.Version, true
-		a, err := app.New(ctx, cfg, opts)
+		// stdout is the protocol's: every log line goes to stderr. The tools
+		// only write intents, so no broker connection.
+		a, logger, err := env.newApp(ctx, *migrate, env.Stderr, true)
 		if err != nil {
 			return err
 		}

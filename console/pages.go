@@ -289,34 +289,15 @@ type failingRow struct {
 	NextTry     time.Time
 }
 
-// failingWhere is the failing-rows filter (topic, aggregate, text, group,
-// created since/until) as SQL over the outbox, arguments from $first.
+// failingColumns are the outbox's columns for the console's filters.
+var failingColumns = pgpoison.Columns{Topic: "topic", AggregateID: "aggregate_id", Text: "last_error",
+	Fingerprint: "ferry_fingerprint(last_error)", Time: "created_at"}
+
+// failingWhere is the failing-rows filter as SQL over the outbox,
+// arguments from $first.
 func failingWhere(f pgpoison.Filter, first int) (string, []any) {
-	conds := []string{"dispatched_at IS NULL", "attempts > 0", "last_error IS NOT NULL"}
-	var args []any
-	add := func(cond string, v any) {
-		args = append(args, v)
-		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(first+len(args)-1)))
-	}
-	if f.Topic != "" {
-		add("topic = $?", f.Topic)
-	}
-	if f.AggregateID != "" {
-		add("aggregate_id = $?", f.AggregateID)
-	}
-	if f.Text != "" {
-		add("strpos(lower(last_error), lower($?)) > 0", f.Text)
-	}
-	if f.Fingerprint != "" {
-		add("ferry_fingerprint(last_error) = $?", f.Fingerprint)
-	}
-	if !f.Since.IsZero() {
-		add("created_at >= $?", f.Since)
-	}
-	if !f.Until.IsZero() {
-		add("created_at < $?", f.Until)
-	}
-	return strings.Join(conds, " AND "), args
+	cond, args := f.SQL(first, failingColumns)
+	return "dispatched_at IS NULL AND attempts > 0 AND last_error IS NOT NULL AND " + cond, args
 }
 
 // failingPage shows the rows the relay keeps failing to publish, grouped

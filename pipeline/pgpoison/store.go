@@ -129,38 +129,56 @@ func (f Filter) narrows() bool {
 	return f.Topic != "" || f.Handler != "" || f.AggregateID != "" || f.Text != "" || f.Fingerprint != "" || !f.Since.IsZero() || !f.Until.IsZero()
 }
 
-// where is f's criteria as SQL over poison_messages, with its arguments
-// numbered from $first.
-func (f Filter) where(first int) (string, []any) {
+// Columns name what a Filter's criteria compare in a table: an empty name
+// leaves that criterion out (the outbox has no handler).
+type Columns struct {
+	Topic, Handler, AggregateID, Text, Fingerprint, Time string
+}
+
+// PoisonColumns are the poison store's.
+var PoisonColumns = Columns{Topic: "topic", Handler: "handler", AggregateID: "aggregate_id", Text: "reason",
+	Fingerprint: "fingerprint", Time: "poisoned_at"}
+
+// SQL is f's criteria as a SQL condition over a table with the columns
+// c, its arguments numbered from $first. Only column names and placeholders
+// are written into the SQL; every value is an argument.
+func (f Filter) SQL(first int, c Columns) (string, []any) {
 	conds := []string{"true"}
 	var args []any
-	add := func(cond string, v any) {
+	add := func(col, op string, v any) {
+		if col == "" {
+			return
+		}
 		args = append(args, v)
-		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(first+len(args)-1)))
+		p := "$" + strconv.Itoa(first+len(args)-1)
+		conds = append(conds, strings.NewReplacer("{c}", col, "{p}", p).Replace(op))
 	}
 	if f.Topic != "" {
-		add("topic = $?", f.Topic)
+		add(c.Topic, "{c} = {p}", f.Topic)
 	}
 	if f.Handler != "" {
-		add("handler = $?", f.Handler)
+		add(c.Handler, "{c} = {p}", f.Handler)
 	}
 	if f.AggregateID != "" {
-		add("aggregate_id = $?", f.AggregateID)
+		add(c.AggregateID, "{c} = {p}", f.AggregateID)
 	}
 	if f.Text != "" {
-		add("strpos(lower(reason), lower($?)) > 0", f.Text)
+		add(c.Text, "strpos(lower({c}), lower({p})) > 0", f.Text)
 	}
 	if f.Fingerprint != "" {
-		add("fingerprint = $?", f.Fingerprint)
+		add(c.Fingerprint, "{c} = {p}", f.Fingerprint)
 	}
 	if !f.Since.IsZero() {
-		add("poisoned_at >= $?", f.Since)
+		add(c.Time, "{c} >= {p}", f.Since)
 	}
 	if !f.Until.IsZero() {
-		add("poisoned_at < $?", f.Until)
+		add(c.Time, "{c} < {p}", f.Until)
 	}
 	return strings.Join(conds, " AND "), args
 }
+
+// where is f's criteria over poison_messages.
+func (f Filter) where(first int) (string, []any) { return f.SQL(first, PoisonColumns) }
 
 // Validate rejects out-of-range paging.
 func (f Filter) Validate() error {
