@@ -177,6 +177,18 @@ func filterFrom(v url.Values) (pgpoison.Filter, error) {
 	return f, errors.Join(errs...)
 }
 
+// nextPage is the query of the page after the one that ended at lastID.
+func nextPage(q url.Values, lastID int64) string {
+	nq := url.Values{}
+	for k, v := range q {
+		if k != "flash" {
+			nq[k] = v
+		}
+	}
+	nq.Set("after", strconv.FormatInt(lastID, 10))
+	return nq.Encode()
+}
+
 func filterQuery(v url.Values) string {
 	out := url.Values{}
 	for _, k := range []string{"topic", "handler", "aggregate", "q", "fingerprint", "since", "until"} {
@@ -214,12 +226,7 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 	}
 	next := ""
 	if len(recs) == pageSize {
-		nq := url.Values{}
-		for k, v := range q {
-			nq[k] = v
-		}
-		nq.Set("after", strconv.FormatInt(recs[len(recs)-1].ID, 10))
-		next = nq.Encode()
+		next = nextPage(q, recs[len(recs)-1].ID)
 	}
 	c.render(w, r, "poison", map[string]any{"Q": q, "Groups": groups, "Records": recs, "Total": total, "Next": next,
 		"FilterQuery": filterQuery(q), "Flash": q.Get("flash")})
@@ -342,12 +349,7 @@ func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
 	}
 	next := ""
 	if len(list) == pageSize {
-		nq := url.Values{}
-		for k, v := range q {
-			nq[k] = v
-		}
-		nq.Set("after", strconv.FormatInt(list[len(list)-1].ID, 10))
-		next = nq.Encode()
+		next = nextPage(q, list[len(list)-1].ID)
 	}
 	c.render(w, r, "failing", map[string]any{"Groups": groups, "Rows": list, "Q": q, "Next": next})
 }
