@@ -42,10 +42,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func options() cli.Options {
 	return cli.Options{
-		Name:     "ferry",
-		Version:  version,
-		App:      exampleApp,
-		EnvVars:  append(ordersapp.EnvVars(), app.EnvVar{Name: "FERRY_CHAOS_FAULTS", Default: "(none)", Doc: "testing only: inject handler faults, e.g. fail=0.1,panic=0.01,seed=7 (ferry chaos sets it)"}),
+		Name:    "ferry",
+		Version: version,
+		App:     exampleApp,
+		EnvVars: append(ordersapp.EnvVars(), app.EnvVar{Name: "FERRY_CHAOS_FAULTS", Default: "(none)", Doc: "testing only: inject handler faults, e.g. fail=0.1,panic=0.01,seed=7 (ferry chaos sets it)"},
+			app.EnvVar{Name: "FERRY_BENCH_CHILD", Default: "(none)", Doc: "benchmark only: ferry bench runs as a relay or consume child of its memory scenario (the parent sets it)"}),
 		Commands: []*cli.Command{cmdDemo, cmdSandbox, cmdBench, cmdChaos},
 	}
 }
@@ -170,6 +171,18 @@ var cmdBench = &cli.Command{
 		history := fs.String("history", "10000,1000000", "claim_cost_vs_history: dispatched-row counts (add 10000000 for 10M)")
 		fs.IntVar(&bc.ClaimRounds, "claim-rounds", 200, "claim_cost_vs_history: claims timed per history size")
 		return func(ctx context.Context, _ []string) error {
+			if kind := os.Getenv(bench.ChildEnv); kind != "" {
+				// A process of the memory scenario, started by a parent bench.
+				cfg, err := cli.LoadConfig()
+				if err != nil {
+					return err
+				}
+				logger, err := app.NewLogger(cfg, env.Stderr)
+				if err != nil {
+					return err
+				}
+				return bench.Child(ctx, kind, cfg, logger)
+			}
 			var err error
 			bc.Scenarios = splitList(*scenarios)
 			if bc.Relays, err = intList(*relays); err != nil {

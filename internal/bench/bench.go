@@ -50,7 +50,7 @@ const (
 )
 
 // BenchScenarios lists every scenario, in the order they run.
-var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioClaimCost}
+var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioClaimCost, ScenarioMemory}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -79,6 +79,9 @@ type BenchConfig struct {
 	History []int
 	// ClaimRounds is how many claims each history size times. Default 200.
 	ClaimRounds int
+	// Binary is the ferry binary the memory scenario starts its relay and
+	// consumer processes with. Default: this process's own executable.
+	Binary string
 }
 
 func (b BenchConfig) withDefaults() BenchConfig {
@@ -149,6 +152,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioEndToEnd:        benchEndToEnd,
 		ScenarioWriteOverhead:   benchWriteOverhead,
 		ScenarioClaimCost:       benchClaimCost,
+		ScenarioMemory:          benchMemory,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {

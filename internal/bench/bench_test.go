@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,10 +25,14 @@ import (
 func TestBenchSmoke(t *testing.T) {
 	rmq := pipelinetest.Rabbit(t)
 	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), AMQP: rmq}
+	// The memory scenario starts relay and consumer processes of the ferry binary.
+	bin := filepath.Join(t.TempDir(), "ferry")
+	build, err := exec.Command("go", "build", "-o", bin, "github.com/ferry-dev/ferry/cmd/ferry").CombinedOutput()
+	require.NoError(t, err, "building ferry: %s", build)
 	var out, human strings.Builder
-	err := bench.Bench(context.Background(), cfg, bench.BenchConfig{
+	err = bench.Bench(context.Background(), cfg, bench.BenchConfig{
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
-		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10,
+		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin,
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -63,6 +69,11 @@ func TestBenchSmoke(t *testing.T) {
 	require.Len(t, cc["runs"].([]any), 2)
 	require.Contains(t, cc, "ratio_p50_largest_vs_smallest")
 	require.Contains(t, human.String(), "== relay_throughput")
+
+	mem := got[bench.ScenarioMemory]
+	require.Positive(t, mem["relay_peak_rss_bytes"].(float64), "peak RSS of a relay process")
+	require.Len(t, mem["relay_peak_rss_each"].([]any), 4)
+	require.Positive(t, mem["consumer_peak_rss_bytes"].(float64), "peak RSS of a consumer process")
 }
 
 func TestBenchRejectsBadParameters(t *testing.T) {
