@@ -415,21 +415,15 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 				if err != nil {
 					return UsageError{fmt.Errorf("--filter: %w", err)}
 				}
-				f.Topic = sel.Topic
-				sel.Filter = f
+				sel.Filter = f // --topic stays Selector.Topic
 			}
-			// Refuse bad flags before connecting, let alone changing anything.
-			check := sel.Filter.Validate
-			if sel.Filter.Topic == "" {
-				sel.Filter.Topic = sel.Topic
-			}
+			// What list reads: the filter with --topic and the paging flags.
 			lf := sel.Filter
-			lf.AfterID, lf.Limit = sel.AfterID, sel.Limit
+			lf.Topic, lf.AfterID, lf.Limit = sel.Topic, sel.AfterID, sel.Limit
+			// Refuse bad flags before connecting, let alone changing anything.
+			check := sel.Validate
 			if sub == "list" {
 				check = lf.Validate
-			} else {
-				sel.Filter.Topic = ""
-				check = sel.Validate
 			}
 			if err := check(); err != nil {
 				return UsageError{flagNames(err)}

@@ -46,7 +46,6 @@ func (c *Console) funcs() template.FuncMap {
 			return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
 		},
 		"ts": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-		"q":  url.QueryEscape,
 		"deref": func(p any) any {
 			switch v := p.(type) {
 			case *float64:

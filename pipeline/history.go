@@ -41,9 +41,3 @@ func AppendErrorHistory(msg *message.Message, a FailedAttempt) {
 	}
 	msg.Metadata.Set(MetaErrorHistory, string(b))
 }
-
-// WithShadow marks msg as a shadow intent (MetaShadow) and returns it.
-func WithShadow(msg *message.Message) *message.Message {
-	msg.Metadata.Set(MetaShadow, "true")
-	return msg
-}

@@ -139,6 +139,12 @@ func WithDeliverAt(msg *message.Message, t time.Time) *message.Message {
 	return msg
 }
 
+// WithShadow marks msg as a shadow intent (MetaShadow) and returns it.
+func WithShadow(msg *message.Message) *message.Message {
+	msg.Metadata.Set(MetaShadow, "true")
+	return msg
+}
+
 // RetryTopic is the topic durable retries are relayed on; its exchange
 // routes each by MetaRetryQueue straight to the queue that failed it.
 const RetryTopic = "ferry.retry"

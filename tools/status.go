@@ -159,7 +159,8 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 		ids = append(ids, out.Intents[i].MessageID)
 	}
 	if err := scanInto(ctx, q, `SELECT message_id, consumer, processed_at FROM processed_messages WHERE message_id = ANY($1) ORDER BY processed_at`, ids,
-		func(id string, row pgx.Rows) error {
+		func(row pgx.Rows) error {
+			var id string
 			var h Handling
 			if err := row.Scan(&id, &h.Handler, &h.At); err != nil {
 				return err
@@ -174,7 +175,8 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 	if err := scanInto(ctx, q, `SELECT message_uuid, coalesce(headers->>'`+pipeline.MetaRetryQueue+`', ''), coalesce(headers->>'`+pipeline.MetaAttempt+`', ''),
 		coalesce(headers->>'`+pipeline.MetaLastError+`', ''), available_at FROM `+table+`
 		WHERE topic = '`+pipeline.RetryTopic+`' AND dispatched_at IS NULL AND message_uuid = ANY($1) ORDER BY id`, ids,
-		func(id string, row pgx.Rows) error {
+		func(row pgx.Rows) error {
+			var id string
 			var r Retrying
 			if err := row.Scan(&id, &r.Handler, &r.Attempt, &r.LastError, &r.Due); err != nil {
 				return err
@@ -187,7 +189,8 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 		return out, err
 	}
 	if err := scanInto(ctx, q, `SELECT message_id, handler, reason, poisoned_at FROM poison_messages WHERE message_id = ANY($1) ORDER BY id`, ids,
-		func(id string, row pgx.Rows) error {
+		func(row pgx.Rows) error {
+			var id string
 			var p Poisoning
 			if err := row.Scan(&id, &p.Handler, &p.Reason, &p.At); err != nil {
 				return err
@@ -224,7 +227,7 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 	return out, nil
 }
 
-func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func(string, pgx.Rows) error) error {
+func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func(pgx.Rows) error) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -234,7 +237,7 @@ func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func
 	}
 	defer rows.Close()
 	for rows.Next() {
-		if err := each("", rows); err != nil {
+		if err := each(rows); err != nil {
 			return err
 		}
 	}
