@@ -29,6 +29,7 @@ import (
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -106,6 +107,9 @@ type App struct {
 	Outbox      *pgoutbox.Outbox
 	Topology    *rabbit.Topology
 	Relay       *pgoutbox.Relay
+	// CDC streams the outbox from the WAL in relay mode "cdc" (nil
+	// otherwise); Relay is then its polling safety net.
+	CDC    *pgcdc.Streamer
 	Ledger      *pgledger.Ledger
 	Idempotency *middleware.Idempotency
 	Rescheduler *pgoutbox.Rescheduler
@@ -152,6 +156,16 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, Metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider)}
 	a.Metrics.OutboxTable = cfg.Relay.Table
+	switch cfg.RelayMode {
+	case RelayModePoll:
+		cfg.Relay.PollOnly = true
+	case RelayModeCDC:
+		// The polling relay stays, slow and out of the stream's way, as the
+		// safety net: delayed rows, retries and whatever the stream left.
+		cfg.Relay.PollOnly = true
+		cfg.Relay.PollInterval = cfg.CDCSafetyNetInterval
+		cfg.Relay.MinAge = cfg.CDCSafetyNetMinAge
+	}
 	if cfg.Relay.Spans == nil {
 		cfg.Relay.Spans = a.tracer
 	}
@@ -249,6 +263,13 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	if a.Relay, err = pgoutbox.NewRelay(a.Pool, a.batchPublisher, cfg.Relay, a.logger); err != nil {
 		return nil, err
+	}
+	if cfg.RelayMode == RelayModeCDC {
+		if a.CDC, err = pgcdc.NewStreamer(a.Pool, a.Relay, cfg.Relay.Table, cfg.CDC, a.logger); err != nil {
+			return nil, fmt.Errorf("FERRY_CDC_*: %w", err)
+		}
+		a.CDC.Wake = a.Relay.Wake
+		a.Metrics.CDC = a.CDC.Stats
 	}
 	a.Metrics.Unrouted = a.UnroutedDepth
 	return a, nil
@@ -541,6 +562,14 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 			return err
 		}
 	}
+	if what.Relay && a.CDC != nil {
+		// A server that cannot stream (wal_level, version, no table) fails
+		// the start; an outage later is waited out by the streamer.
+		if err := a.CDC.Prepare(ctx); err != nil {
+			return fmt.Errorf("CDC relay: %w", err)
+		}
+		a.Metrics.CDCSlot = a.CDC.Slot()
+	}
 	var hb *pgstatus.Heartbeat
 	if what.Relay || what.Consumers {
 		if hb, err = pgstatus.NewHeartbeat(ctx, a.Pool, watermill.NewShortUUID(), what.names(), a.version()); err != nil {
@@ -555,6 +584,9 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 	}
 	if what.Relay {
 		g.Go(func() error { return a.Relay.Run(ctx) })
+		if a.CDC != nil {
+			g.Go(func() error { return a.CDC.Run(ctx) })
+		}
 	}
 	if what.Pruner {
 		g.Go(func() error { return a.runPruner(ctx) })

@@ -17,8 +17,16 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// Relay modes (Config.RelayMode).
+const (
+	RelayModeNotify = "notify"
+	RelayModePoll   = "poll"
+	RelayModeCDC    = "cdc"
 )
 
 // Defaults of Config not owned by a component package.
@@ -49,6 +57,17 @@ type Config struct {
 	AMQP rabbit.Config
 	// Relay configures the outbox relay. FERRY_RELAY_*.
 	Relay pgoutbox.RelayConfig
+	// RelayMode is how the relay learns of committed events: "notify"
+	// (LISTEN/NOTIFY, polling as the fallback), "poll" (polling only) or
+	// "cdc" (streamed from the WAL, the polling relay as a slow safety
+	// net). Default "notify". FERRY_RELAY_MODE, or `ferry relay --mode`.
+	RelayMode string
+	// CDC configures the CDC relay (RelayMode "cdc"). FERRY_CDC_*.
+	CDC pgcdc.Config
+	// CDCSafetyNetInterval and CDCSafetyNetMinAge are the polling relay's
+	// poll interval and minimum row age in CDC mode. Defaults 5s and 10s.
+	// FERRY_CDC_SAFETY_NET_INTERVAL, FERRY_CDC_SAFETY_NET_MIN_AGE.
+	CDCSafetyNetInterval, CDCSafetyNetMinAge time.Duration
 	// Retry configures the consumers' in-process retries. FERRY_RETRY_*.
 	Retry middleware.RetryConfig
 	// DurableRetry configures the consumers' delayed retries (its Scheduler
@@ -205,6 +224,13 @@ func EnvVars() []EnvVar {
 		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize }, 1, pgoutbox.MaxRelayBatchSize)},
 		{"FERRY_RELAY_IN_FLIGHT", strconv.Itoa(pgoutbox.DefaultRelayInFlight), "batches one relay has in flight at once (claim the next while the last awaits its confirms)", intVar(func(c *Config) *int { return &c.Relay.InFlight }, 1, pgoutbox.MaxRelayInFlight)},
 		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},
+		{"FERRY_RELAY_MODE", RelayModeNotify, "notify (LISTEN/NOTIFY wake-ups), poll (polling only) or cdc (stream from the WAL; see CDC relay mode)", func(c *Config, v string) error { c.RelayMode = v; return nil }},
+		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
+		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},
+		{"FERRY_CDC_BATCH_SIZE", strconv.Itoa(pgcdc.DefaultBatchSize), "CDC: outbox rows per publish batch", intVar(func(c *Config) *int { return &c.CDC.BatchSize }, 1, pgcdc.MaxBatchSize)},
+		{"FERRY_CDC_HEARTBEAT_INTERVAL", pgcdc.DefaultHeartbeatInterval.String(), "CDC: idle time before a heartbeat moves the slot past unrelated WAL", durationVar(func(c *Config) *time.Duration { return &c.CDC.HeartbeatInterval })},
+		{"FERRY_CDC_SAFETY_NET_INTERVAL", pgcdc.DefaultSafetyNetInterval.String(), "CDC: poll interval of the polling relay kept as the safety net", durationVar(func(c *Config) *time.Duration { return &c.CDCSafetyNetInterval })},
+		{"FERRY_CDC_SAFETY_NET_MIN_AGE", pgcdc.DefaultSafetyNetMinAge.String(), "CDC: the safety net takes only rows at least this old (the stream's are younger)", durationVar(func(c *Config) *time.Duration { return &c.CDCSafetyNetMinAge })},
 		{"FERRY_RELAY_BACKOFF_INITIAL", "30s", "relay retry delay after the first failure", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Initial })},
 		{"FERRY_RELAY_BACKOFF_MAX", "15m", "relay retry delay cap", durationVar(func(c *Config) *time.Duration { return &c.Relay.Backoff.Max })},
 		{"FERRY_RETRY_MAX", strconv.Itoa(middleware.DefaultRetryMaxRetries), "in-process handler retries before a durable retry (0: none)", func(c *Config, v string) error {
@@ -334,6 +360,16 @@ func (c Config) WithDefaults() Config {
 	}
 	c.AMQP = c.AMQP.WithDefaults()
 	c.Relay = c.Relay.WithDefaults()
+	if c.RelayMode == "" {
+		c.RelayMode = RelayModeNotify
+	}
+	c.CDC = c.CDC.WithDefaults()
+	if c.CDCSafetyNetInterval == 0 {
+		c.CDCSafetyNetInterval = pgcdc.DefaultSafetyNetInterval
+	}
+	if c.CDCSafetyNetMinAge == 0 {
+		c.CDCSafetyNetMinAge = pgcdc.DefaultSafetyNetMinAge
+	}
 	c.Retry = c.Retry.WithDefaults()
 	if c.DurableRetry.MaxAttempts == 0 {
 		c.DurableRetry.MaxAttempts = middleware.DefaultDurableRetryMaxAttempts
@@ -413,12 +449,27 @@ func (c Config) Validate() error {
 	atLeast("FERRY_RETRY_MAX_INTERVAL", "FERRY_RETRY_INITIAL_INTERVAL", c.Retry.MaxInterval, c.Retry.InitialInterval)
 	atLeast("FERRY_RELAY_BACKOFF_MAX", "FERRY_RELAY_BACKOFF_INITIAL", c.Relay.Backoff.Max, c.Relay.Backoff.Initial)
 	atLeast("FERRY_DURABLE_RETRY_MAX", "FERRY_DURABLE_RETRY_INITIAL", c.DurableRetry.Backoff.Max, c.DurableRetry.Backoff.Initial)
+	switch c.RelayMode {
+	case RelayModeNotify, RelayModePoll, RelayModeCDC:
+	default:
+		add("FERRY_RELAY_MODE", fmt.Errorf("must be %s, %s or %s, got %q", RelayModeNotify, RelayModePoll, RelayModeCDC, c.RelayMode))
+	}
+	if c.CDCSafetyNetInterval <= 0 {
+		add("FERRY_CDC_SAFETY_NET_INTERVAL", errors.New("must be positive"))
+	}
+	if c.CDCSafetyNetMinAge <= 0 {
+		add("FERRY_CDC_SAFETY_NET_MIN_AGE", errors.New("must be positive"))
+	}
+	if c.CDC.HeartbeatInterval <= 0 {
+		add("FERRY_CDC_HEARTBEAT_INTERVAL", errors.New("must be positive"))
+	}
 	if c.DurableRetry.MaxAttempts < 1 {
 		add("FERRY_DURABLE_RETRY_MAX_ATTEMPTS", errors.New("must be at least 1"))
 	}
 	if len(errs) == 0 {
 		add("FERRY_AMQP_*", c.AMQP.Validate())
 		add("FERRY_RELAY_*", c.Relay.Validate())
+		add("FERRY_CDC_*", c.CDC.Validate())
 		add("FERRY_RETRY_*", c.Retry.Validate())
 		add("FERRY_DURABLE_RETRY_*", c.DurableRetry.Backoff.Validate())
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/ferry-dev/ferry/backfill"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -81,6 +82,9 @@ how many intents would be written, shows three, how many an earlier run of
 the same --name wrote, and the schedule. Re-running the same --name writes
 no intent twice; an interrupted run continues where it stopped.`,
 		Flags: backfillFlags}
+	cmdCDC = &Command{Name: "cdc", Summary: "the CDC relay's replication slot and publication", Sub: []*Command{
+		{Name: "drop", Summary: "remove the slot and the publication (switching CDC off for good: a slot nobody streams retains WAL)", Flags: cdcDropFlags},
+	}}
 	cmdAudit       = &Command{Name: "audit", Summary: "the audit log: who requeued or discarded what, when, how many (console and CLI)", Flags: auditFlags}
 	cmdHealthcheck = &Command{Name: "healthcheck", Summary: "exit 0 if the admin server's /readyz (or --url) answers 200; for container healthchecks, the image having no shell or curl",
 		Flags: healthcheckFlags}
@@ -89,8 +93,21 @@ no intent twice; an interrupted run continues where it stopped.`,
 func serveFlags(what app.Components) func(*flag.FlagSet, *Env) RunFunc {
 	return func(fs *flag.FlagSet, env *Env) RunFunc {
 		migrate := fs.Bool("migrate", false, "apply pending migrations at start instead of refusing to start")
+		var mode *string
+		if what.Relay {
+			mode = fs.String("mode", "", "relay mode: notify, poll or cdc (stream the outbox from the WAL); overrides FERRY_RELAY_MODE")
+		}
 		return func(ctx context.Context, _ []string) error {
-			a, logger, err := env.newApp(ctx, *migrate, nil, false)
+			var set func(*app.Config)
+			if mode != nil && *mode != "" {
+				switch *mode {
+				case app.RelayModeNotify, app.RelayModePoll, app.RelayModeCDC:
+				default:
+					return usagef("--mode must be %s, %s or %s, got %q", app.RelayModeNotify, app.RelayModePoll, app.RelayModeCDC, *mode)
+				}
+				set = func(c *app.Config) { c.RelayMode = *mode }
+			}
+			a, logger, err := env.newApp(ctx, *migrate, nil, false, set)
 			if err != nil {
 				return err
 			}
@@ -103,10 +120,13 @@ func serveFlags(what app.Components) func(*flag.FlagSet, *Env) RunFunc {
 
 // newApp builds the application from the FERRY_* configuration and the
 // binary's options, logging to logTo (nil: standard error).
-func (e *Env) newApp(ctx context.Context, migrate bool, logTo io.Writer, withoutBroker bool) (*app.App, *slog.Logger, error) {
+func (e *Env) newApp(ctx context.Context, migrate bool, logTo io.Writer, withoutBroker bool, set func(*app.Config)) (*app.App, *slog.Logger, error) {
 	cfg, err := LoadConfig()
 	if err != nil {
 		return nil, nil, err
+	}
+	if set != nil {
+		set(&cfg)
 	}
 	logger, err := app.NewLogger(cfg, logTo)
 	if err != nil {
@@ -240,6 +260,52 @@ type statusReport struct {
 	Attention []string `json:"attention"`
 	// Audit is the newest entries of the audit log (ferry audit).
 	Audit []pgaudit.Entry `json:"audit"`
+	// CDC is the CDC relay's replication slot, when relay mode is cdc or
+	// the slot exists.
+	CDC *pgcdc.SlotStatus `json:"cdc,omitempty"`
+}
+
+func cdcDropFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	slot := fs.String("slot", "", "slot name (default: FERRY_CDC_SLOT, or ferry_<database>_<schema>)")
+	publication := fs.String("publication", "", "publication name (default: FERRY_CDC_PUBLICATION, or the slot's name)")
+	return func(ctx context.Context, _ []string) error {
+		cfg, pool, err := openConfigured(ctx, "cdc")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		c := cfg.CDC
+		if *slot != "" {
+			c.Slot = *slot
+		}
+		if *publication != "" {
+			c.Publication = *publication
+		}
+		for name, v := range map[string]string{"--slot": c.Slot, "--publication": c.Publication} {
+			if v != "" {
+				if err := pgcdc.ValidateName(v); err != nil {
+					return usagef("%s %v", name, err)
+				}
+			}
+		}
+		s, p, err := pgcdc.Names(ctx, pool, c)
+		if err != nil {
+			return err
+		}
+		droppedSlot, droppedPub, err := pgcdc.Drop(ctx, pool, s, p)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(env.Stdout, "replication slot %s: %s\npublication %s: %s\n", s, droppedWord(droppedSlot), p, droppedWord(droppedPub))
+		return nil
+	}
+}
+
+func droppedWord(dropped bool) string {
+	if dropped {
+		return "dropped"
+	}
+	return "not there"
 }
 
 func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
@@ -264,6 +330,9 @@ func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		} else {
 			rep.Unrouted = &n
 		}
+		if rep.CDC, err = cdcSlot(ctx, cfg, pool); err != nil {
+			return err
+		}
 		rep.Attention = attention(rep)
 		if rep.Audit, err = pgaudit.List(ctx, pool, 20); err != nil {
 			return err
@@ -281,6 +350,23 @@ func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		}
 		return nil
 	}
+}
+
+// cdcSlot reads the configured (or default) CDC slot: nil when relay mode
+// is not cdc and there is no such slot.
+func cdcSlot(ctx context.Context, cfg app.Config, pool *pgxpool.Pool) (*pgcdc.SlotStatus, error) {
+	slot, _, err := pgcdc.Names(ctx, pool, cfg.CDC)
+	if err != nil {
+		return nil, err
+	}
+	st, err := pgcdc.ReadSlot(ctx, pool, slot)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Exists && cfg.RelayMode != app.RelayModeCDC {
+		return nil, nil
+	}
+	return &st, nil
 }
 
 // unroutedDepth asks the broker, briefly, how many messages its unrouted
@@ -318,6 +404,16 @@ func attention(rep statusReport) []string {
 	if len(rep.Failing) > 0 {
 		out = append(out, fmt.Sprintf("%d outbox row(s) with more than %d relay attempts", len(rep.Failing), rep.AttemptsThreshold))
 	}
+	if c := rep.CDC; c != nil {
+		switch {
+		case !c.Exists:
+			out = append(out, fmt.Sprintf("CDC relay mode, but replication slot %s does not exist (the CDC relay creates it; the polling safety net relays meanwhile)", c.Name))
+		case c.WALStatus == "lost":
+			out = append(out, fmt.Sprintf("replication slot %s was invalidated (max_slot_wal_keep_size); the CDC relay recreates it, the polling safety net relays what it missed", c.Name))
+		case !c.Active && c.RetainedBytes >= CDCRetainedAttention:
+			out = append(out, fmt.Sprintf("replication slot %s is not streamed and retains %d MiB of WAL: start the CDC relay, or remove the slot (ferry cdc drop)", c.Name, c.RetainedBytes>>20))
+		}
+	}
 	if rep.Unrouted != nil && *rep.Unrouted > 0 {
 		out = append(out, fmt.Sprintf("%d unrouted message(s) in the broker: published to a topic no route consumes", *rep.Unrouted))
 	}
@@ -353,6 +449,18 @@ func printStatus(w io.Writer, rep statusReport) error {
 	} else {
 		fmt.Fprintf(tw, "unrouted (broker): unknown: %s\n", cell(rep.BrokerError, maxReasonCell))
 	}
+	if c := rep.CDC; c != nil {
+		if c.Exists {
+			state := "not streamed"
+			if c.Active {
+				state = fmt.Sprintf("streamed by walsender pid %d", c.ActivePID)
+			}
+			fmt.Fprintf(tw, "cdc slot %s: %s, confirmed %s, lag %d bytes, retained WAL %d bytes, wal_status %s\n",
+				c.Name, state, c.ConfirmedLSN, c.LagBytes, c.RetainedBytes, cell(c.WALStatus, maxIDCell))
+		} else {
+			fmt.Fprintf(tw, "cdc slot %s: does not exist\n", c.Name)
+		}
+	}
 	fmt.Fprintf(tw, "processes: %d relay(s) and %d consumer(s) alive\n", rep.RelaysAlive, rep.ConsumersAlive)
 	for _, in := range rep.Instances {
 		state := "alive"
@@ -372,6 +480,11 @@ func printStatus(w io.Writer, rep statusReport) error {
 	}
 	return tw.Flush()
 }
+
+// CDCRetainedAttention is how much WAL an idle CDC slot may retain before
+// `ferry status` calls for a human (the alert FerryCDCRetainedWAL fires at
+// the same size, for 10 minutes).
+const CDCRetainedAttention = 1 << 30
 
 // DefaultActionLimit caps a requeue or discard unless --limit says
 // otherwise: a mistyped --all does not resend a whole store at once.
@@ -834,7 +947,7 @@ func mcpFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	return func(ctx context.Context, _ []string) error {
 		// stdout is the protocol's: every log line goes to stderr. The tools
 		// only write intents, so no broker connection.
-		a, logger, err := env.newApp(ctx, *migrate, env.Stderr, true)
+		a, logger, err := env.newApp(ctx, *migrate, env.Stderr, true, nil)
 		if err != nil {
 			return err
 		}

@@ -12,12 +12,14 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
@@ -37,7 +39,19 @@ type Metrics struct {
 	// Unrouted, if set, returns the depth of the broker's unrouted queue
 	// (messages no binding took), for the ferry_unrouted_messages gauge.
 	Unrouted func(context.Context) (int, error)
+	// CDCSlot, if set, is the CDC relay's replication slot, read for the
+	// ferry_cdc_slot_* and ferry_cdc_retained_wal_bytes gauges.
+	CDCSlot string
+	// CDC, if set, returns the in-process CDC streamer's state, for
+	// ferry_cdc_slot_lag_seconds and ferry_cdc_streaming.
+	CDC func() pgcdc.Stats
 
+	cdcLagBytes      prometheus.Gauge
+	cdcLagSeconds    prometheus.Gauge
+	cdcRetained      prometheus.Gauge
+	cdcConfirmed     prometheus.Gauge
+	cdcSlotActive    prometheus.Gauge
+	cdcStreaming     prometheus.Gauge
 	pending          *prometheus.GaugeVec
 	pendingDue       *prometheus.GaugeVec
 	oldestPendingAge prometheus.Gauge
@@ -100,12 +114,31 @@ func New() *Metrics {
 			Name: "ferry_consumer_messages_total",
 			Help: "Consumer outcomes per route: handled, duplicate, retry_scheduled, deferred, poisoned.",
 		}, []string{"handler", "outcome"}),
+		cdcLagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ferry_cdc_slot_lag_bytes", Help: "WAL between the server's current position and the CDC slot's confirmed position.",
+		}),
+		cdcLagSeconds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ferry_cdc_slot_lag_seconds", Help: "Age of the oldest transaction the CDC relay received and has not confirmed (0 when caught up).",
+		}),
+		cdcRetained: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ferry_cdc_retained_wal_bytes", Help: "WAL the CDC replication slot keeps on disk (from its restart position).",
+		}),
+		cdcConfirmed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ferry_cdc_confirmed_lsn", Help: "The CDC slot's confirmed flush position, as a number (0: no slot).",
+		}),
+		cdcSlotActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ferry_cdc_slot_active", Help: "1 when a CDC relay streams the slot, 0 when none does (or there is no slot).",
+		}),
+		cdcStreaming: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ferry_cdc_streaming", Help: "1 when this process streams the slot, 0 when it stands by or reconnects.",
+		}),
 		refreshErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
 	m.Registry.MustRegister(m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.refreshErrors,
+		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -191,7 +224,35 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		m.unrouted.Set(float64(n))
 	}
+	if m.CDC != nil {
+		st := m.CDC()
+		m.cdcLagSeconds.Set(st.Lag.Seconds())
+		m.cdcStreaming.Set(boolGauge(st.Active))
+	}
+	if m.CDCSlot != "" {
+		slot, err := pgcdc.ReadSlot(ctx, pool, m.CDCSlot)
+		if err != nil {
+			return err
+		}
+		m.cdcLagBytes.Set(float64(slot.LagBytes))
+		m.cdcRetained.Set(float64(slot.RetainedBytes))
+		m.cdcSlotActive.Set(boolGauge(slot.Active))
+		var lsn float64
+		if slot.Exists {
+			if l, err := pglogrepl.ParseLSN(slot.ConfirmedLSN); err == nil {
+				lsn = float64(l)
+			}
+		}
+		m.cdcConfirmed.Set(lsn)
+	}
 	return nil
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // RunRefresher refreshes the gauges every interval until ctx ends.

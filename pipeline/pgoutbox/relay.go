@@ -68,6 +68,10 @@ type RelayConfig struct {
 	// level has "shadow_mode": true. Switching a topic live is
 	// removing it here. Default: none.
 	ShadowTopics []string
+	// MinAge, if positive, makes the relay claim only rows at least this
+	// old (by created_at). The CDC relay's safety-net poller uses it to stay
+	// out of the stream's way. Default 0.
+	MinAge time.Duration
 	// Spans, if set, opens a span around each event's publish
 	// (tracing.Tracer does, as a producer span in the event's trace).
 	Spans PublishSpans
@@ -132,6 +136,9 @@ func (c RelayConfig) Validate() error {
 	if c.InFlight < 1 || c.InFlight > MaxRelayInFlight {
 		errs = append(errs, fmt.Errorf("RelayConfig.InFlight must be in [1, %d], got %d", MaxRelayInFlight, c.InFlight))
 	}
+	if c.MinAge < 0 {
+		errs = append(errs, fmt.Errorf("RelayConfig.MinAge must not be negative, got %s", c.MinAge))
+	}
 	if c.MaxErrorLength < 1 {
 		errs = append(errs, errors.New("RelayConfig.MaxErrorLength must be positive"))
 	}
@@ -165,7 +172,7 @@ type Relay struct {
 	logger  *slog.Logger
 	ordered []string
 
-	claimSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL string
+	claimSQL, lockSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL string
 
 	dispatched, failed atomic.Int64
 	wake               chan struct{}
@@ -178,7 +185,7 @@ func ClaimSQL(table string, ordered bool) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return claimSQL(t, ordered), nil
+	return claimSQL(t, ordered, 0), nil
 }
 
 // claimSQL selects due, unclaimed rows. ORDER BY available_at follows the
@@ -188,12 +195,19 @@ func ClaimSQL(table string, ordered bool) (string, error) {
 // smaller id (the (aggregate_id, id) partial index answers that). A head
 // claimed by another relay is locked and skipped, and its successors are
 // not heads, so two relays never hold rows of one ordered aggregate at once.
-func claimSQL(table string, ordered bool) string {
+//
+// minAge > 0 leaves younger rows alone: the CDC relay's safety net polls
+// with it, so that it takes what the stream left, not what the stream is
+// about to send.
+func claimSQL(table string, ordered bool, minAge time.Duration) string {
 	q := `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at,
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true' OR o.payload->>'` + pipeline.MetaShadow + `' = 'true', false)
 		FROM ` + table + ` o
 		WHERE o.dispatched_at IS NULL AND o.available_at <= now()`
+	if minAge > 0 {
+		q += ` AND o.created_at <= now() - ` + strconv.FormatInt(minAge.Microseconds(), 10) + ` * interval '1 microsecond'`
+	}
 	if ordered {
 		q += `
 		  AND (o.topic <> ALL($2::text[]) OR NOT EXISTS (
@@ -205,6 +219,36 @@ func claimSQL(table string, ordered bool) string {
 		ORDER BY o.available_at
 		LIMIT $1
 		FOR UPDATE OF o SKIP LOCKED`
+}
+
+// lockSQL is RelayIDs' query ($1 the ids, $2 the ordered topics when
+// ordered): every row of $1 with its topic and aggregate, and, for each row
+// it could lock, what RelayIDs needs to decide. Another relay's locked rows
+// come back with locked false (read without waiting, at their committed
+// version: topic and aggregate never change), so RelayIDs knows which
+// aggregate they hold back.
+func lockSQL(table string, ordered bool) string {
+	behind := `false`
+	if ordered {
+		behind = `(l.topic = ANY($2::text[]) AND EXISTS (
+		        SELECT 1 FROM ` + table + ` p
+		        WHERE p.aggregate_id = l.aggregate_id AND p.dispatched_at IS NULL
+		          AND p.id < l.id AND p.topic = ANY($2::text[]) AND p.id <> ALL($1::bigint[])))`
+	}
+	return `WITH l AS (
+		SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
+		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')) AS payload, o.headers, o.attempts, o.created_at,
+		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true' OR o.payload->>'` + pipeline.MetaShadow + `' = 'true', false) AS shadow,
+		       o.dispatched_at IS NOT NULL AS done, o.available_at <= now() AS due
+		FROM ` + table + ` o
+		WHERE o.id = ANY($1::bigint[])
+		FOR UPDATE OF o SKIP LOCKED)
+	SELECT a.id, a.topic, a.aggregate_id, l.id IS NOT NULL,
+	       l.message_uuid, l.payload, l.headers, l.attempts, l.created_at, l.shadow, l.done, l.due,
+	       CASE WHEN l.id IS NULL THEN NULL ELSE ` + behind + ` END
+	FROM ` + table + ` a LEFT JOIN l ON l.id = a.id
+	WHERE a.id = ANY($1::bigint[])
+	ORDER BY a.id`
 }
 
 // NewRelay returns a Relay reading pool's outbox and publishing with pub.
@@ -237,7 +281,8 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 		ordered:       ordered,
 		logger:        logger.With("component", "relay"),
 		wake:          make(chan struct{}, 1),
-		claimSQL:      claimSQL(t, len(ordered) > 0),
+		claimSQL:      claimSQL(t, len(ordered) > 0, cfg.MinAge),
+		lockSQL:       lockSQL(t, len(ordered) > 0),
 		dispatchedSQL: `UPDATE ` + t + ` SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
 		shadowSQL:     `UPDATE ` + t + ` SET dispatched_at = now(), shadowed = true WHERE id = ANY($1)`,
 		nextDueSQL:    `SELECT min(available_at) FROM ` + t + ` WHERE dispatched_at IS NULL`,
@@ -256,6 +301,13 @@ type BatchResult struct {
 	Failed     int
 	// Shadowed counts shadow intents marked dispatched without publishing.
 	Shadowed int
+	// Left counts rows RelayIDs left pending for the polling relay
+	// (delayed, held by another relay, or behind an earlier pending row of
+	// an ordered aggregate) or did not send because an earlier row of their
+	// aggregate failed.
+	Left int
+	// Skipped counts rows RelayIDs found already dispatched.
+	Skipped int
 }
 
 // RelayStats are the relay's running totals.
@@ -421,9 +473,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	}
 	defer func() {
 		if err != nil {
-			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-			defer cancel()
-			_ = tx.Rollback(rbCtx) // the error that caused it is the one to report
+			rollback(ctx, tx)
 		}
 	}()
 
@@ -447,7 +497,121 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	if len(claimed) == 0 {
 		return res, tx.Commit(ctx)
 	}
+	return r.relayClaimed(ctx, tx, claimed, res, false)
+}
 
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	_ = tx.Rollback(rbCtx) // the error that caused it is the one to report
+}
+
+// ErrNothingConfirmed is RelayIDs' answer when it published and the broker
+// confirmed none of it: most likely the broker is unreachable. Nothing was
+// recorded (the rows are as they were), so the caller can hold its
+// position and try the same rows again.
+var ErrNothingConfirmed = errors.New("pgoutbox: the broker confirmed none of the batch")
+
+// RelayIDs relays the outbox rows with these ids, by the rules of
+// RelayBatch: it is the CDC relay's way in, which learns from the WAL which
+// rows committed and so needs no claim scan. In one transaction it locks
+// the rows by primary key (FOR UPDATE SKIP LOCKED, so a polling relay and
+// it never hold one row at once), publishes those it may and records the
+// outcome. It leaves pending, for the polling relay, each row that is
+// delayed (available_at in the future), held by another relay, or of an
+// ordered topic and behind an earlier pending row of its aggregate; a
+// later row of that aggregate in ids is left too, so order per aggregate
+// holds. A row already dispatched (ids replayed after a crash) is skipped,
+// not sent again. A row whose publish fails is recorded as RelayBatch
+// records it (attempts, last_error, available_at by Backoff) and retried by
+// the polling relay, unless the broker confirmed none of the batch: then
+// nothing is recorded and the error is ErrNothingConfirmed.
+func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err error) {
+	if len(ids) == 0 {
+		return res, nil
+	}
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("beginning relay transaction: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			rollback(ctx, tx)
+		}
+	}()
+	args := []any{ids}
+	if len(r.ordered) > 0 {
+		args = append(args, r.ordered)
+	}
+	rows, err := tx.Query(ctx, r.lockSQL, args...)
+	if err != nil {
+		return res, fmt.Errorf("locking outbox rows by id: %w", err)
+	}
+	type lockedRow struct {
+		claimedRow
+		locked, done, due, behind bool
+	}
+	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (lockedRow, error) {
+		var c lockedRow
+		// The row's columns are NULL where another relay holds the row.
+		var attempts *int32
+		var createdAt *time.Time
+		var shadow, done, due, behind *bool
+		if err := row.Scan(&c.id, &c.topic, &c.aggregateID, &c.locked, &c.uuid, &c.payload, &c.headers, &attempts, &createdAt, &shadow, &done, &due, &behind); err != nil {
+			return c, err
+		}
+		if c.locked {
+			c.attempts, c.createdAt = int(*attempts), *createdAt
+			c.shadowMarked, c.done, c.due, c.behind = *shadow, *done, *due, *behind
+		}
+		return c, nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("reading locked outbox rows: %w", err)
+	}
+	// A row of an ordered aggregate that is left blocks the aggregate's
+	// later rows in this call.
+	blocked := map[string]bool{}
+	var claimed []claimedRow
+	for _, c := range found {
+		key, ordered := r.orderKey(c.claimedRow)
+		switch {
+		case ordered && blocked[key]:
+			res.Left++
+		case c.locked && c.done:
+			res.Skipped++
+		case !c.locked || !c.due || c.behind:
+			res.Left++
+			if ordered {
+				blocked[key] = true
+			}
+		default:
+			claimed = append(claimed, c.claimedRow)
+		}
+	}
+	res.Claimed = len(claimed)
+	if len(claimed) == 0 {
+		return res, tx.Commit(ctx)
+	}
+	res, err = r.relayClaimed(ctx, tx, claimed, res, true)
+	if errors.Is(err, ErrNothingConfirmed) {
+		return BatchResult{}, err
+	}
+	return res, err
+}
+
+// orderKey is the aggregate whose order row c must keep, if its topic is ordered.
+func (r *Relay) orderKey(c claimedRow) (string, bool) {
+	if !slices.Contains(r.ordered, c.topic) {
+		return "", false
+	}
+	return c.aggregateID, true
+}
+
+// relayClaimed publishes the rows claimed in tx (shadow intents aside) and
+// records the outcome: it ends tx. With holdOnOutage, a batch the broker
+// confirmed none of is not recorded but reported as ErrNothingConfirmed.
+func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRow, res BatchResult, holdOnOutage bool) (BatchResult, error) {
 	// Shadow intents: the legacy code performs their effect; they are
 	// recorded as dispatched (shadowed) and never reach the broker.
 	live := claimed[:0:0]
@@ -463,7 +627,8 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 		live = append(live, c)
 	}
 	claimed = live
-	outcomes := r.publishAll(ctx, claimed)
+	outcomes, sent, unsent := r.publishInOrder(ctx, claimed)
+	res.Left += len(unsent)
 	var (
 		okIDs               []int64
 		failIDs, failDelays []int64
@@ -485,8 +650,11 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 		failDelays = append(failDelays, delay.Microseconds())
 		r.logger.Warn("publishing outbox row failed; will retry",
 			"outbox_id", o.ID, "topic", o.Topic, "aggregate_id", o.AggregateID,
-			"attempt", o.Attempt, "retry_in", delay, "trace_id", headerString(claimed[i].headers, pipeline.MetaTraceID),
+			"attempt", o.Attempt, "retry_in", delay, "trace_id", headerString(sent[i].headers, pipeline.MetaTraceID),
 			"error", o.Err)
+	}
+	if len(okIDs) == 0 && len(failIDs) > 0 && holdOnOutage {
+		return res, fmt.Errorf("%w (%d message(s) failed; first: %v)", ErrNothingConfirmed, len(failIDs), outcomes[0].Err)
 	}
 
 	// The broker has the confirmed messages: record them even if ctx was
@@ -522,6 +690,51 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 		r.logger.Debug("relayed outbox rows", "dispatched", res.Dispatched, "failed", res.Failed)
 	}
 	return res, nil
+}
+
+// publishInOrder publishes rows (sorted by id) in waves: a wave holds at
+// most one row of each ordered aggregate, and a row goes out only after its
+// aggregate's previous row was confirmed, so a failed publish is never
+// overtaken by a later event of its aggregate. Rows of a polling claim are
+// heads of distinct aggregates, so they make a single wave. It returns the
+// outcomes with the rows they belong to, and the rows it did not send (behind
+// a failure, or left when ctx ended), which stay pending untouched.
+func (r *Relay) publishInOrder(ctx context.Context, rows []claimedRow) (outcomes []Outcome, sent, unsent []claimedRow) {
+	next := rows
+	for len(next) > 0 {
+		var wave, later []claimedRow
+		inWave := map[string]bool{}
+		for _, c := range next {
+			key, ordered := r.orderKey(c)
+			if ordered && inWave[key] {
+				later = append(later, c)
+				continue
+			}
+			if ordered {
+				inWave[key] = true
+			}
+			wave = append(wave, c)
+		}
+		out := r.publishAll(ctx, wave)
+		outcomes = append(outcomes, out...)
+		sent = append(sent, wave...)
+		failed := map[string]bool{}
+		for i, o := range out {
+			if key, ordered := r.orderKey(wave[i]); ordered && o.Err != nil {
+				failed[key] = true
+			}
+		}
+		next = next[:0:0]
+		for _, c := range later {
+			if key, _ := r.orderKey(c); failed[key] || ctx.Err() != nil {
+				failed[key] = true
+				unsent = append(unsent, c)
+				continue
+			}
+			next = append(next, c)
+		}
+	}
+	return outcomes, sent, unsent
 }
 
 // publishAll publishes the claimed rows, in claim order, and says what
