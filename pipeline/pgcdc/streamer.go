@@ -56,6 +56,9 @@ type Stats struct {
 	Dispatched, Left, Skipped int64
 	// SlotsCreated counts the slots this streamer had to create.
 	SlotsCreated int64
+	// Streamed counts transactions that arrived streamed while in progress
+	// (larger than the server's logical_decoding_work_mem).
+	Streamed int64
 }
 
 // Streamer streams the outbox's committed INSERTs from a logical
@@ -78,6 +81,7 @@ type Streamer struct {
 	confirmed, received              atomic.Uint64
 	oldestUnconfirmed                atomic.Int64 // commit time, unix ns; 0: none
 	dispatched, left, skipped, slots atomic.Int64
+	streamed                         atomic.Int64
 	prepareOnce                      sync.Mutex
 	prepared                         bool
 }
@@ -110,6 +114,7 @@ func (s *Streamer) Stats() Stats {
 		Active: s.active.Load(), Holding: s.holding.Load(),
 		Confirmed: pglogrepl.LSN(s.confirmed.Load()), Received: pglogrepl.LSN(s.received.Load()),
 		Dispatched: s.dispatched.Load(), Left: s.left.Load(), Skipped: s.skipped.Load(), SlotsCreated: s.slots.Load(),
+		Streamed: s.streamed.Load(),
 	}
 	if t := s.oldestUnconfirmed.Load(); t != 0 {
 		st.Lag = time.Since(time.Unix(0, t))
@@ -320,7 +325,11 @@ func (s *Streamer) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (pglogre
 	}
 	var pending int64
 	_ = s.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{s.nspname, s.relname}.Sanitize()+` WHERE dispatched_at IS NULL`).Scan(&pending)
-	s.logger.Warn("created replication slot: rows committed before it are not in its stream and go by the polling safety net",
+	log := s.logger.Info
+	if pending > 0 {
+		log = s.logger.Warn
+	}
+	log("created replication slot: rows committed before it are not in its stream; the polling safety net relays those still pending",
 		"slot", s.slot, "start_lsn", lsn, "pending_rows", pending)
 	if s.Wake != nil {
 		s.Wake()
@@ -610,6 +619,7 @@ func (se *session) decode(ctx context.Context, data []byte, procErr <-chan error
 	case *pglogrepl.StreamCommitMessageV2:
 		rows := se.streams[m.Xid]
 		delete(se.streams, m.Xid)
+		se.s.streamed.Add(1)
 		t := txn{ids: make([]int64, len(rows)), end: m.TransactionEndLSN, commitTime: m.CommitTime}
 		for i, r := range rows {
 			t.ids[i] = r.id
