@@ -56,6 +56,9 @@ type Stats struct {
 	Dispatched, Left, Skipped int64
 	// SlotsCreated counts the slots this streamer had to create.
 	SlotsCreated int64
+	// Heartbeats counts the streamer's heartbeat messages that came back
+	// through the stream.
+	Heartbeats int64
 	// Streamed counts transactions that arrived streamed while in progress
 	// (larger than the server's logical_decoding_work_mem).
 	Streamed int64
@@ -81,7 +84,7 @@ type Streamer struct {
 	confirmed, received              atomic.Uint64
 	oldestUnconfirmed                atomic.Int64 // commit time, unix ns; 0: none
 	dispatched, left, skipped, slots atomic.Int64
-	streamed                         atomic.Int64
+	streamed, heartbeats             atomic.Int64
 	prepareOnce                      sync.Mutex
 	prepared                         bool
 }
@@ -114,7 +117,7 @@ func (s *Streamer) Stats() Stats {
 		Active: s.active.Load(), Holding: s.holding.Load(),
 		Confirmed: pglogrepl.LSN(s.confirmed.Load()), Received: pglogrepl.LSN(s.received.Load()),
 		Dispatched: s.dispatched.Load(), Left: s.left.Load(), Skipped: s.skipped.Load(), SlotsCreated: s.slots.Load(),
-		Streamed: s.streamed.Load(),
+		Streamed: s.streamed.Load(), Heartbeats: s.heartbeats.Load(),
 	}
 	if t := s.oldestUnconfirmed.Load(); t != 0 {
 		st.Lag = time.Since(time.Unix(0, t))
@@ -478,6 +481,7 @@ func (se *session) receive(ctx context.Context, procErr <-chan error) error {
 				if err != nil {
 					return fmt.Errorf("parsing keepalive: %w", err)
 				}
+				s.logger.Debug("keepalive", "wal_end", k.ServerWALEnd, "reply", k.ReplyRequested)
 				se.idleAdvance(k.ServerWALEnd)
 				if k.ReplyRequested {
 					if err := se.sendStatus(true); err != nil {
@@ -627,6 +631,7 @@ func (se *session) decode(ctx context.Context, data []byte, procErr <-chan error
 		return se.enqueue(ctx, t, procErr)
 	case *pglogrepl.LogicalDecodingMessageV2:
 		if !m.Transactional && m.Prefix == HeartbeatPrefix {
+			se.s.heartbeats.Add(1)
 			se.idleAdvance(m.LSN)
 		}
 	}

@@ -156,3 +156,99 @@ func TestStandbyTakesOver(t *testing.T) {
 	require.Zero(t, requireInOrder(t, got, 300, 300))
 	require.EqualValues(t, 300, second.Stats().Dispatched)
 }
+
+// One transaction of 100,000 rows, decoded with logical_decoding_work_mem
+// at its 64kB minimum so that PostgreSQL streams it while in progress
+// (pgoutput protocol 2): every row arrives once, after the commit.
+func TestLargeTransactionIsStreamed(t *testing.T) {
+	r := newRig(t)
+	pool := r.poolWith(t, map[string]string{"logical_decoding_work_mem": "64kB"})
+	s, _ := r.start(t, pool, r.relay(t, pool, "", pgoutbox.RelayConfig{}), r.cdcConfig())
+	require.Eventually(t, func() bool { return s.Stats().Active }, 20*time.Second, 20*time.Millisecond)
+
+	// A rolled-back subtransaction inside: its rows are streamed too, then
+	// aborted, and must not be published.
+	ctx := context.Background()
+	tx, err := r.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	const total = 100_000
+	insert := `INSERT INTO outbox (aggregate_id, topic, payload, payload_raw, message_uuid)
+		SELECT 'agg-' || (i % 101), $3, jsonb_build_object('seq', i), convert_to(jsonb_build_object('seq', i)::text, 'UTF8'), 'cdc-' || i
+		FROM generate_series($1::int, $2::int - 1) AS i`
+	_, err = tx.Exec(ctx, insert, 0, total/2, orderedTopic)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SAVEPOINT aborted`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, insert, 1_000_000, 1_005_000, orderedTopic)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `ROLLBACK TO SAVEPOINT aborted`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, insert, total/2, total, orderedTopic)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	got := r.collect(t, total, 5*time.Minute)
+	require.Zero(t, requireInOrder(t, got, 0, total))
+	r.awaitPending(t, 0, 30*time.Second)
+	require.GreaterOrEqual(t, s.Stats().Streamed, int64(1), "the transaction was not streamed in progress")
+}
+
+// The slot dropped while the relay is down, and recreated when it starts:
+// rows committed in between are not in the new slot's stream. They stay
+// pending (the streamer says so in its log) and the polling safety net
+// relays them, with the rows behind them; nothing is lost, nothing overtakes.
+func TestSlotDroppedAndRecreatedLosesNothing(t *testing.T) {
+	r := newRig(t)
+	relay := r.relay(t, r.pool, "", pgoutbox.RelayConfig{})
+	s, stop := r.start(t, r.pool, relay, r.cdcConfig())
+	require.Eventually(t, func() bool { return s.Stats().Active }, 20*time.Second, 20*time.Millisecond)
+	r.insert(t, 0, 100, 5, 10)
+	r.collect(t, 100, 30*time.Second)
+	stop()
+	require.Eventually(t, func() bool { return !r.slotStatus(t).Active }, 20*time.Second, 20*time.Millisecond)
+	_, err := r.pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, r.slot)
+	require.NoError(t, err)
+	r.insert(t, 100, 100, 5, 10) // no slot: not streamed by anyone
+
+	s2, _ := r.start(t, r.pool, relay, r.cdcConfig())
+	require.Eventually(t, func() bool { return s2.Stats().Active }, 20*time.Second, 20*time.Millisecond)
+	require.EqualValues(t, 1, s2.Stats().SlotsCreated)
+	// Later rows of the same (ordered) aggregates are behind the gap's
+	// pending rows: the stream leaves them too, to keep the order.
+	r.insert(t, 200, 100, 5, 10)
+	require.Eventually(t, func() bool { return s2.Stats().Left == 100 }, 20*time.Second, 20*time.Millisecond)
+	require.Equal(t, 200, r.pending(t), "the gap's rows and those behind them wait, pending, for the safety net")
+	require.Empty(t, r.drain(t))
+
+	// The safety net: the polling relay, rows at least 100ms old.
+	net := r.relay(t, r.pool, "", pgoutbox.RelayConfig{PollOnly: true, PollInterval: 50 * time.Millisecond, MinAge: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- net.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	got := r.collect(t, 200, 30*time.Second)
+	requireInOrder(t, got, 100, 200)
+	r.awaitPending(t, 0, 10*time.Second)
+}
+
+// With no outbox traffic, writes to other tables still move the slot, so
+// it does not retain their WAL: PostgreSQL's keepalive pings and the
+// streamer's heartbeat messages both give the stream a position to
+// confirm (the heartbeat is for servers that do not ping an idle client).
+func TestIdleSlotAdvancesPastUnrelatedWAL(t *testing.T) {
+	r := newRig(t)
+	s, _ := r.start(t, r.pool, r.relay(t, r.pool, "", pgoutbox.RelayConfig{}), r.cdcConfig())
+	require.Eventually(t, func() bool { return s.Stats().Active }, 20*time.Second, 20*time.Millisecond)
+	ctx := context.Background()
+	_, err := r.pool.Exec(ctx, `CREATE TABLE unrelated AS SELECT i, repeat('x', 200) AS pad FROM generate_series(1, 20000) AS i`)
+	require.NoError(t, err)
+	var after pglogrepl.LSN
+	require.NoError(t, r.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()`).Scan(&after))
+	require.Eventually(t, func() bool {
+		c, err := pglogrepl.ParseLSN(r.slotStatus(t).ConfirmedLSN)
+		return err == nil && c >= after
+	}, 20*time.Second, 50*time.Millisecond, "the idle slot stayed behind the unrelated writes")
+	require.Zero(t, s.Stats().Dispatched)
+	require.Eventually(t, func() bool { return s.Stats().Heartbeats >= 2 }, 20*time.Second, 50*time.Millisecond, "no heartbeat came back through the stream")
+}
