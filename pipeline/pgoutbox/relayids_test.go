@@ -1,0 +1,123 @@
+package pgoutbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+// insertRow writes one outbox row and returns its id.
+func insertRow(t *testing.T, pool *pgxpool.Pool, topic, aggregate, extraCols, extraVals string) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`INSERT INTO outbox (aggregate_id, topic, payload`+extraCols+`) VALUES ($1, $2, '{"n":1}'`+extraVals+`) RETURNING id`,
+		aggregate, topic).Scan(&id))
+	return id
+}
+
+type rowState struct {
+	Dispatched bool
+	Attempts   int
+	Shadowed   bool
+}
+
+func stateOf(t *testing.T, pool *pgxpool.Pool, id int64) rowState {
+	t.Helper()
+	var s rowState
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT dispatched_at IS NOT NULL, attempts, shadowed FROM outbox WHERE id = $1`, id).
+		Scan(&s.Dispatched, &s.Attempts, &s.Shadowed))
+	return s
+}
+
+// RelayIDs (the CDC relay's way in) keeps the polling relay's rules:
+// delayed rows, rows another relay holds and rows behind a pending head of
+// their ordered aggregate are left pending, and so is every later row of
+// an aggregate so left; dispatched rows are skipped, shadow intents
+// shadowed, the rest published and marked dispatched.
+func TestRelayIDsKeepsThePollingRelaysRules(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "o", "u")
+	rec := &recorder{Publisher: b.pub}
+	relay := newRelay(t, pool, orderedRecorder{recorder: rec, ordered: []string{"o"}}, pgoutbox.RelayConfig{})
+	ctx := context.Background()
+
+	head := insertRow(t, pool, "o", "held", "", "")       // locked by another relay below
+	behindLocked := insertRow(t, pool, "o", "held", "", "") // behind it
+	delayed := insertRow(t, pool, "o", "late", ", available_at", ", now() + interval '1 hour'")
+	behindDelayed := insertRow(t, pool, "o", "late", "", "")
+	outsideHead := insertRow(t, pool, "o", "outside", "", "") // pending, not in the ids
+	behindOutside := insertRow(t, pool, "o", "outside", "", "")
+	done := insertRow(t, pool, "u", "x", ", dispatched_at", ", now()")
+	shadow := insertRow(t, pool, "u", "x", ", headers", `, '{"shadow_mode":"true"}'`)
+	first := insertRow(t, pool, "o", "free", "", "")
+	second := insertRow(t, pool, "o", "free", "", "") // same aggregate: a later wave
+	plain := insertRow(t, pool, "u", "y", "", "")
+
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx)
+	_, err = other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, head)
+	require.NoError(t, err)
+
+	res, err := relay.RelayIDs(ctx, []int64{head, behindLocked, delayed, behindDelayed, behindOutside, done, shadow, first, second, plain})
+	require.NoError(t, err)
+	require.Equal(t, pgoutbox.BatchResult{Claimed: 4, Dispatched: 3, Shadowed: 1, Left: 5, Skipped: 1}, res)
+	for _, id := range []int64{head, behindLocked, delayed, behindDelayed, outsideHead, behindOutside} {
+		require.Equal(t, rowState{}, stateOf(t, pool, id), "row %d must be left untouched", id)
+	}
+	require.Equal(t, rowState{Dispatched: true, Shadowed: true}, stateOf(t, pool, shadow))
+	for _, id := range []int64{first, second, plain} {
+		require.Equal(t, rowState{Dispatched: true, Attempts: 1}, stateOf(t, pool, id))
+	}
+	require.Len(t, rec.published, 3)
+}
+
+// A row whose publish fails while others are confirmed is recorded as the
+// polling relay records it (attempts, last_error, backoff) and the later
+// rows of its ordered aggregate are not sent; when the broker confirms
+// nothing, nothing is recorded and the answer is ErrNothingConfirmed.
+func TestRelayIDsFailures(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "o", "u")
+	failing := map[string]bool{}
+	rec := &recorder{Publisher: b.pub, before: func(m *message.Message) error {
+		if failing[m.Metadata.Get("aggregate_id")] {
+			return errors.New("injected publish failure")
+		}
+		return nil
+	}}
+	relay := newRelay(t, pool, orderedRecorder{recorder: rec, ordered: []string{"o"}}, pgoutbox.RelayConfig{})
+	ctx := context.Background()
+
+	bad := insertRow(t, pool, "o", "bad", "", "")
+	afterBad := insertRow(t, pool, "o", "bad", "", "")
+	good := insertRow(t, pool, "u", "good", "", "")
+	failing["bad"] = true
+	res, err := relay.RelayIDs(ctx, []int64{bad, afterBad, good})
+	require.NoError(t, err)
+	require.Equal(t, pgoutbox.BatchResult{Claimed: 3, Dispatched: 1, Failed: 1, Left: 1}, res)
+	var attempts int
+	var lastError string
+	var backedOff bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT attempts, last_error, available_at > now() FROM outbox WHERE id = $1`, bad).Scan(&attempts, &lastError, &backedOff))
+	require.Equal(t, 1, attempts)
+	require.Contains(t, lastError, "injected publish failure")
+	require.True(t, backedOff)
+	require.Equal(t, rowState{}, stateOf(t, pool, afterBad), "a later row of a failed ordered aggregate is not sent")
+
+	failing["good2"] = true
+	good2 := insertRow(t, pool, "u", "good2", "", "")
+	_, err = relay.RelayIDs(ctx, []int64{good2})
+	require.ErrorIs(t, err, pgoutbox.ErrNothingConfirmed)
+	require.Equal(t, rowState{}, stateOf(t, pool, good2), "an outage records nothing")
+}
