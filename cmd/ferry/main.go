@@ -165,6 +165,7 @@ var cmdBench = &cli.Command{
 		relays := fs.String("relays", "1,2,4", "relay_throughput: relay counts to run")
 		fs.IntVar(&bc.BatchSize, "batch-size", 100, "relay and raw-loop batch size")
 		fs.IntVar(&bc.InFlight, "in-flight", 0, "relay_throughput: batches each relay has in flight (0: the relay's default, 1)")
+		relayModes := fs.String("relay-mode", "notify", "relay_throughput and end_to_end_latency: relay modes to run; cdc adds the CDC relay's rows next to the notify relay's (which always run), in the same run")
 		fs.IntVar(&bc.Rate, "rate", 1000, "end_to_end_latency: producer events/s")
 		fs.DurationVar(&bc.Duration, "duration", 10*time.Second, "end_to_end_latency: length of the steady load")
 		fs.IntVar(&bc.Orders, "orders", 2000, "write_overhead: create_order transactions per variant")
@@ -185,6 +186,14 @@ var cmdBench = &cli.Command{
 			}
 			var err error
 			bc.Scenarios = splitList(*scenarios)
+			for _, m := range splitList(*relayModes) {
+				if m != app.RelayModeNotify && m != app.RelayModeCDC {
+					return cli.UsageError{Err: fmt.Errorf("--relay-mode %q: want notify or cdc", m)}
+				}
+				if m == app.RelayModeCDC {
+					bc.RelayModes = append(bc.RelayModes, m)
+				}
+			}
 			if bc.Relays, err = intList(*relays); err != nil {
 				return cli.UsageError{Err: fmt.Errorf("--relays: %w", err)}
 			}

@@ -37,6 +37,7 @@ import (
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -79,6 +80,10 @@ type BenchConfig struct {
 	History []int
 	// ClaimRounds is how many claims each history size times. Default 200.
 	ClaimRounds int
+	// RelayModes adds relay modes to relay_throughput and
+	// end_to_end_latency: "cdc" runs the CDC relay next to the notify
+	// relay, which always runs as the reference. Default: notify only.
+	RelayModes []string
 	// Binary is the ferry binary the memory scenario starts its relay and
 	// consumer processes with. Default: this process's own executable.
 	Binary string
@@ -123,6 +128,11 @@ func (b BenchConfig) validate() error {
 	}
 	if b.BatchSize < 1 || b.BatchSize > pgoutbox.MaxRelayBatchSize {
 		errs = append(errs, fmt.Errorf("batch size must be in [1, %d]", pgoutbox.MaxRelayBatchSize))
+	}
+	for _, m := range b.RelayModes {
+		if m != app.RelayModeNotify && m != app.RelayModeCDC {
+			errs = append(errs, fmt.Errorf("relay mode %q: want %s or %s", m, app.RelayModeNotify, app.RelayModeCDC))
+		}
 	}
 	for _, h := range b.History {
 		if h < 0 {
@@ -368,6 +378,26 @@ func benchRelayThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, l
 		r.RatioVsRawLimit = r.EventsPerSec / r.LowerRawLimit
 		rows = append(rows, r)
 	}
+	var cdcRow *row
+	if slices.Contains(bc.RelayModes, app.RelayModeCDC) {
+		if err := br.purge(); err != nil {
+			return benchReport{}, err
+		}
+		r := row{Relays: 1, Events: bc.Events}
+		cpu0 := readCPU()
+		secs, err := runCDC(ctx, sch.pool, pub, bc, logger)
+		if err != nil {
+			return benchReport{}, fmt.Errorf("cdc: %w", err)
+		}
+		r.CPUBusy = readCPU().busySince(cpu0)
+		r.Seconds, r.EventsPerSec = secs, float64(bc.Events)/secs
+		if r.AtBroker, err = waitDepth(br, bc.Events, 30*time.Second); err != nil {
+			return benchReport{}, err
+		}
+		r.RawPublishPerSec, r.RawUpdatePerSec, r.LowerRawLimit = rows[0].RawPublishPerSec, rows[0].RawUpdatePerSec, rows[0].LowerRawLimit
+		r.RatioVsRawLimit = r.EventsPerSec / r.LowerRawLimit
+		cdcRow = &r
+	}
 	if err := br.purge(); err != nil {
 		return benchReport{}, err
 	}
@@ -378,6 +408,9 @@ func benchRelayThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, l
 	for i := range rows {
 		rows[i].RatioVsBaseline = rows[i].EventsPerSec / baseRate
 	}
+	if cdcRow != nil {
+		cdcRow.RatioVsBaseline = cdcRow.EventsPerSec / baseRate
+	}
 	best := slices.MaxFunc(rows, func(a, b row) int { return cmpFloat(a.EventsPerSec, b.EventsPerSec) })
 
 	var tb strings.Builder
@@ -385,11 +418,17 @@ func benchRelayThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, l
 	for _, r := range rows {
 		fmt.Fprintf(&tb, "%-7d %9d %10.0f %12.0f %12.0f %11.0f%% %8.1fx %9d %5.0f%%\n", r.Relays, r.Events, r.EventsPerSec, r.RawPublishPerSec, r.RawUpdatePerSec, 100*r.RatioVsRawLimit, r.RatioVsBaseline, r.AtBroker, 100*r.CPUBusy)
 	}
+	var cdcJSON any
+	if r := cdcRow; r != nil {
+		fmt.Fprintf(&tb, "%-7s %9d %10.0f %12.0f %12.0f %11.0f%% %8.1fx %9d %5.0f%%  (cdc: one streamer per slot; %.2fx the notify relay with 1 relay)\n", "cdc", r.Events, r.EventsPerSec, r.RawPublishPerSec, r.RawUpdatePerSec, 100*r.RatioVsRawLimit, r.RatioVsBaseline, r.AtBroker, 100*r.CPUBusy, r.EventsPerSec/rows[0].EventsPerSec)
+		cdcJSON = map[string]any{"run": r, "ratio_vs_notify_1_relay": r.EventsPerSec / rows[0].EventsPerSec}
+	}
 	fmt.Fprintf(&tb, "baseline (Watermill forwarder, default watermill-sql schema): %.0f events/s (%d of %d in %.1fs)\n", baseRate, baseDone, bc.BaselineEvents, baseSecs)
 	return benchReport{
 		JSON: map[string]any{
-			"params": map[string]any{"events": bc.Events, "relays": bc.Relays, "batch_size": bc.BatchSize, "in_flight": bc.InFlight, "queue_type": cfg.AMQP.QueueType, "baseline_events": bc.BaselineEvents},
+			"params": map[string]any{"events": bc.Events, "relays": bc.Relays, "batch_size": bc.BatchSize, "in_flight": bc.InFlight, "queue_type": cfg.AMQP.QueueType, "baseline_events": bc.BaselineEvents, "relay_modes": append([]string{app.RelayModeNotify}, bc.RelayModes...)},
 			"runs":   rows,
+			"cdc":    cdcJSON,
 			"baseline": map[string]any{
 				"name":   "watermill components/forwarder over watermill-sql DefaultPostgreSQLSchema, watermill-amqp publisher with confirms",
 				"events": bc.BaselineEvents, "forwarded": baseDone, "seconds": baseSecs, "events_per_sec": baseRate,
@@ -450,6 +489,78 @@ func runRelays(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, n
 	cancel()
 	wg.Wait()
 	return secs, nil
+}
+
+// runCDC times the CDC relay draining a backlog of bc.Events rows, like
+// runRelays times the polling relays: the slot is created first (rows
+// committed before it are not in its stream), the backlog written while
+// no streamer runs, then one streamer started and timed until it has
+// dispatched them all. Its slot and publication are dropped after.
+func runCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, bc BenchConfig, logger *slog.Logger) (float64, error) {
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&rows); err != nil {
+		return 0, err
+	}
+	if rows != 0 {
+		return 0, fmt.Errorf("outbox holds %d pending rows before the cdc run", rows)
+	}
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize}, logger)
+	if err != nil {
+		return 0, err
+	}
+	slot := fmt.Sprintf("ferry_bench_%d", time.Now().UnixNano())
+	cfg := pgcdc.Config{Slot: slot, BatchSize: max(bc.BatchSize, pgcdc.DefaultBatchSize)}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		for dctx.Err() == nil {
+			if _, _, err := pgcdc.Drop(dctx, pool, slot, slot); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	run := func() (*pgcdc.Streamer, func(), error) {
+		s, err := pgcdc.NewStreamer(pool, relay, "", cfg, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = s.Run(sctx) }()
+		stop := func() { cancel(); <-done }
+		deadline := time.Now().Add(30 * time.Second)
+		for !s.Stats().Active {
+			if time.Now().After(deadline) {
+				stop()
+				return nil, nil, errors.New("the CDC streamer did not start streaming within 30s")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return s, stop, nil
+	}
+	_, stop, err := run() // creates the slot
+	if err != nil {
+		return 0, err
+	}
+	stop()
+	if err := preload(ctx, pool, benchTopic, bc.Events); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	s, stop, err := run()
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
+	deadline := time.Now().Add(10 * time.Minute)
+	for s.Stats().Dispatched < int64(bc.Events) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return 0, fmt.Errorf("the CDC relay dispatched %d of %d events before giving up", s.Stats().Dispatched, bc.Events)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return time.Since(start).Seconds(), nil
 }
 
 func waitDepth(br *benchBroker, want int, timeout time.Duration) (int, error) {
@@ -651,7 +762,25 @@ func ms(d time.Duration) float64 { return math.Round(float64(d)/1e3) / 1e3 }
 
 const benchSeqKey = "bench_seq"
 
+// benchEndToEnd runs end_to_end_latency with the notify relay and then,
+// if asked, with the CDC relay, in the same run; the CDC run's numbers go
+// under "cdc", next to the notify relay's.
 func benchEndToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
+	rep, err := endToEndOnce(ctx, cfg, bc, app.RelayModeNotify, logger)
+	if err != nil || !slices.Contains(bc.RelayModes, app.RelayModeCDC) {
+		return rep, err
+	}
+	settle(ctx, cfg)
+	cdc, err := endToEndOnce(ctx, cfg, bc, app.RelayModeCDC, logger)
+	if err != nil {
+		return benchReport{}, fmt.Errorf("cdc: %w", err)
+	}
+	rep.JSON["cdc"] = cdc.JSON
+	rep.Table = "notify relay: " + rep.Table + "cdc relay: " + cdc.Table
+	return rep, nil
+}
+
+func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, logger *slog.Logger) (benchReport, error) {
 	sch, err := newBenchSchema(ctx, cfg, 0)
 	if err != nil {
 		return benchReport{}, err
@@ -674,6 +803,7 @@ func benchEndToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	since := func() int64 { return int64(time.Since(origin)) }
 
 	c := cfg
+	c.RelayMode = mode
 	c.DatabaseSchema = schema
 	c.DatabaseMaxConns = 24
 	c.AdminAddr = "off"
@@ -741,6 +871,11 @@ func benchEndToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	if err := stop(); err != nil {
 		return benchReport{}, err
 	}
+	if a.CDC != nil {
+		if _, _, err := pgcdc.Drop(ctx, a.Pool, a.CDC.Slot(), a.CDC.Publication()); err != nil {
+			return benchReport{}, err
+		}
+	}
 	var toConfirm, toHandler latencies
 	for i := range total {
 		cm := commits[i].Load()
@@ -759,7 +894,7 @@ func benchEndToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→handler start", hs["p50_ms"], hs["p95_ms"], hs["p99_ms"], hs["max_ms"])
 	return benchReport{
 		JSON: map[string]any{
-			"params":                map[string]any{"rate_per_sec": bc.Rate, "duration_sec": bc.Duration.Seconds(), "events": total, "relays": 1, "poll_interval_ms": ms(c.WithDefaults().Relay.PollInterval), "notify": true},
+			"params":                map[string]any{"rate_per_sec": bc.Rate, "duration_sec": bc.Duration.Seconds(), "events": total, "relays": 1, "poll_interval_ms": ms(c.WithDefaults().Relay.PollInterval), "relay_mode": mode},
 			"achieved_rate_per_sec": float64(total) / produced.Seconds(),
 			"handled":               handled.Load(),
 			"commit_to_confirm":     cs,
@@ -767,6 +902,8 @@ func benchEndToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 			"targets": map[string]any{
 				"commit_to_confirm_p99_ms_max": 50.0, "commit_to_confirm_p99_met": cs["p99_ms"] < 50 && len(toConfirm) == total,
 				"commit_to_handler_p99_ms_max": 100.0, "commit_to_handler_p99_met": hs["p99_ms"] < 100 && len(toHandler) == total,
+				// The CDC relay's own target (issue: commit→broker p99 ≤ 10 ms at 1,000/s).
+				"cdc_commit_to_confirm_p99_ms_max": 10.0, "cdc_commit_to_confirm_p99_met": mode == app.RelayModeCDC && cs["p99_ms"] <= 10 && len(toConfirm) == total,
 			},
 		},
 		Table: tb.String(),

@@ -132,8 +132,8 @@ func (s *Streamer) Slot() string { return s.slot }
 func (s *Streamer) Publication() string { return s.publication }
 
 // Prepare checks that the server can stream (wal_level=logical, PostgreSQL
-// 14 or later, the outbox table exists) and creates the publication if it
-// is missing. Run calls it; calling it first makes a misconfiguration fail
+// 14 or later, the outbox table exists) and creates the publication and
+// the slot if they are missing. Run calls it; calling it first makes a misconfiguration fail
 // the start instead of being retried.
 func (s *Streamer) Prepare(ctx context.Context) error {
 	s.prepareOnce.Lock()
@@ -168,6 +168,17 @@ func (s *Streamer) Prepare(ctx context.Context) error {
 		return err
 	}
 	if err := s.ensurePublication(ctx, quoted); err != nil {
+		return err
+	}
+	// The slot is created here, not when streaming starts: a row committed
+	// after Prepare returns is in its stream, so a caller that prepares
+	// before taking traffic leaves nothing to the safety net.
+	conn, err := s.replicationConn(ctx)
+	if err != nil {
+		return fmt.Errorf("opening replication connection (the role needs the REPLICATION attribute): %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := s.ensureSlot(ctx, conn); err != nil && !errors.Is(err, errStandby) {
 		return err
 	}
 	s.prepared = true
