@@ -871,7 +871,10 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 	if err := stop(); err != nil {
 		return benchReport{}, err
 	}
+	var cdcStats any
 	if a.CDC != nil {
+		st := a.CDC.Stats()
+		cdcStats = map[string]any{"dispatched": st.Dispatched, "left_to_safety_net": st.Left, "skipped": st.Skipped, "streamed_transactions": st.Streamed}
 		if _, _, err := pgcdc.Drop(ctx, a.Pool, a.CDC.Slot(), a.CDC.Publication()); err != nil {
 			return benchReport{}, err
 		}
@@ -897,6 +900,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 			"params":                map[string]any{"rate_per_sec": bc.Rate, "duration_sec": bc.Duration.Seconds(), "events": total, "relays": 1, "poll_interval_ms": ms(c.WithDefaults().Relay.PollInterval), "relay_mode": mode},
 			"achieved_rate_per_sec": float64(total) / produced.Seconds(),
 			"handled":               handled.Load(),
+			"cdc_streamer":          cdcStats,
 			"commit_to_confirm":     cs,
 			"commit_to_handler":     hs,
 			"targets": map[string]any{

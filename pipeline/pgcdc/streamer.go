@@ -28,6 +28,10 @@ type IDRelay interface {
 // (pg_logical_emit_message), which give an idle stream a position to confirm.
 const HeartbeatPrefix = "ferry.cdc.heartbeat"
 
+// missingPatience is how long a row of the stream may stay invisible
+// before it is taken as deleted.
+const missingPatience = 2 * time.Second
+
 // relayCallTimeout bounds one RelayIDs call. The call runs detached from
 // the streamer's context, so that a stop does not cut a batch between the
 // broker's confirm and the write that records it.
@@ -56,6 +60,9 @@ type Stats struct {
 	Dispatched, Left, Skipped int64
 	// SlotsCreated counts the slots this streamer had to create.
 	SlotsCreated int64
+	// Missing counts rows of the stream never found in the table (deleted
+	// before the stream reached them).
+	Missing int64
 	// Heartbeats counts the streamer's heartbeat messages that came back
 	// through the stream.
 	Heartbeats int64
@@ -84,7 +91,7 @@ type Streamer struct {
 	confirmed, received              atomic.Uint64
 	oldestUnconfirmed                atomic.Int64 // commit time, unix ns; 0: none
 	dispatched, left, skipped, slots atomic.Int64
-	streamed, heartbeats             atomic.Int64
+	streamed, heartbeats, missing    atomic.Int64
 	prepareOnce                      sync.Mutex
 	prepared                         bool
 }
@@ -117,7 +124,7 @@ func (s *Streamer) Stats() Stats {
 		Active: s.active.Load(), Holding: s.holding.Load(),
 		Confirmed: pglogrepl.LSN(s.confirmed.Load()), Received: pglogrepl.LSN(s.received.Load()),
 		Dispatched: s.dispatched.Load(), Left: s.left.Load(), Skipped: s.skipped.Load(), SlotsCreated: s.slots.Load(),
-		Streamed: s.streamed.Load(), Heartbeats: s.heartbeats.Load(),
+		Streamed: s.streamed.Load(), Heartbeats: s.heartbeats.Load(), Missing: s.missing.Load(),
 	}
 	if t := s.oldestUnconfirmed.Load(); t != 0 {
 		st.Lag = time.Since(time.Unix(0, t))
@@ -730,12 +737,16 @@ func (se *session) process(ctx context.Context) error {
 }
 
 // relayHolding relays ids, trying again (the position held) while the
-// broker confirms nothing or the database fails. It returns only on
-// success or when ctx ends.
+// broker confirms nothing or the database fails, and asking again for rows
+// not found: the stream can deliver a commit a moment before it is
+// visible to other sessions. A row still missing after missingPatience is
+// taken as deleted (a replay after retention pruned it, say): if it ever
+// shows up pending, the polling safety net has it. It returns only when
+// done or when ctx ends.
 func (s *Streamer) relayHolding(ctx context.Context, ids []int64) error {
 	backoff := holdBackoffMin
-	var since time.Time
-	var lastLog time.Time
+	var since, lastLog, missingSince time.Time
+	missingWait := time.Millisecond
 	for {
 		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), relayCallTimeout)
 		res, err := s.relay.RelayIDs(callCtx, ids)
@@ -747,7 +758,23 @@ func (s *Streamer) relayHolding(ctx context.Context, ids []int64) error {
 			if s.holding.Swap(false) {
 				s.logger.Info("CDC relay resumed", "slot", s.slot, "held_for", time.Since(since).Round(time.Millisecond))
 			}
-			return nil
+			if len(res.Missing) == 0 {
+				return nil
+			}
+			if missingSince.IsZero() {
+				missingSince = time.Now()
+			}
+			if time.Since(missingSince) >= missingPatience {
+				s.missing.Add(int64(len(res.Missing)))
+				s.logger.Warn("outbox rows of the stream not found in the table: taken as deleted", "slot", s.slot, "ids", res.Missing)
+				return nil
+			}
+			ids = res.Missing
+			if !sleep(ctx, missingWait) {
+				return ctx.Err()
+			}
+			missingWait = min(2*missingWait, 100*time.Millisecond)
+			continue
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()

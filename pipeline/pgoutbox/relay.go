@@ -308,6 +308,11 @@ type BatchResult struct {
 	Left int
 	// Skipped counts rows RelayIDs found already dispatched.
 	Skipped int
+	// Missing are the ids RelayIDs did not find: deleted, or committed so
+	// recently that the commit is not yet visible (logical decoding can
+	// deliver a commit a moment before the committing session makes it
+	// visible), so worth asking for again.
+	Missing []int64
 }
 
 // RelayStats are the relay's running totals.
@@ -568,6 +573,17 @@ func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err
 	})
 	if err != nil {
 		return res, fmt.Errorf("reading locked outbox rows: %w", err)
+	}
+	if len(found) < len(ids) {
+		seen := make(map[int64]bool, len(found))
+		for _, c := range found {
+			seen[c.id] = true
+		}
+		for _, id := range ids {
+			if !seen[id] {
+				res.Missing = append(res.Missing, id)
+			}
+		}
 	}
 	// A row of an ordered aggregate that is left blocks the aggregate's
 	// later rows in this call.

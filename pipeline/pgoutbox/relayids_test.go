@@ -50,7 +50,7 @@ func TestRelayIDsKeepsThePollingRelaysRules(t *testing.T) {
 	relay := newRelay(t, pool, orderedRecorder{recorder: rec, ordered: []string{"o"}}, pgoutbox.RelayConfig{})
 	ctx := context.Background()
 
-	head := insertRow(t, pool, "o", "held", "", "")       // locked by another relay below
+	head := insertRow(t, pool, "o", "held", "", "")         // locked by another relay below
 	behindLocked := insertRow(t, pool, "o", "held", "", "") // behind it
 	delayed := insertRow(t, pool, "o", "late", ", available_at", ", now() + interval '1 hour'")
 	behindDelayed := insertRow(t, pool, "o", "late", "", "")
@@ -68,9 +68,10 @@ func TestRelayIDsKeepsThePollingRelaysRules(t *testing.T) {
 	_, err = other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, head)
 	require.NoError(t, err)
 
-	res, err := relay.RelayIDs(ctx, []int64{head, behindLocked, delayed, behindDelayed, behindOutside, done, shadow, first, second, plain})
+	const gone = 1 << 40 // no such row: deleted, or not yet visible
+	res, err := relay.RelayIDs(ctx, []int64{head, behindLocked, delayed, behindDelayed, behindOutside, done, shadow, first, second, plain, gone})
 	require.NoError(t, err)
-	require.Equal(t, pgoutbox.BatchResult{Claimed: 4, Dispatched: 3, Shadowed: 1, Left: 5, Skipped: 1}, res)
+	require.Equal(t, pgoutbox.BatchResult{Claimed: 4, Dispatched: 3, Shadowed: 1, Left: 5, Skipped: 1, Missing: []int64{gone}}, res)
 	for _, id := range []int64{head, behindLocked, delayed, behindDelayed, outsideHead, behindOutside} {
 		require.Equal(t, rowState{}, stateOf(t, pool, id), "row %d must be left untouched", id)
 	}
