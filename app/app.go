@@ -102,14 +102,14 @@ type App struct {
 	opts   Options
 	logger *slog.Logger
 
-	Pool        *pgxpool.Pool
-	DB          *sql.DB
-	Outbox      *pgoutbox.Outbox
-	Topology    *rabbit.Topology
-	Relay       *pgoutbox.Relay
+	Pool     *pgxpool.Pool
+	DB       *sql.DB
+	Outbox   *pgoutbox.Outbox
+	Topology *rabbit.Topology
+	Relay    *pgoutbox.Relay
 	// CDC streams the outbox from the WAL in relay mode "cdc" (nil
 	// otherwise); Relay is then its polling safety net.
-	CDC    *pgcdc.Streamer
+	CDC         *pgcdc.Streamer
 	Ledger      *pgledger.Ledger
 	Idempotency *middleware.Idempotency
 	Rescheduler *pgoutbox.Rescheduler
