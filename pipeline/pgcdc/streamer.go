@@ -434,6 +434,9 @@ func (s *Streamer) stream(ctx context.Context) error {
 	err = se.receive(sctx, procErr)
 	cancel()
 	wg.Wait()
+	// The last confirmed position, so that the next streamer replays as
+	// little as possible (best effort: the connection may be gone).
+	_ = se.sendStatus(true)
 	s.oldestUnconfirmed.Store(0)
 	return err
 }
