@@ -222,6 +222,7 @@ var cmdChaos = &cli.Command{
 		seed := fs.Uint64("seed", 1, "seed of the orders and the faults, for replay")
 		fs.DurationVar(&run.FaultEvery, "fault-every", 500*time.Millisecond, "pause between injected faults")
 		fs.BoolVar(&run.RestartBroker, "restart-broker", false, "also restart RabbitMQ (hits every user of the broker)")
+		fs.StringVar(&run.RelayMode, "relay-mode", "notify", "relay processes' mode: notify, or cdc (the CDC variant: the relays stream from a replication slot, one active, one standing by)")
 		asJSON := fs.Bool("json", false, "print the report as JSON")
 		return func(ctx context.Context, _ []string) error {
 			run.Seed = *seed

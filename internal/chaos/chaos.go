@@ -24,6 +24,7 @@ import (
 	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
 	"github.com/ferry-dev/ferry/examples/orders/sandbox"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 )
 
@@ -48,6 +49,10 @@ type ChaosRun struct {
 	// RestartBroker adds broker restarts (rabbitmqctl stop_app/start_app)
 	// to the faults: they hit every user of the broker, so only the long run has them.
 	RestartBroker bool
+	// RelayMode is the relay processes' mode: "notify" (default) or "cdc",
+	// the CDC variant (two CDC relays on one slot, one standing by; the
+	// same faults, the walsender's backend among those terminated).
+	RelayMode string
 	// Binary is the ferry binary to run. Default: this process's executable.
 	Binary string
 	// DrainTimeout bounds the wait for the pipeline to settle. Default 3m.
@@ -77,12 +82,14 @@ func (r ChaosRun) withDefaults() ChaosRun {
 	if r.DrainTimeout == 0 {
 		r.DrainTimeout = 3 * time.Minute
 	}
+	r.RelayMode = cmp.Or(r.RelayMode, app.RelayModeNotify)
 	return r
 }
 
 // ChaosReport is what a run did and found.
 type ChaosReport struct {
 	Seed             uint64         `json:"seed"`
+	RelayMode        string         `json:"relay_mode"`
 	OrdersCommitted  int            `json:"orders_committed"`
 	OrdersRolledBack int            `json:"orders_rolled_back"`
 	OrderReplays     int            `json:"order_replays_deduped"`
@@ -211,7 +218,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	rep = ChaosReport{Seed: run.Seed, Faults: map[string]int{}, PoisonReasons: map[string]int{}}
+	if run.RelayMode != app.RelayModeNotify && run.RelayMode != app.RelayModeCDC {
+		return ChaosReport{}, fmt.Errorf("relay mode %q: want %s or %s", run.RelayMode, app.RelayModeNotify, app.RelayModeCDC)
+	}
+	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, Faults: map[string]int{}, PoisonReasons: map[string]int{}}
 	rng := rand.New(rand.NewPCG(run.Seed, run.Seed+1))
 	if run.Binary == "" {
 		if run.Binary, err = os.Executable(); err != nil {
@@ -283,6 +293,26 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		"FERRY_DURABLE_RETRY_INITIAL=200ms", "FERRY_DURABLE_RETRY_MAX=2s", "FERRY_DURABLE_RETRY_MAX_ATTEMPTS=10",
 		"FERRY_RETRY_INITIAL_INTERVAL=10ms", "FERRY_RETRY_MAX_INTERVAL=50ms", "FERRY_SHUTDOWN_TIMEOUT=10s",
 	}}
+	if run.RelayMode == app.RelayModeCDC {
+		// The slot belongs to the cluster, not the schema: removed after
+		// the children stop (this defer runs after stopAll's).
+		env.env = append(env.env, "FERRY_RELAY_MODE=cdc", "FERRY_CDC_SLOT="+schema,
+			"FERRY_CDC_SAFETY_NET_INTERVAL=1s", "FERRY_CDC_SAFETY_NET_MIN_AGE=3s")
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			for {
+				_, _, err := pgcdc.Drop(dctx, driver.Pool, schema, schema)
+				if err == nil || dctx.Err() != nil {
+					if err != nil {
+						logger.Warn("dropping the chaos run's replication slot", "slot", schema, "error", err)
+					}
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+	}
 	// Every child gets the chaos route table (relays need it too: it makes
 	// the audit topic ordered); only consumers run handlers, so only they
 	// meet the faults. Each process draws its faults from a seed of its own.
@@ -603,7 +633,7 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 
 func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Ferry chaos run (seed %d): %.1fs placing orders, %.1fs draining\n", r.Seed, r.ProducingSeconds, r.DrainSeconds)
+	fmt.Fprintf(&b, "Ferry chaos run (seed %d, relay mode %s): %.1fs placing orders, %.1fs draining\n", r.Seed, r.RelayMode, r.ProducingSeconds, r.DrainSeconds)
 	fmt.Fprintf(&b, "  orders committed       %6d   (+%d rolled back after publishing, %d replays deduped)\n", r.OrdersCommitted, r.OrdersRolledBack, r.OrderReplays)
 	var faults []string
 	total := 0

@@ -217,7 +217,9 @@ func (s *Streamer) ensurePublication(ctx context.Context, quotedTable string) er
 		_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{s.publication}.Sanitize()+
 			` FOR TABLE `+pgx.Identifier{s.nspname, s.relname}.Sanitize()+` WITH (publish = 'insert')`)
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" && attempt == 0 { // duplicate_object: another process was first
+		// duplicate_object, or the catalog's unique_violation when two
+		// processes create it at once: another process was first.
+		if errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505") && attempt < 3 {
 			continue
 		}
 		if err != nil {
@@ -293,11 +295,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // replicationConn opens a walsender connection (replication=database) with
-// the pool's settings.
+// the pool's settings, its application_name included (pg_stat_replication
+// shows it; an operator terminating the process's sessions gets this one too).
 func (s *Streamer) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
 	cfg := s.pool.Config().ConnConfig.Config.Copy()
 	cfg.RuntimeParams["replication"] = "database"
-	cfg.RuntimeParams["application_name"] = "ferry-cdc-" + s.slot
 	return pgconn.ConnectConfig(ctx, cfg)
 }
 
