@@ -32,7 +32,7 @@ func TestBenchSmoke(t *testing.T) {
 	var out, human strings.Builder
 	err = bench.Bench(context.Background(), cfg, bench.BenchConfig{
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
-		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin,
+		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -56,11 +56,18 @@ func TestBenchSmoke(t *testing.T) {
 		require.Positive(t, run["ratio_vs_lower_raw_limit"].(float64))
 	}
 	require.EqualValues(t, 100, rt["baseline"].(map[string]any)["forwarded"])
+	cdcRun := rt["cdc"].(map[string]any)["run"].(map[string]any)
+	require.EqualValues(t, 600, cdcRun["messages_at_broker"], "the CDC relay's run: every event reached the broker")
+	require.Positive(t, rt["cdc"].(map[string]any)["ratio_vs_notify_1_relay"].(float64))
 
 	e2e := got[bench.ScenarioEndToEnd]
 	require.EqualValues(t, 200, e2e["handled"])
 	require.EqualValues(t, 200, e2e["commit_to_handler"].(map[string]any)["count"])
 	require.Contains(t, e2e["targets"], "commit_to_confirm_p99_met")
+	cdcE2E := e2e["cdc"].(map[string]any)
+	require.EqualValues(t, 200, cdcE2E["handled"], "the CDC relay's end-to-end run")
+	require.EqualValues(t, 200, cdcE2E["cdc_streamer"].(map[string]any)["dispatched"], "every event went by the stream")
+	require.Equal(t, "cdc", cdcE2E["params"].(map[string]any)["relay_mode"])
 
 	wo := got[bench.ScenarioWriteOverhead]
 	require.Greater(t, wo["ratio_p50"].(float64), 1.0, "events cost something")
