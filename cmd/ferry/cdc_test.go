@@ -58,7 +58,9 @@ func TestRelayModeCDCCommands(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	relayDone := make(chan int, 1)
 	var relayErr strings.Builder
-	go func() { relayDone <- cli.New(options()).Run(ctx, []string{"relay", "--mode", "cdc", "--migrate"}, &strings.Builder{}, &relayErr) }()
+	go func() {
+		relayDone <- cli.New(options()).Run(ctx, []string{"relay", "--mode", "cdc", "--migrate"}, &strings.Builder{}, &relayErr)
+	}()
 	stopRelay := func() {
 		cancel()
 		select {
