@@ -874,7 +874,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 	var cdcStats any
 	if a.CDC != nil {
 		st := a.CDC.Stats()
-		cdcStats = map[string]any{"dispatched": st.Dispatched, "left_to_safety_net": st.Left, "skipped": st.Skipped, "streamed_transactions": st.Streamed}
+		cdcStats = map[string]any{"dispatched": st.Dispatched, "left_to_safety_net": st.Left, "skipped": st.Skipped, "streamed_transactions": st.Streamed, "retried_not_yet_visible": st.Retried}
 		if _, _, err := pgcdc.Drop(ctx, a.Pool, a.CDC.Slot(), a.CDC.Publication()); err != nil {
 			return benchReport{}, err
 		}

@@ -60,6 +60,8 @@ type Stats struct {
 	Dispatched, Left, Skipped int64
 	// SlotsCreated counts the slots this streamer had to create.
 	SlotsCreated int64
+	// Retried counts RelayIDs calls repeated for rows not yet visible.
+	Retried int64
 	// Missing counts rows of the stream never found in the table (deleted
 	// before the stream reached them).
 	Missing int64
@@ -92,6 +94,7 @@ type Streamer struct {
 	oldestUnconfirmed                atomic.Int64 // commit time, unix ns; 0: none
 	dispatched, left, skipped, slots atomic.Int64
 	streamed, heartbeats, missing    atomic.Int64
+	retried                          atomic.Int64
 	prepareOnce                      sync.Mutex
 	prepared                         bool
 }
@@ -124,7 +127,7 @@ func (s *Streamer) Stats() Stats {
 		Active: s.active.Load(), Holding: s.holding.Load(),
 		Confirmed: pglogrepl.LSN(s.confirmed.Load()), Received: pglogrepl.LSN(s.received.Load()),
 		Dispatched: s.dispatched.Load(), Left: s.left.Load(), Skipped: s.skipped.Load(), SlotsCreated: s.slots.Load(),
-		Streamed: s.streamed.Load(), Heartbeats: s.heartbeats.Load(), Missing: s.missing.Load(),
+		Streamed: s.streamed.Load(), Heartbeats: s.heartbeats.Load(), Missing: s.missing.Load(), Retried: s.retried.Load(),
 	}
 	if t := s.oldestUnconfirmed.Load(); t != 0 {
 		st.Lag = time.Since(time.Unix(0, t))
@@ -775,6 +778,7 @@ func (s *Streamer) relayHolding(ctx context.Context, ids []int64) error {
 				return nil
 			}
 			ids = res.Missing
+			s.retried.Add(1)
 			if !sleep(ctx, missingWait) {
 				return ctx.Err()
 			}
