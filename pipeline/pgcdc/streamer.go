@@ -95,7 +95,7 @@ type Streamer struct {
 	dispatched, left, skipped, slots atomic.Int64
 	streamed, heartbeats, missing    atomic.Int64
 	retried                          atomic.Int64
-	prepareOnce                      sync.Mutex
+	prepareMu                        sync.Mutex
 	prepared                         bool
 }
 
@@ -146,8 +146,8 @@ func (s *Streamer) Publication() string { return s.publication }
 // the slot if they are missing. Run calls it; calling it first makes a misconfiguration fail
 // the start instead of being retried.
 func (s *Streamer) Prepare(ctx context.Context) error {
-	s.prepareOnce.Lock()
-	defer s.prepareOnce.Unlock()
+	s.prepareMu.Lock()
+	defer s.prepareMu.Unlock()
 	if s.prepared {
 		return nil
 	}
@@ -384,7 +384,6 @@ type session struct {
 	streamXid      uint32 // the top-level transaction of the stream block being read
 	cur            *txn
 	streams        map[uint32][]streamedRow // top-level xid -> rows of its in-progress stream
-	lastActivityAt time.Time
 }
 
 type streamedRow struct {
@@ -429,7 +428,7 @@ func (s *Streamer) stream(ctx context.Context) error {
 	s.logger.Info("streaming", "slot", s.slot, "from_lsn", start)
 
 	se := &session{s: s, conn: conn, queue: make(chan txn, 64), lastSent: start, lastStatusAt: time.Now(),
-		relations: map[uint32]int{}, streams: map[uint32][]streamedRow{}, lastActivityAt: time.Now()}
+		relations: map[uint32]int{}, streams: map[uint32][]streamedRow{}}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -519,7 +518,6 @@ func (se *session) receive(ctx context.Context, procErr <-chan error) error {
 				if err != nil {
 					return fmt.Errorf("parsing XLogData: %w", err)
 				}
-				se.lastActivityAt = time.Now()
 				if x.WALStart > pglogrepl.LSN(s.received.Load()) {
 					s.received.Store(uint64(x.WALStart))
 				}
