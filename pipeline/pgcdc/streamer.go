@@ -377,13 +377,13 @@ type session struct {
 	queue   chan txn
 	pending atomic.Int64 // transactions queued or being relayed
 	// lastSent is the flush position last reported.
-	lastSent       pglogrepl.LSN
-	lastStatusAt   time.Time
-	relations      map[uint32]int // relation id -> index of the id column; -1: not the outbox
-	inStream       bool
-	streamXid      uint32 // the top-level transaction of the stream block being read
-	cur            *txn
-	streams        map[uint32][]streamedRow // top-level xid -> rows of its in-progress stream
+	lastSent     pglogrepl.LSN
+	lastStatusAt time.Time
+	relations    map[uint32]int // relation id -> index of the id column; -1: not the outbox
+	inStream     bool
+	streamXid    uint32 // the top-level transaction of the stream block being read
+	cur          *txn
+	streams      map[uint32][]streamedRow // top-level xid -> rows of its in-progress stream
 }
 
 type streamedRow struct {
