@@ -133,6 +133,7 @@ func TestGrafanaDashboardUsesFerrysMetrics(t *testing.T) {
 		"outbox_dispatch_latency_seconds_bucket", "outbox_attempts_bucket", "outbox_dispatched_total",
 		"outbox_relay_publish_errors_total", "ferry_consumer_messages_total", "ferry_poison_messages",
 		"handler_execution_time_seconds_bucket", "outbox_shadow_events_total", "ferry_legacy_effects_24h",
+		"ferry_cdc_retained_wal_bytes", "ferry_cdc_slot_lag_bytes", "ferry_cdc_slot_lag_seconds", "ferry_cdc_slot_active",
 	}
 	metric := regexp.MustCompile(`\b(outbox_[a-z_]+|ferry_[a-z_]+|handler_execution_[a-z_]+)\b`)
 	charted := map[string]bool{}
