@@ -228,6 +228,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_BATCH_SIZE", strconv.Itoa(pgcdc.DefaultBatchSize), "CDC: outbox rows per publish batch", intVar(func(c *Config) *int { return &c.CDC.BatchSize }, 1, pgcdc.MaxBatchSize)},
+		{"FERRY_CDC_IN_FLIGHT", strconv.Itoa(pgcdc.DefaultInFlight), "CDC: publish batches at once (never two of one ordered aggregate)", intVar(func(c *Config) *int { return &c.CDC.InFlight }, 1, pgcdc.MaxInFlight)},
 		{"FERRY_CDC_HEARTBEAT_INTERVAL", pgcdc.DefaultHeartbeatInterval.String(), "CDC: idle time before a heartbeat moves the slot past unrelated WAL", durationVar(func(c *Config) *time.Duration { return &c.CDC.HeartbeatInterval })},
 		{"FERRY_CDC_SAFETY_NET_INTERVAL", pgcdc.DefaultSafetyNetInterval.String(), "CDC: poll interval of the polling relay kept as the safety net", durationVar(func(c *Config) *time.Duration { return &c.CDCSafetyNetInterval })},
 		{"FERRY_CDC_SAFETY_NET_MIN_AGE", pgcdc.DefaultSafetyNetMinAge.String(), "CDC: the safety net takes only rows at least this old (the stream's are younger)", durationVar(func(c *Config) *time.Duration { return &c.CDCSafetyNetMinAge })},

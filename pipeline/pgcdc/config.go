@@ -14,6 +14,11 @@ const (
 	DefaultStatusInterval    = 10 * time.Second
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultStandbyRetry      = time.Second
+	// DefaultInFlight is how many RelayIDs calls the streamer makes at once:
+	// 4 halved the end-to-end latency against 1 in four alternating runs on
+	// a 2-core box (README, "CDC relay, measured").
+	DefaultInFlight = 4
+	MaxInFlight     = 16
 	// DefaultSafetyNetInterval and DefaultSafetyNetMinAge are the polling
 	// relay's settings in CDC mode (RelayConfig.PollInterval and MinAge).
 	DefaultSafetyNetInterval = 5 * time.Second
@@ -53,6 +58,12 @@ type Config struct {
 	// streamer writes a logical decoding message to get a position it may
 	// confirm, so the slot moves past unrelated WAL. Default 10s.
 	HeartbeatInterval time.Duration
+	// InFlight is how many RelayIDs calls run at once: while one waits for
+	// the broker's confirms the next is locked and published. Calls in
+	// flight together never share an aggregate of an ordered topic, and
+	// the confirmed position still moves in commit order. Default 4, at
+	// most 16.
+	InFlight int
 	// StandbyRetry is how often a standby (another process streams the
 	// slot) tries to take over. Default 1s.
 	StandbyRetry time.Duration
@@ -75,6 +86,9 @@ func (c Config) WithDefaults() Config {
 	if c.StandbyRetry == 0 {
 		c.StandbyRetry = DefaultStandbyRetry
 	}
+	if c.InFlight == 0 {
+		c.InFlight = DefaultInFlight
+	}
 	return c
 }
 
@@ -95,6 +109,9 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatInterval <= 0 {
 		errs = append(errs, fmt.Errorf("Config.HeartbeatInterval must be positive, got %s", c.HeartbeatInterval))
+	}
+	if c.InFlight < 1 || c.InFlight > MaxInFlight {
+		errs = append(errs, fmt.Errorf("Config.InFlight must be in [1, %d], got %d", MaxInFlight, c.InFlight))
 	}
 	if c.StandbyRetry <= 0 {
 		errs = append(errs, fmt.Errorf("Config.StandbyRetry must be positive, got %s", c.StandbyRetry))

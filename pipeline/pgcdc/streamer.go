@@ -60,6 +60,8 @@ type Stats struct {
 	Dispatched, Left, Skipped int64
 	// SlotsCreated counts the slots this streamer had to create.
 	SlotsCreated int64
+	// PeakInFlight is the most RelayIDs calls that ran at once.
+	PeakInFlight int64
 	// Retried counts RelayIDs calls repeated for rows not yet visible.
 	Retried int64
 	// Missing counts rows of the stream never found in the table (deleted
@@ -88,13 +90,15 @@ type Streamer struct {
 
 	slot, publication string
 	nspname, relname  string
+	// ordered is the relay's ordered topics; nil: every topic counts.
+	ordered map[string]bool
 
 	active, holding                  atomic.Bool
 	confirmed, received              atomic.Uint64
 	oldestUnconfirmed                atomic.Int64 // commit time, unix ns; 0: none
 	dispatched, left, skipped, slots atomic.Int64
 	streamed, heartbeats, missing    atomic.Int64
-	retried                          atomic.Int64
+	retried, peakInFlight            atomic.Int64
 	prepareMu                        sync.Mutex
 	prepared                         bool
 }
@@ -118,7 +122,14 @@ func NewStreamer(pool *pgxpool.Pool, relay IDRelay, table string, cfg Config, lo
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Streamer{pool: pool, relay: relay, table: table, cfg: cfg, logger: logger.With("component", "cdc")}, nil
+	st := &Streamer{pool: pool, relay: relay, table: table, cfg: cfg, logger: logger.With("component", "cdc")}
+	if o, ok := relay.(interface{ OrderedTopics() []string }); ok {
+		st.ordered = map[string]bool{}
+		for _, t := range o.OrderedTopics() {
+			st.ordered[t] = true
+		}
+	}
+	return st, nil
 }
 
 // Stats returns the streamer's state and totals.
@@ -127,7 +138,7 @@ func (s *Streamer) Stats() Stats {
 		Active: s.active.Load(), Holding: s.holding.Load(),
 		Confirmed: pglogrepl.LSN(s.confirmed.Load()), Received: pglogrepl.LSN(s.received.Load()),
 		Dispatched: s.dispatched.Load(), Left: s.left.Load(), Skipped: s.skipped.Load(), SlotsCreated: s.slots.Load(),
-		Streamed: s.streamed.Load(), Heartbeats: s.heartbeats.Load(), Missing: s.missing.Load(), Retried: s.retried.Load(),
+		Streamed: s.streamed.Load(), Heartbeats: s.heartbeats.Load(), Missing: s.missing.Load(), Retried: s.retried.Load(), PeakInFlight: s.peakInFlight.Load(),
 	}
 	if t := s.oldestUnconfirmed.Load(); t != 0 {
 		st.Lag = time.Since(time.Unix(0, t))
@@ -365,7 +376,10 @@ func (s *Streamer) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (pglogre
 
 // txn is one committed transaction's outbox rows, in commit order.
 type txn struct {
-	ids        []int64
+	ids []int64
+	// keys[i] is the aggregate whose order ids[i] must keep ("" for a row
+	// of an unordered topic): batches in flight at once share none.
+	keys       []string
 	end        pglogrepl.LSN
 	commitTime time.Time
 }
@@ -379,7 +393,7 @@ type session struct {
 	// lastSent is the flush position last reported.
 	lastSent     pglogrepl.LSN
 	lastStatusAt time.Time
-	relations    map[uint32]int // relation id -> index of the id column; -1: not the outbox
+	relations    map[uint32]outboxColumns // relation id -> where the outbox's columns are; id -1: not the outbox
 	inStream     bool
 	streamXid    uint32 // the top-level transaction of the stream block being read
 	cur          *txn
@@ -389,7 +403,11 @@ type session struct {
 type streamedRow struct {
 	subxid uint32
 	id     int64
+	key    string
 }
+
+// outboxColumns locates the outbox's columns in a relation's tuples.
+type outboxColumns struct{ id, topic, aggregate int }
 
 // stream runs one replication session until it fails or ctx ends.
 func (s *Streamer) stream(ctx context.Context) error {
@@ -428,7 +446,7 @@ func (s *Streamer) stream(ctx context.Context) error {
 	s.logger.Info("streaming", "slot", s.slot, "from_lsn", start)
 
 	se := &session{s: s, conn: conn, queue: make(chan txn, 64), lastSent: start, lastStatusAt: time.Now(),
-		relations: map[uint32]int{}, streams: map[uint32][]streamedRow{}}
+		relations: map[uint32]outboxColumns{}, streams: map[uint32][]streamedRow{}}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -581,41 +599,48 @@ func (se *session) decode(ctx context.Context, data []byte, procErr <-chan error
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessageV2:
-		idx := -1
+		cols := outboxColumns{id: -1, topic: -1, aggregate: -1}
 		if m.Namespace == se.s.nspname && m.RelationName == se.s.relname {
 			for i, c := range m.Columns {
-				if c.Name == "id" {
-					idx = i
+				switch c.Name {
+				case "id":
+					cols.id = i
+				case "topic":
+					cols.topic = i
+				case "aggregate_id":
+					cols.aggregate = i
 				}
 			}
-			if idx < 0 {
-				return fmt.Errorf("outbox table %s.%s has no id column in the stream", m.Namespace, m.RelationName)
+			if cols.id < 0 || cols.topic < 0 || cols.aggregate < 0 {
+				return fmt.Errorf("outbox table %s.%s lacks id, topic or aggregate_id in the stream", m.Namespace, m.RelationName)
 			}
 		}
-		se.relations[m.RelationID] = idx
+		se.relations[m.RelationID] = cols
 	case *pglogrepl.BeginMessage:
 		se.cur = &txn{}
 	case *pglogrepl.InsertMessageV2:
-		idx, ok := se.relations[m.RelationID]
+		cols, ok := se.relations[m.RelationID]
 		if !ok {
 			return fmt.Errorf("insert into relation %d before its relation message", m.RelationID)
 		}
-		if idx < 0 {
+		if cols.id < 0 {
 			return nil
 		}
-		id, err := rowID(m.Tuple, idx)
+		id, err := rowID(m.Tuple, cols.id)
 		if err != nil {
 			return err
 		}
+		key := se.s.orderKey(m.Tuple, cols)
 		if se.inStream {
 			// m.Xid is the (sub)transaction that inserted the row.
-			se.streams[se.streamXid] = append(se.streams[se.streamXid], streamedRow{subxid: m.Xid, id: id})
+			se.streams[se.streamXid] = append(se.streams[se.streamXid], streamedRow{subxid: m.Xid, id: id, key: key})
 			return nil
 		}
 		if se.cur == nil {
 			return errors.New("insert outside a transaction in the replication stream")
 		}
 		se.cur.ids = append(se.cur.ids, id)
+		se.cur.keys = append(se.cur.keys, key)
 	case *pglogrepl.CommitMessage:
 		if se.cur == nil {
 			return errors.New("commit without begin in the replication stream")
@@ -648,9 +673,9 @@ func (se *session) decode(ctx context.Context, data []byte, procErr <-chan error
 		rows := se.streams[m.Xid]
 		delete(se.streams, m.Xid)
 		se.s.streamed.Add(1)
-		t := txn{ids: make([]int64, len(rows)), end: m.TransactionEndLSN, commitTime: m.CommitTime}
+		t := txn{ids: make([]int64, len(rows)), keys: make([]string, len(rows)), end: m.TransactionEndLSN, commitTime: m.CommitTime}
 		for i, r := range rows {
-			t.ids[i] = r.id
+			t.ids[i], t.keys[i] = r.id, r.key
 		}
 		return se.enqueue(ctx, t, procErr)
 	case *pglogrepl.LogicalDecodingMessageV2:
@@ -660,6 +685,23 @@ func (se *session) decode(ctx context.Context, data []byte, procErr <-chan error
 		}
 	}
 	return nil
+}
+
+// orderKey is the aggregate of an inserted row if its topic is ordered
+// ("" otherwise). Without the relay's ordered topics every row counts as
+// ordered: batches in flight then never share an aggregate at all.
+func (s *Streamer) orderKey(t *pglogrepl.TupleData, cols outboxColumns) string {
+	text := func(i int) string {
+		if t == nil || i >= len(t.Columns) || t.Columns[i].DataType != pglogrepl.TupleDataTypeText {
+			return ""
+		}
+		return string(t.Columns[i].Data)
+	}
+	if s.ordered != nil && !s.ordered[text(cols.topic)] {
+		return ""
+	}
+	// The NUL keeps "" (unordered) apart from an empty aggregate id.
+	return "\x00" + text(cols.aggregate)
 }
 
 // rowID reads the id column of an inserted row.
@@ -700,46 +742,163 @@ func (se *session) enqueue(ctx context.Context, t txn, procErr <-chan error) err
 	}
 }
 
+// flight is one RelayIDs call's worth of rows.
+type flight struct {
+	ids  []int64
+	keys map[string]bool // the ordered aggregates among ids
+	// end is the position confirmed once this flight and every earlier
+	// one are done: its group's end, on the group's last flight only.
+	end   pglogrepl.LSN
+	txns  int // transactions the flight completes (on the last flight)
+	first time.Time
+	done  chan struct{}
+	err   error
+}
+
 // process relays queued transactions in commit order: several small ones
-// in one RelayIDs call, a large one in BatchSize calls; the confirmed
-// position moves to a transaction's end once all of it is relayed.
+// in one RelayIDs call, a large one in BatchSize calls, up to InFlight
+// calls at once, which never share an ordered aggregate, so each
+// aggregate's rows still go out one call after the other. The confirmed
+// position moves to a transaction's end once it and everything before it
+// is relayed.
 func (se *session) process(ctx context.Context) error {
 	s := se.s
+	var flying, waiting []*flight // flying: started, in commit order; waiting: not yet
+	finished := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	active := func() (n int, keys map[string]bool) {
+		keys = map[string]bool{}
+		for _, f := range flying {
+			select {
+			case <-f.done:
+			default:
+				n++
+				for k := range f.keys {
+					keys[k] = true
+				}
+			}
+		}
+		return n, keys
+	}
 	for {
-		var group []txn
+		// Confirm, in order, what is done.
+		for len(flying) > 0 {
+			f := flying[0]
+			if !isDone(f) {
+				break
+			}
+			if f.err != nil {
+				return nil // stopping: what is not confirmed is streamed again
+			}
+			if f.end != 0 {
+				s.confirm(f.end)
+			}
+			se.pending.Add(-int64(f.txns))
+			flying = flying[1:]
+		}
+		// Start what may start.
+		for len(waiting) > 0 {
+			n, keys := active()
+			f := waiting[0]
+			if n >= s.cfg.InFlight || shares(f.keys, keys) {
+				break
+			}
+			waiting = waiting[1:]
+			flying = append(flying, f)
+			if int64(n+1) > s.peakInFlight.Load() {
+				s.peakInFlight.Store(int64(n + 1))
+			}
+			wg.Go(func() {
+				f.err = s.relayHolding(ctx, f.ids)
+				close(f.done)
+				select {
+				case finished <- struct{}{}:
+				default:
+				}
+			})
+		}
+		switch {
+		case len(flying) > 0:
+			s.oldestUnconfirmed.Store(flying[0].first.UnixNano())
+		case len(waiting) > 0:
+			s.oldestUnconfirmed.Store(waiting[0].first.UnixNano())
+		default:
+			s.oldestUnconfirmed.Store(0)
+		}
+		var queue <-chan txn
+		if len(waiting) == 0 {
+			queue = se.queue
+		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-finished:
+		case t := <-queue:
+			waiting = append(waiting, s.flights(se.gather(t))...)
+		}
+	}
+}
+
+func isDone(f *flight) bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func shares(a, b map[string]bool) bool {
+	for k := range a {
+		if b[k] {
+			return true
+		}
+	}
+	return false
+}
+
+// gather adds to t the transactions already queued, up to BatchSize rows.
+func (se *session) gather(t txn) []txn {
+	group := []txn{t}
+	n := len(t.ids)
+	for n < se.s.cfg.BatchSize {
+		select {
 		case t := <-se.queue:
 			group = append(group, t)
+			n += len(t.ids)
+		default:
+			return group
 		}
-		n := len(group[0].ids)
-	gather:
-		for n < s.cfg.BatchSize {
-			select {
-			case t := <-se.queue:
-				group = append(group, t)
-				n += len(t.ids)
-			default:
-				break gather
-			}
-		}
-		s.oldestUnconfirmed.Store(group[0].commitTime.UnixNano())
-		ids := make([]int64, 0, n)
-		for _, t := range group {
-			ids = append(ids, t.ids...)
-		}
-		for len(ids) > 0 {
-			chunk := ids[:min(len(ids), s.cfg.BatchSize)]
-			if err := s.relayHolding(ctx, chunk); err != nil {
-				return nil // stopping: what is not confirmed is streamed again
-			}
-			ids = ids[len(chunk):]
-		}
-		s.confirm(group[len(group)-1].end)
-		s.oldestUnconfirmed.Store(0)
-		se.pending.Add(-int64(len(group)))
 	}
+	return group
+}
+
+// flights cuts a group of transactions into calls of at most BatchSize rows.
+func (s *Streamer) flights(group []txn) []*flight {
+	var ids []int64
+	var keys []string
+	for _, t := range group {
+		ids = append(ids, t.ids...)
+		keys = append(keys, t.keys...)
+	}
+	var out []*flight
+	for start := 0; start < len(ids) || start == 0; start += s.cfg.BatchSize {
+		end := min(len(ids), start+s.cfg.BatchSize)
+		f := &flight{ids: ids[start:end], keys: map[string]bool{}, first: group[0].commitTime, done: make(chan struct{})}
+		for _, k := range keys[start:end] {
+			if k != "" {
+				f.keys[k] = true
+			}
+		}
+		out = append(out, f)
+		if end == len(ids) {
+			break
+		}
+	}
+	last := out[len(out)-1]
+	last.end, last.txns = group[len(group)-1].end, len(group)
+	return out
 }
 
 // relayHolding relays ids, trying again (the position held) while the

@@ -2,6 +2,7 @@ package pgcdc_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"syscall"
@@ -18,10 +19,20 @@ import (
 // Events committed in many transactions over few aggregates arrive once
 // each, in order per aggregate; every row is marked dispatched and the
 // slot's confirmed position moves past them.
+// With several batches in flight (which never share an aggregate of an
+// ordered topic) the same holds.
 func TestStreamsCommittedRowsInOrder(t *testing.T) {
+	for _, inFlight := range []int{1, 4} {
+		t.Run(fmt.Sprintf("in_flight_%d", inFlight), func(t *testing.T) { streamsInOrder(t, inFlight) })
+	}
+}
+
+func streamsInOrder(t *testing.T, inFlight int) {
 	r := newRig(t)
 	relay := r.relay(t, r.pool, "", pgoutbox.RelayConfig{})
-	s, _ := r.start(t, r.pool, relay, r.cdcConfig())
+	cfg := r.cdcConfig()
+	cfg.InFlight, cfg.BatchSize = inFlight, 20
+	s, _ := r.start(t, r.pool, relay, cfg)
 	require.Eventually(t, func() bool { return s.Stats().Active }, 20*time.Second, 20*time.Millisecond, "the streamer never became active")
 	var before pglogrepl.LSN
 	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()`).Scan(&before))
@@ -215,4 +226,43 @@ func TestIdleSlotAdvancesPastUnrelatedWAL(t *testing.T) {
 	}, 20*time.Second, 50*time.Millisecond, "the idle slot stayed behind the unrelated writes")
 	require.Zero(t, s.Stats().Dispatched)
 	require.Eventually(t, func() bool { return s.Stats().Heartbeats >= 2 }, 20*time.Second, 50*time.Millisecond, "no heartbeat came back through the stream")
+}
+
+// Batches in flight at once: rows of distinct aggregates go out in
+// overlapping calls; rows of one ordered aggregate never do, and keep
+// their order.
+func TestInFlightNeverSharesAnOrderedAggregate(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		aggregates int
+		overlap    bool
+	}{{"distinct aggregates overlap", 100_000, true}, {"one aggregate is one call at a time", 1, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			cfg := r.cdcConfig()
+			cfg.InFlight, cfg.BatchSize = 4, 10
+			// The publisher is held back a little so that calls overlap.
+			s, _ := r.start(t, r.pool, slowRelay{r.relay(t, r.pool, "", pgoutbox.RelayConfig{})}, cfg)
+			require.Eventually(t, func() bool { return s.Stats().Active }, 20*time.Second, 20*time.Millisecond)
+			r.insert(t, 0, 400, tc.aggregates, 400) // one transaction: 40 calls of 10
+			got := r.collect(t, 400, 60*time.Second)
+			require.Zero(t, requireInOrder(t, got, 0, 400))
+			peak := s.Stats().PeakInFlight
+			if tc.overlap {
+				require.Greater(t, peak, int64(1), "no two calls were ever in flight at once")
+			} else {
+				require.EqualValues(t, 1, peak, "two calls of one ordered aggregate were in flight at once")
+			}
+			r.awaitPending(t, 0, 10*time.Second)
+		})
+	}
+}
+
+// slowRelay delays each call, as a broker's confirm does, so that calls in
+// flight overlap for certain.
+type slowRelay struct{ *pgoutbox.Relay }
+
+func (s slowRelay) RelayIDs(ctx context.Context, ids []int64) (pgoutbox.BatchResult, error) {
+	time.Sleep(20 * time.Millisecond)
+	return s.Relay.RelayIDs(ctx, ids)
 }

@@ -294,6 +294,10 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 	}, nil
 }
 
+// OrderedTopics are the topics whose order per aggregate the relay keeps
+// (from its publisher, pipeline.Ordering).
+func (r *Relay) OrderedTopics() []string { return slices.Clone(r.ordered) }
+
 // BatchResult says what one RelayBatch did.
 type BatchResult struct {
 	Claimed    int
