@@ -28,6 +28,10 @@ type IDRelay interface {
 // (pg_logical_emit_message), which give an idle stream a position to confirm.
 const HeartbeatPrefix = "ferry.cdc.heartbeat"
 
+// statusMinInterval bounds how often a moved confirmed position is
+// reported (the slot's position lags the relay by at most this much).
+const statusMinInterval = 100 * time.Millisecond
+
 // missingPatience is how long a row of the stream may stay invisible
 // before it is taken as deleted.
 const missingPatience = 2 * time.Second
@@ -577,7 +581,11 @@ func (se *session) sendStatus(force bool) error {
 	if c == 0 {
 		return nil
 	}
-	if !force && c == se.lastSent && time.Since(se.lastStatusAt) < s.cfg.StatusInterval {
+	since := time.Since(se.lastStatusAt)
+	// A moved position is reported at most every statusMinInterval: the
+	// server may write the slot's state to disk on each report that moves
+	// its restart position, which under load would be a write per batch.
+	if !force && since < s.cfg.StatusInterval && (c == se.lastSent || since < statusMinInterval) {
 		return nil
 	}
 	write := max(pglogrepl.LSN(s.received.Load()), c)
