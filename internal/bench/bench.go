@@ -513,12 +513,7 @@ func runCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, bc B
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		for dctx.Err() == nil {
-			if _, _, err := pgcdc.Drop(dctx, pool, slot, slot); err == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		_, _, _ = pgcdc.DropWhenInactive(dctx, pool, slot, slot) // .ci/leftovers would name a slot left behind
 	}()
 	run := func() (*pgcdc.Streamer, func(), error) {
 		s, err := pgcdc.NewStreamer(pool, relay, "", cfg, logger)
@@ -875,7 +870,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 	if a.CDC != nil {
 		st := a.CDC.Stats()
 		cdcStats = map[string]any{"dispatched": st.Dispatched, "left_to_safety_net": st.Left, "skipped": st.Skipped, "streamed_transactions": st.Streamed, "retried_not_yet_visible": st.Retried}
-		if _, _, err := pgcdc.Drop(ctx, a.Pool, a.CDC.Slot(), a.CDC.Publication()); err != nil {
+		if _, _, err := pgcdc.DropWhenInactive(ctx, a.Pool, a.CDC.Slot(), a.CDC.Publication()); err != nil {
 			return benchReport{}, err
 		}
 	}

@@ -301,15 +301,8 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			for {
-				_, _, err := pgcdc.Drop(dctx, driver.Pool, schema, schema)
-				if err == nil || dctx.Err() != nil {
-					if err != nil {
-						logger.Warn("dropping the chaos run's replication slot", "slot", schema, "error", err)
-					}
-					return
-				}
-				time.Sleep(100 * time.Millisecond)
+			if _, _, err := pgcdc.DropWhenInactive(dctx, driver.Pool, schema, schema); err != nil {
+				logger.Warn("dropping the chaos run's replication slot", "slot", schema, "error", err)
 			}
 		}()
 	}

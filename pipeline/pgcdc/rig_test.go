@@ -77,16 +77,8 @@ func dropSlot(t *testing.T, pool *pgxpool.Pool, slot string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for {
-		_, _, err := pgcdc.Drop(ctx, pool, slot, slot)
-		if err == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			t.Errorf("dropping replication slot %s: %v", slot, err)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if _, _, err := pgcdc.DropWhenInactive(ctx, pool, slot, slot); err != nil {
+		t.Errorf("dropping replication slot %s: %v", slot, err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -71,6 +72,28 @@ func Names(ctx context.Context, pool *pgxpool.Pool, cfg Config) (slot, publicati
 	return slot, publication, nil
 }
 
+// ErrSlotActive: Drop found a streamer using the slot.
+var ErrSlotActive = errors.New("the replication slot is in use")
+
+// DropWhenInactive is Drop, waiting (until ctx ends) for a streamer that
+// was just stopped to let go of the slot: its walsender may outlive the
+// client's connection by a moment.
+func DropWhenInactive(ctx context.Context, pool *pgxpool.Pool, slot, publication string) (droppedSlot, droppedPublication bool, err error) {
+	for {
+		droppedSlot, droppedPublication, err = Drop(ctx, pool, slot, publication)
+		if !errors.Is(err, ErrSlotActive) {
+			return droppedSlot, droppedPublication, err
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, false, err
+		case <-t.C:
+		}
+	}
+}
+
 // Drop removes the slot and the publication: how CDC is switched off for
 // good (a slot nobody streams retains WAL for ever). A slot a streamer is
 // using is refused: stop it first. Missing ones are not an error; the
@@ -88,7 +111,7 @@ func Drop(ctx context.Context, pool *pgxpool.Pool, slot, publication string) (dr
 	}
 	if st.Exists {
 		if st.Active {
-			return false, false, fmt.Errorf("replication slot %s is in use by walsender pid %d: stop the CDC relay first", slot, st.ActivePID)
+			return false, false, fmt.Errorf("replication slot %s is in use by walsender pid %d: stop the CDC relay first: %w", slot, st.ActivePID, ErrSlotActive)
 		}
 		if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err != nil {
 			var pgErr *pgconn.PgError
