@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -58,7 +57,7 @@ func TestRelayModeCDCCommands(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	relayDone := make(chan int, 1)
-	relayErr := &syncBuffer{}
+	relayErr := &pipelinetest.SyncBuffer{}
 	go func() {
 		relayDone <- cli.New(options()).Run(ctx, []string{"relay", "--mode", "cdc", "--migrate"}, &strings.Builder{}, relayErr)
 	}()
@@ -149,22 +148,4 @@ func TestRelayModeCDCCommands(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	require.False(t, rep.CDC.Exists)
 	require.Contains(t, strings.Join(rep.Attention, "\n"), "does not exist")
-}
-
-// syncBuffer is a writer the relay goroutine writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

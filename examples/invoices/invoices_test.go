@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -82,7 +81,7 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 
 	run := exec.Command(bin, "run")
 	run.Env = env
-	var logs syncBuffer // written by exec's copier while the test reads it
+	var logs pipelinetest.SyncBuffer // written by exec's copier while the test reads it
 	run.Stdout, run.Stderr = &logs, &logs
 	require.NoError(t, run.Start())
 	stopped := false
@@ -140,23 +139,4 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 	require.NoError(t, run.Wait(), "graceful stop; logs:\n%s", logs.String())
 	stopped = true
 	require.False(t, strings.Contains(logs.String(), `"level":"ERROR"`), "no error logged:\n%s", logs.String())
-}
-
-// syncBuffer is a bytes.Buffer safe to write from one goroutine and read
-// from another.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

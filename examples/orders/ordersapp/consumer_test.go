@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgbudget"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 type job struct {
@@ -279,7 +280,7 @@ func budgeted(t *testing.T, b **middleware.Budget, cfg middleware.BudgetConfig, 
 func TestSameIDDifferentContentIsPoisonedNotDropped(t *testing.T) {
 	t.Parallel()
 	var effects sync.Map
-	logs := &syncBuffer{}
+	logs := &pipelinetest.SyncBuffer{}
 	cfg, provider, sink := testConfig(t)
 	h := startWith(t, cfg, provider, sink, app.Options{
 		Logger: slog.New(pipeline.LogHandler(slog.NewTextHandler(logs, nil))),

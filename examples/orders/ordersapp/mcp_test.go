@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 	"github.com/ferry-dev/ferry/tools"
 	"github.com/ferry-dev/ferry/tools/mcptools"
 )
@@ -42,7 +43,7 @@ func TestMCPToolsWithTheSDKClient(t *testing.T) {
 	require.NoError(t, err, "building ferry: %s", out)
 	cmd := exec.Command(bin, "mcp")
 	cmd.Env = append(os.Environ(), "FERRY_DATABASE_URL="+cfg.DatabaseURL, "FERRY_DATABASE_SCHEMA="+cfg.DatabaseSchema, "FERRY_LOG_LEVEL=warn")
-	var stderr syncBuffer
+	var stderr pipelinetest.SyncBuffer
 	cmd.Stderr = &stderr
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

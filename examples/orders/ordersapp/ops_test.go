@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -226,7 +225,7 @@ func TestTraceFollowsOneTraceIDAcrossHops(t *testing.T) {
 // Consumer log lines carry the message's ids (pipeline.LogHandler).
 func TestConsumerLogLinesCarryMessageFields(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf pipelinetest.SyncBuffer
 	cfg, err := app.ConfigFromLookup(func(string) (string, bool) { return "", false })
 	require.NoError(t, err)
 	cfg.LogFormat = "json"
@@ -260,21 +259,4 @@ func TestConsumerLogLinesCarryMessageFields(t *testing.T) {
 	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", line["trace_id"])
 	require.EqualValues(t, 1, line["attempt"])
 	require.NotEmpty(t, line["message_id"])
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -20,7 +20,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
-func newApp(t *testing.T, cfg app.Config, logs *syncBuffer) *app.App {
+func newApp(t *testing.T, cfg app.Config, logs *pipelinetest.SyncBuffer) *app.App {
 	t.Helper()
 	_, ex, _, _ := testConfigs(t)
 	a, err := app.New(context.Background(), cfg, app.Options{
@@ -43,7 +43,7 @@ func TestFailedStartLeavesNothingBehind(t *testing.T) {
 	defer taken.Close()
 	cfg, _, _ := testConfig(t)
 	cfg.AdminAddr = taken.Addr().String()
-	logs := &syncBuffer{}
+	logs := &pipelinetest.SyncBuffer{}
 	a := newApp(t, cfg, logs)
 
 	err = a.Run(context.Background(), app.All, nil)
@@ -66,7 +66,7 @@ func TestHTTPServersBoundSlowAndIdleClients(t *testing.T) {
 	cfg, _, _ := testConfig(t)
 	cfg.HTTPServer = app.HTTPServerConfig{ReadTimeout: 300 * time.Millisecond, IdleTimeout: 300 * time.Millisecond, MaxHeaderBytes: 4096, MaxConns: 2}
 	cfg.AdminAddr = "0.0.0.0:0"
-	logs := &syncBuffer{}
+	logs := &pipelinetest.SyncBuffer{}
 	a := newApp(t, cfg, logs)
 	stop, err := a.Start(context.Background(), app.All)
 	require.NoError(t, err)
