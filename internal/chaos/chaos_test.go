@@ -23,34 +23,9 @@ import (
 // handlers fail (10%) and panic (1%) at random. `ferry chaos --long` is the
 // long run.
 func TestChaosShort(t *testing.T) {
-	rmq := pipelinetest.Rabbit(t)
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Fatalf("the chaos run needs rabbitmqctl on PATH: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "ferry")
-	build := exec.Command("go", "build", "-o", bin, "github.com/ferry-dev/ferry/cmd/ferry")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "building ferry: %s", out)
-
-	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), AMQP: rmq}
-	var report strings.Builder
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	rep, err := chaos.Chaos(ctx, cfg, chaos.ChaosRun{Orders: 2000, Rate: 400, FaultEvery: 250 * time.Millisecond, Seed: 42, Binary: bin},
-		&report, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	t.Log("\n" + report.String())
-	require.True(t, rep.OK(), report.String())
-	require.GreaterOrEqual(t, rep.OrdersCommitted, 1800)
+	rep, report := runChaos(t, chaos.ChaosRun{Orders: 2000, Rate: 400, FaultEvery: 250 * time.Millisecond, Seed: 42})
 	require.Positive(t, rep.OrdersRolledBack)
-	require.Equal(t, rep.OrdersCommitted, rep.Charges)
-	require.Equal(t, rep.OrdersCommitted, rep.Mails)
-	require.Equal(t, rep.OrdersCommitted, rep.AuditEvents)
-	for _, kind := range []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections"} {
-		require.Positive(t, rep.Faults[kind], "fault %s never injected", kind)
-	}
-	require.Zero(t, rep.Lost)
-	require.Zero(t, rep.Duplicated)
+	requireInvariants(t, rep, report)
 }
 
 // The CDC variant of the short run: the two relay processes stream from
@@ -58,12 +33,20 @@ func TestChaosShort(t *testing.T) {
 // other is killed), the walsender's backend is among those terminated, and
 // the invariants are the same: nothing lost, nothing twice, order intact.
 func TestChaosShortCDC(t *testing.T) {
+	rep, report := runChaos(t, chaos.ChaosRun{Orders: 2000, Rate: 400, FaultEvery: 250 * time.Millisecond, Seed: 42, RelayMode: app.RelayModeCDC})
+	require.Equal(t, app.RelayModeCDC, rep.RelayMode)
+	requireInvariants(t, rep, report)
+}
+
+// runChaos runs a chaos run on a freshly built ferry binary.
+func runChaos(t *testing.T, run chaos.ChaosRun) (chaos.ChaosReport, string) {
+	t.Helper()
 	rmq := pipelinetest.Rabbit(t)
 	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
 		t.Fatalf("the chaos run needs rabbitmqctl on PATH: %v", err)
 	}
-	bin := filepath.Join(t.TempDir(), "ferry")
-	build := exec.Command("go", "build", "-o", bin, "github.com/ferry-dev/ferry/cmd/ferry")
+	run.Binary = filepath.Join(t.TempDir(), "ferry")
+	build := exec.Command("go", "build", "-o", run.Binary, "github.com/ferry-dev/ferry/cmd/ferry")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "building ferry: %s", out)
 
@@ -71,12 +54,17 @@ func TestChaosShortCDC(t *testing.T) {
 	var report strings.Builder
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	rep, err := chaos.Chaos(ctx, cfg, chaos.ChaosRun{Orders: 2000, Rate: 400, FaultEvery: 250 * time.Millisecond, Seed: 42, Binary: bin, RelayMode: app.RelayModeCDC},
-		&report, slog.New(slog.DiscardHandler))
+	rep, err := chaos.Chaos(ctx, cfg, run, &report, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Log("\n" + report.String())
-	require.True(t, rep.OK(), report.String())
-	require.Equal(t, app.RelayModeCDC, rep.RelayMode)
+	return rep, report.String()
+}
+
+// requireInvariants: every committed order charged, mailed and audited
+// once, in order; every kind of fault injected; nothing lost or doubled.
+func requireInvariants(t *testing.T, rep chaos.ChaosReport, report string) {
+	t.Helper()
+	require.True(t, rep.OK(), report)
 	require.GreaterOrEqual(t, rep.OrdersCommitted, 1800)
 	require.Equal(t, rep.OrdersCommitted, rep.Charges)
 	require.Equal(t, rep.OrdersCommitted, rep.Mails)
