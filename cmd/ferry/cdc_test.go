@@ -77,7 +77,7 @@ func TestRelayModeCDCCommands(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool {
 		var active bool
-		_ = pool.QueryRow(context.Background(), `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		_ = pool.QueryRow(context.Background(), `SELECT active AND confirmed_flush_lsn IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
 		return active
 	}, 30*time.Second, 50*time.Millisecond, "the CDC relay never streamed its slot: %s", relayErr.String())
 

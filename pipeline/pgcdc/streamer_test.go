@@ -67,7 +67,10 @@ func TestSIGKILLMidStreamLosesNothing(t *testing.T) {
 	child := spawn()
 	// Rows committed before the slot exists are the safety net's, which
 	// this test leaves out: it proves the stream alone loses nothing.
-	require.Eventually(t, func() bool { return r.slotStatus(t).Active }, 30*time.Second, 20*time.Millisecond, "the child never streamed")
+	// A slot being created shows as active before it is consistent (rows
+	// committed until then are not in its stream): wait for its confirmed
+	// position, which it gets when creation completes.
+	require.Eventually(t, func() bool { st := r.slotStatus(t); return st.Active && st.ConfirmedLSN != "" }, 30*time.Second, 20*time.Millisecond, "the child never streamed")
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
