@@ -94,6 +94,7 @@ type Streamer struct {
 
 	slot, publication string
 	nspname, relname  string
+	database          string // the pool's, where the slot must decode
 	// ordered is the relay's ordered topics; nil: every topic counts.
 	ordered map[string]bool
 
@@ -158,8 +159,8 @@ func (s *Streamer) Publication() string { return s.publication }
 
 // Prepare checks that the server can stream (wal_level=logical, PostgreSQL
 // 14 or later, the outbox table exists) and creates the publication and
-// the slot if they are missing. Run calls it; calling it first makes a misconfiguration fail
-// the start instead of being retried.
+// the slot if they are missing. Run calls it; calling it first makes a
+// misconfiguration fail the start instead of being retried.
 func (s *Streamer) Prepare(ctx context.Context) error {
 	s.prepareMu.Lock()
 	defer s.prepareMu.Unlock()
@@ -168,7 +169,8 @@ func (s *Streamer) Prepare(ctx context.Context) error {
 	}
 	var walLevel string
 	var version int
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num')::int`).Scan(&walLevel, &version); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_database()`).
+		Scan(&walLevel, &version, &s.database); err != nil {
 		return fmt.Errorf("reading wal_level: %w", err)
 	}
 	if walLevel != "logical" {
@@ -330,10 +332,7 @@ func (s *Streamer) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (pglogre
 	if err != nil {
 		return 0, err
 	}
-	var db string
-	if err := s.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
-		return 0, err
-	}
+	db := s.database
 	switch {
 	case st.Exists && (st.Plugin != "pgoutput" || st.Database != db):
 		return 0, fmt.Errorf("replication slot %s exists for plugin %q on database %q, not pgoutput on %q: name another (FERRY_CDC_SLOT)", s.slot, st.Plugin, st.Database, db)
@@ -528,7 +527,6 @@ func (se *session) receive(ctx context.Context, procErr <-chan error) error {
 				if err != nil {
 					return fmt.Errorf("parsing keepalive: %w", err)
 				}
-				s.logger.Debug("keepalive", "wal_end", k.ServerWALEnd, "reply", k.ReplyRequested)
 				se.idleAdvance(k.ServerWALEnd)
 				if k.ReplyRequested {
 					if err := se.sendStatus(true); err != nil {
