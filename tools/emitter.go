@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -15,10 +14,10 @@ import (
 
 // Emitter writes a tool's intents into the outbox, inside the call's
 // transaction: they are relayed if and only if the call commits. It is the
-// only way a tool body reaches the world.
+// only way a tool body reaches the world. The intents are built and checked
+// when emitted, and written with the call's COMMIT, in its round trip.
 type Emitter struct {
-	tx       pgx.Tx
-	outbox   *pgoutbox.Outbox
+	pending  *pgoutbox.Pending
 	readOnly bool
 	ids      []string
 }
@@ -71,7 +70,7 @@ func (e *Emitter) EmitMessage(ctx context.Context, topic string, msg *message.Me
 			return "", err
 		}
 	}
-	if err := e.outbox.PublishTx(ctx, pgoutbox.PgxTx(e.tx), topic, msg); err != nil {
+	if err := e.pending.PublishEvents(ctx, pipeline.Outgoing{Topic: topic, Msg: msg}); err != nil {
 		return "", fmt.Errorf("writing intent %s: %w", topic, err)
 	}
 	e.ids = append(e.ids, msg.UUID)

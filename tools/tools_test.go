@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 	"github.com/ferry-dev/ferry/tools"
@@ -40,7 +41,7 @@ type noted struct {
 var errBoom = errors.New("boom")
 
 // note writes a row and an intent; it fails after both when asked to.
-func note(t *testing.T, window time.Duration) tools.Tool {
+func note(t testing.TB, window time.Duration) tools.Tool {
 	t.Helper()
 	tl, err := tools.New(tools.Def{Name: "note", Description: "notes a text", KeyWindow: window},
 		func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, in noteArgs) (noted, error) {
@@ -64,7 +65,7 @@ func note(t *testing.T, window time.Duration) tools.Tool {
 	return tl
 }
 
-func setup(t *testing.T, ts ...tools.Tool) (*tools.Runner, *pgxpool.Pool) {
+func setup(t testing.TB, ts ...tools.Tool) (*tools.Runner, *pgxpool.Pool) {
 	t.Helper()
 	pool := pipelinetest.Postgres(t)
 	_, err := pool.Exec(context.Background(), `CREATE TABLE notes (id bigserial PRIMARY KEY, text text NOT NULL, key text NOT NULL)`)
@@ -74,7 +75,7 @@ func setup(t *testing.T, ts ...tools.Tool) (*tools.Runner, *pgxpool.Pool) {
 	return r, pool
 }
 
-func counts(t *testing.T, pool *pgxpool.Pool) (notes, intents, calls int) {
+func counts(t testing.TB, pool *pgxpool.Pool) (notes, intents, calls int) {
 	t.Helper()
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT (SELECT count(*) FROM notes), (SELECT count(*) FROM outbox), (SELECT count(*) FROM ferry_tool_calls)`).Scan(&notes, &intents, &calls))
@@ -247,4 +248,51 @@ func TestHTTPHandler(t *testing.T) {
 	require.Len(t, cat.Tools, 2)
 	require.True(t, cat.Tools[0].KeyRequired)
 	require.True(t, cat.Tools[1].ReadOnly)
+}
+
+// A call's BEGIN rides on its record's INSERT, and its intents and stored
+// result on its COMMIT: a body of one statement and one intent costs three
+// round trips (six before InTx), and a replay two.
+func TestRunnerCallRoundTrips(t *testing.T) {
+	t.Parallel()
+	_, base := setup(t)
+	pool, rt := pipelinetest.CountingPool(t, base)
+	r, err := tools.NewRunner(pool, pipelinetest.Outbox(t), []tools.Tool{note(t, 0)}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = r.Call(ctx, "note", "warm", json.RawMessage(`{"text":"warm"}`))
+	require.NoError(t, err)
+	_, err = r.Call(ctx, "note", "warm", json.RawMessage(`{"text":"warm"}`))
+	require.NoError(t, err)
+	rt.Take()
+
+	_, err = r.Call(ctx, "note", "k", json.RawMessage(`{"text":"a"}`))
+	require.NoError(t, err)
+	queries, batches := rt.Take()
+	require.Equal(t, 3, len(queries)+batches, "record+BEGIN, the body's INSERT, intents+result+COMMIT; queries: %q", queries)
+
+	res, err := r.Call(ctx, "note", "k", json.RawMessage(`{"text":"a"}`))
+	require.NoError(t, err)
+	require.True(t, res.Replay)
+	queries, batches = rt.Take()
+	require.Equal(t, 3, len(queries)+batches, "record+BEGIN, the stored call, COMMIT; queries: %q", queries)
+	n, i, c := counts(t, base)
+	require.Equal(t, [3]int{2, 2, 2}, [3]int{n, i, c})
+}
+
+// An intent whose INSERT fails in the COMMIT's round trip takes the whole
+// call back: no business row, no call record, and an error, not a result.
+func TestRunnerIntentFailingAtCommitRollsBackTheCall(t *testing.T) {
+	t.Parallel()
+	_, pool := setup(t)
+	broken, err := pgoutbox.New(pgoutbox.SchemaAdapter{Table: "no_such_outbox"}, nil)
+	require.NoError(t, err)
+	r, err := tools.NewRunner(pool, broken, []tools.Tool{note(t, 0)}, nil)
+	require.NoError(t, err)
+	res, err := r.Call(context.Background(), "note", "k", json.RawMessage(`{"text":"a"}`))
+	require.Error(t, err)
+	require.Nil(t, res)
+	require.Contains(t, err.Error(), "no_such_outbox")
+	n, i, c := counts(t, pool)
+	require.Zero(t, n+i+c, "nothing of the call is left")
 }
