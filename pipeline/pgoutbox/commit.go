@@ -47,9 +47,10 @@ func (p *Pending) PublishEvents(ctx context.Context, events ...pipeline.Outgoing
 }
 
 // Queue adds a statement to send with the events and the COMMIT (in the
-// order queued, events and statements alike), for a write whose result fn does not need (a status row, a
-// stored response): it costs no round trip of its own. Its failure rolls
-// the whole transaction back, as a failed event INSERT does.
+// order queued, events and statements alike), for a write whose result
+// the function does not need (a status row, a stored response): it costs
+// no round trip of its own. Its failure rolls the whole transaction back,
+// as a failed event INSERT does.
 func (p *Pending) Queue(sql string, args ...any) {
 	p.capture.batch.Queue(sql, args...)
 }
@@ -144,12 +145,12 @@ func simple(args []any) bool {
 	return false
 }
 
-// beginWith sends BEGIN and sql in one pipeline and returns the results
-// positioned at sql's.
-func (t *lazyTx) beginWith(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+// beginWith sends BEGIN and queued in one pipeline and returns the
+// results positioned after BEGIN's.
+func (t *lazyTx) beginWith(ctx context.Context, queued ...*pgx.QueuedQuery) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(sql, args...)
+	b.QueuedQueries = append(b.QueuedQueries, queued...)
 	br := t.conn.SendBatch(ctx, b)
 	t.tx = br.Tx()
 	if _, err := br.Exec(); err != nil {
@@ -170,7 +171,7 @@ func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comm
 		}
 		return tx.Exec(ctx, sql, args...)
 	}
-	br, err := t.beginWith(ctx, sql, args)
+	br, err := t.beginWith(ctx, &pgx.QueuedQuery{SQL: sql, Arguments: args})
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -192,7 +193,7 @@ func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 		}
 		return tx.Query(ctx, sql, args...)
 	}
-	br, err := t.beginWith(ctx, sql, args)
+	br, err := t.beginWith(ctx, &pgx.QueuedQuery{SQL: sql, Arguments: args})
 	if err != nil {
 		return nil, err
 	}
@@ -231,14 +232,9 @@ func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		return tx.SendBatch(ctx, b)
 	}
 	// The caller's queued statements, callbacks and all, behind BEGIN.
-	nb := &pgx.Batch{}
-	nb.BeginTx(pgx.TxOptions{})
-	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
-	br := t.conn.SendBatch(ctx, nb)
-	t.tx = br.Tx()
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return pgx.FailedBatchResults(b, fmt.Errorf("beginning transaction: %w", err))
+	br, err := t.beginWith(ctx, b.QueuedQueries...)
+	if err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
 	return br
 }
@@ -340,24 +336,16 @@ func (o *Outbox) InTx(ctx context.Context, pool *pgxpool.Pool, fn func(ctx conte
 	if lt.tx == nil && len(queued) == 0 {
 		return nil
 	}
-	b := &pgx.Batch{}
-	send := lt.conn.SendBatch
+	commit := &pgx.QueuedQuery{SQL: "COMMIT"}
+	var res pgx.BatchResults
 	if lt.tx == nil {
 		// Events only: BEGIN, the INSERTs and COMMIT in one round trip.
-		b.BeginTx(pgx.TxOptions{})
+		if res, err = lt.beginWith(ctx, append(queued, commit)...); err != nil {
+			return err
+		}
 	} else {
 		// Through the pgx.Tx: pgx refuses it if fn ended the transaction.
-		send = lt.tx.SendBatch
-	}
-	b.QueuedQueries = append(b.QueuedQueries, queued...)
-	b.Queue("COMMIT")
-	res := send(ctx, b)
-	if lt.tx == nil {
-		lt.tx = res.Tx()
-		if _, err := res.Exec(); err != nil {
-			_ = res.Close()
-			return fmt.Errorf("beginning transaction: %w", err)
-		}
+		res = lt.tx.SendBatch(ctx, &pgx.Batch{QueuedQueries: append(queued, commit)})
 	}
 	for i := range queued {
 		if _, err := res.Exec(); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/pipeline"
@@ -15,14 +16,21 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
+// thingsDB is a test schema with a business table of its own, things.
+func thingsDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(context.Background(), `CREATE TABLE things (id bigserial PRIMARY KEY, name text NOT NULL UNIQUE)`)
+	require.NoError(t, err)
+	return pool
+}
+
 // InTx writes the events with the COMMIT, and keeps the outbox's contract:
 // both or neither, whichever side fails.
 func TestInTxWritesEventsWithTheCommitAtomically(t *testing.T) {
 	t.Parallel()
-	pool := pipelinetest.Postgres(t)
+	pool := thingsDB(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `CREATE TABLE things (id bigserial PRIMARY KEY, name text NOT NULL UNIQUE)`)
-	require.NoError(t, err)
 	ob := pipelinetest.Outbox(t)
 	count := func() (things, events int) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM things), (SELECT count(*) FROM outbox)`).Scan(&things, &events))
@@ -72,10 +80,8 @@ func TestInTxWritesEventsWithTheCommitAtomically(t *testing.T) {
 // the statement runs inside the transaction.
 func TestInTxBeginsWithTheFirstStatement(t *testing.T) {
 	t.Parallel()
-	base := pipelinetest.Postgres(t)
+	base := thingsDB(t)
 	ctx := context.Background()
-	_, err := base.Exec(ctx, `CREATE TABLE things (id bigserial PRIMARY KEY, name text NOT NULL UNIQUE)`)
-	require.NoError(t, err)
 	pool, tr := pipelinetest.CountingPool(t, base)
 	ob := pipelinetest.Outbox(t)
 	event := func(name string) pipeline.Outgoing {
@@ -171,10 +177,8 @@ func TestInTxBeginsWithTheFirstStatement(t *testing.T) {
 // connection goes back to the pool outside any transaction.
 func TestInTxFirstStatementOfEveryKindIsAtomic(t *testing.T) {
 	t.Parallel()
-	base := pipelinetest.Postgres(t)
+	base := thingsDB(t)
 	ctx := context.Background()
-	_, err := base.Exec(ctx, `CREATE TABLE things (id bigserial PRIMARY KEY, name text NOT NULL UNIQUE)`)
-	require.NoError(t, err)
 	pool, _ := pipelinetest.CountingPool(t, base)
 	ob := pipelinetest.Outbox(t)
 	first := map[string]func(ctx context.Context, q pgoutbox.Querier, name string) error{
