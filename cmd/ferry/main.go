@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -171,7 +172,8 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.Orders, "orders", 2000, "write_overhead: create_order transactions per variant")
 		history := fs.String("history", "10000,1000000", "claim_cost_vs_history: dispatched-row counts (add 10000000 for 10M)")
 		fs.IntVar(&bc.ClaimRounds, "claim-rounds", 200, "claim_cost_vs_history: claims timed per history size")
-		return func(ctx context.Context, _ []string) error {
+		cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relays, producer and consumers of the in-process scenarios) to this file, for go tool pprof")
+		return func(ctx context.Context, _ []string) (err error) {
 			if kind := os.Getenv(bench.ChildEnv); kind != "" {
 				// A process of the memory scenario, started by a parent bench.
 				cfg, err := cli.LoadConfig()
@@ -184,7 +186,6 @@ var cmdBench = &cli.Command{
 				}
 				return bench.Child(ctx, kind, cfg, logger)
 			}
-			var err error
 			bc.Scenarios = splitList(*scenarios)
 			for _, m := range splitList(*relayModes) {
 				if m != app.RelayModeNotify && m != app.RelayModeCDC {
@@ -203,6 +204,22 @@ var cmdBench = &cli.Command{
 			cfg, logger, err := quietConfig(env.Stderr)
 			if err != nil {
 				return err
+			}
+			if *cpuProfile != "" {
+				f, err := os.Create(*cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					_ = f.Close()
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer func() {
+					pprof.StopCPUProfile()
+					if cerr := f.Close(); err == nil && cerr != nil {
+						err = fmt.Errorf("--cpuprofile: %w", cerr)
+					}
+				}()
 			}
 			return bench.Bench(ctx, cfg, bc, env.Stdout, env.Stderr, logger)
 		}
