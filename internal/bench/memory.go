@@ -175,8 +175,13 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 		}
 		relayPeaks = append(relayPeaks, p)
 	}
+	// CPU per event: user and system time of the relay processes, which
+	// did nothing but this (and wait) from start to stop. Less at the
+	// mercy of a busy machine than events/s.
+	var relayCPU time.Duration
 	for _, k := range kids {
 		k.stop()
+		relayCPU += k.cmd.ProcessState.UserTime() + k.cmd.ProcessState.SystemTime()
 	}
 	kids = nil
 
@@ -199,6 +204,10 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 	if err != nil {
 		return benchReport{}, err
 	}
+	k.stop()
+	kids = nil
+	consumerCPU := k.cmd.ProcessState.UserTime() + k.cmd.ProcessState.SystemTime()
+	perEvent := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(bc.Events) }
 	maxRelay := relayPeaks[0]
 	for _, p := range relayPeaks {
 		maxRelay = max(maxRelay, p)
@@ -210,14 +219,18 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 		fmt.Fprintf(&tb, " %.1f", mb(p))
 	}
 	fmt.Fprintf(&tb, ")\npeak RSS of a consumer process draining %d messages (%.1fs, %.0f/s): %.1f MB\n", bc.Events, consumeSecs, float64(bc.Events)/consumeSecs, mb(consumerPeak))
+	fmt.Fprintf(&tb, "CPU per event: relay processes %.1f µs (%.2fs in all), consumer %.1f µs (%.2fs)\n",
+		perEvent(relayCPU), relayCPU.Seconds(), perEvent(consumerCPU), consumerCPU.Seconds())
 	return benchReport{
 		JSON: map[string]any{
-			"params":                  map[string]any{"relay_processes": relays, "events": bc.Events, "batch_size": bc.BatchSize},
-			"relay_peak_rss_bytes":    maxRelay,
-			"relay_peak_rss_each":     relayPeaks,
-			"relay_seconds":           relaySecs,
-			"consumer_peak_rss_bytes": consumerPeak,
-			"consumer_seconds":        consumeSecs,
+			"params":                    map[string]any{"relay_processes": relays, "events": bc.Events, "batch_size": bc.BatchSize},
+			"relay_peak_rss_bytes":      maxRelay,
+			"relay_peak_rss_each":       relayPeaks,
+			"relay_seconds":             relaySecs,
+			"consumer_peak_rss_bytes":   consumerPeak,
+			"consumer_seconds":          consumeSecs,
+			"relay_cpu_us_per_event":    perEvent(relayCPU),
+			"consumer_cpu_us_per_event": perEvent(consumerCPU),
 		},
 		Table: tb.String(),
 	}, nil
