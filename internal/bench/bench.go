@@ -643,16 +643,23 @@ func rawPublishLoop(ctx context.Context, br *benchBroker, events, batch, conc in
 				}
 				n := min(int64(batch), int64(events)-from)
 				dcs := make([]*amqp.DeferredConfirmation, 0, n)
+				// The same writes as BatchPublisher's: the batch in one.
+				release := rabbit.HoldWrites(br.conn)
 				for i := range n {
 					dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, "", false, false, amqp.Publishing{
 						Body: body, Headers: headers, DeliveryMode: amqp.Persistent, ContentType: "application/json",
 						MessageId: strconv.FormatInt(from+i, 10),
 					})
 					if err != nil {
+						_ = release()
 						errs <- err
 						return
 					}
 					dcs = append(dcs, dc)
+				}
+				if err := release(); err != nil {
+					errs <- err
+					return
 				}
 				for _, dc := range dcs {
 					if ok, err := dc.WaitContext(ctx); err != nil || !ok {

@@ -3,6 +3,7 @@ package rabbit
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"time"
 
@@ -131,10 +132,22 @@ func connectionConfig(cfg Config, name string) wamqp.ConnectionConfig {
 		AmqpConfig: &amqp.Config{
 			Heartbeat:  10 * time.Second,
 			Locale:     "en_US",
-			Dial:       amqp.DefaultDial(cfg.DialTimeout),
+			Dial:       heldDial(cfg.DialTimeout),
 			Properties: amqp.Table{"connection_name": name},
 		},
 		Reconnect: wamqp.DefaultReconnectConfig(),
+	}
+}
+
+// heldDial is amqp091's dial with the socket wrapped in a heldConn.
+func heldDial(timeout time.Duration) func(network, addr string) (net.Conn, error) {
+	dial := amqp.DefaultDial(timeout)
+	return func(network, addr string) (net.Conn, error) {
+		c, err := dial(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return newHeldConn(c), nil
 	}
 }
 

@@ -100,23 +100,33 @@ func (p *BatchPublisher) PublishBatch(ctx context.Context, batch []Outgoing) []e
 	healthy := true
 	defer func() { p.release(ch, healthy) }()
 
-	confirms := make([]*amqp.DeferredConfirmation, len(batch))
+	// Exchanges first: declaring one is a round trip, which must not wait
+	// behind held writes.
+	exchanges := make([]string, len(batch))
 	for i, o := range batch {
-		exchange, err := p.exchange(ch, o.Topic)
-		if err != nil {
+		if exchanges[i], err = p.exchange(ch, o.Topic); err != nil {
 			healthy = false
 			return fail(err)
 		}
+	}
+	confirms := make([]*amqp.DeferredConfirmation, len(batch))
+	release := HoldWrites(p.conn)
+	for i, o := range batch {
 		pub, err := Marshaler{}.Marshal(o.Msg)
 		if err != nil {
 			errs[i] = fmt.Errorf("marshaling message %s: %w", o.Msg.UUID, err)
 			continue
 		}
-		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, exchange, p.topo.RoutingKey(o.Topic, o.Msg), false, false, pub)
+		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, exchanges[i], p.topo.RoutingKey(o.Topic, o.Msg), false, false, pub)
 		if err != nil {
 			healthy = false
-			return fail(fmt.Errorf("publishing message %s to %s: %w", o.Msg.UUID, exchange, err))
+			_ = release()
+			return fail(fmt.Errorf("publishing message %s to %s: %w", o.Msg.UUID, exchanges[i], err))
 		}
+	}
+	if err := release(); err != nil {
+		healthy = false
+		return fail(fmt.Errorf("sending the batch: %w", err))
 	}
 	for i, dc := range confirms {
 		if dc == nil {
