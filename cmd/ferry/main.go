@@ -172,17 +172,24 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.Orders, "orders", 2000, "write_overhead: create_order transactions per variant")
 		history := fs.String("history", "10000,1000000", "claim_cost_vs_history: dispatched-row counts (add 10000000 for 10M)")
 		fs.IntVar(&bc.ClaimRounds, "claim-rounds", 200, "claim_cost_vs_history: claims timed per history size")
-		cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relays, producer and consumers of the in-process scenarios) to this file, for go tool pprof")
+		cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relays, producer and consumers of the in-process scenarios) to this file, and one per child process of the memory scenario beside it (FILE.relay.PID, FILE.consume.PID), for go tool pprof")
 		return func(ctx context.Context, _ []string) (err error) {
 			if kind := os.Getenv(bench.ChildEnv); kind != "" {
 				// A process of the memory scenario, started by a parent bench.
-				cfg, err := cli.LoadConfig()
-				if err != nil {
-					return err
+				cfg, cerr := cli.LoadConfig()
+				if cerr != nil {
+					return cerr
 				}
-				logger, err := app.NewLogger(cfg, env.Stderr)
-				if err != nil {
-					return err
+				logger, lerr := app.NewLogger(cfg, env.Stderr)
+				if lerr != nil {
+					return lerr
+				}
+				if p := os.Getenv(bench.ChildProfileEnv); p != "" {
+					stop, perr := startCPUProfile(fmt.Sprintf("%s.%s.%d", p, kind, os.Getpid()))
+					if perr != nil {
+						return perr
+					}
+					defer stop(&err)
 				}
 				return bench.Child(ctx, kind, cfg, logger)
 			}
@@ -206,24 +213,35 @@ var cmdBench = &cli.Command{
 				return err
 			}
 			if *cpuProfile != "" {
-				f, err := os.Create(*cpuProfile)
-				if err != nil {
-					return fmt.Errorf("--cpuprofile: %w", err)
+				bc.CPUProfile = *cpuProfile
+				stop, perr := startCPUProfile(*cpuProfile)
+				if perr != nil {
+					return perr
 				}
-				if err := pprof.StartCPUProfile(f); err != nil {
-					_ = f.Close()
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				defer func() {
-					pprof.StopCPUProfile()
-					if cerr := f.Close(); err == nil && cerr != nil {
-						err = fmt.Errorf("--cpuprofile: %w", cerr)
-					}
-				}()
+				defer stop(&err)
 			}
 			return bench.Bench(ctx, cfg, bc, env.Stdout, env.Stderr, logger)
 		}
 	},
+}
+
+// startCPUProfile profiles this process into path until stop, which
+// reports a failure to write the profile into *err when it had none.
+func startCPUProfile(path string) (stop func(err *error), _ error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func(err *error) {
+		pprof.StopCPUProfile()
+		if cerr := f.Close(); *err == nil && cerr != nil {
+			*err = fmt.Errorf("--cpuprofile: %w", cerr)
+		}
+	}, nil
 }
 
 var cmdChaos = &cli.Command{

@@ -57,6 +57,9 @@ var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, Scenari
 type BenchConfig struct {
 	// Scenarios to run. Default: all of BenchScenarios.
 	Scenarios []string
+	// CPUProfile, when set, is where the memory scenario's child processes
+	// write their CPU profiles (with their kind and pid appended).
+	CPUProfile string
 	// Events preloaded for relay_throughput. Default 50,000.
 	Events int
 	// BaselineEvents preloaded for Watermill's stock forwarder, which is far

@@ -30,6 +30,10 @@ const ScenarioMemory = "memory"
 // relay or a consumer of the memory scenario (set by the parent only).
 const ChildEnv = "FERRY_BENCH_CHILD"
 
+// ChildProfileEnv is where a child writes its CPU profile (its kind and
+// pid appended), when the parent runs with --cpuprofile.
+const ChildProfileEnv = "FERRY_BENCH_CHILD_CPUPROFILE"
+
 const (
 	memoryTopic = "bench.mem"
 	memoryQueue = "bench.mem.sink"
@@ -139,7 +143,7 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 	if err := preload(ctx, sch.pool, memoryTopic, bc.Events); err != nil {
 		return benchReport{}, err
 	}
-	env := []string{"FERRY_DATABASE_URL=" + cfg.DatabaseURL, "FERRY_DATABASE_SCHEMA=" + sch.name,
+	env := []string{ChildProfileEnv + "=" + bc.CPUProfile, "FERRY_DATABASE_URL=" + cfg.DatabaseURL, "FERRY_DATABASE_SCHEMA=" + sch.name,
 		"FERRY_AMQP_URL=" + cfg.AMQP.URL, "FERRY_AMQP_NAMESPACE=" + rc.Namespace, "FERRY_ADMIN_ADDR=off",
 		"FERRY_RELAY_BATCH_SIZE=" + strconv.Itoa(bc.BatchSize), "FERRY_DATABASE_MAX_CONNS=4"}
 

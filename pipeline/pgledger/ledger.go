@@ -98,10 +98,13 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 	if consumer == "" || messageID == "" {
 		return false, errors.New("pgledger: consumer and message id must not be empty")
 	}
-	tx, err := l.pool.Begin(ctx)
-	if err != nil {
-		return false, pgconn.MarkUnavailable(fmt.Errorf("beginning ledger transaction: %w", err))
-	}
+	// BEGIN and the ledger row in one round trip (pgx's Batch.BeginTx);
+	// the pool keeps the connection until the transaction ends.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(l.insertSQL, consumer, messageID, digest)
+	br := l.pool.SendBatch(ctx, b)
+	tx := br.Tx()
 	committed := false
 	defer func() {
 		// Also on panic: the handler's panic unwinds through here, and the
@@ -112,8 +115,14 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 			_ = tx.Rollback(rbCtx)
 		}
 	}()
-
-	tag, err := tx.Exec(ctx, l.insertSQL, consumer, messageID, digest)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return false, pgconn.MarkUnavailable(fmt.Errorf("beginning ledger transaction: %w", err))
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return false, pgconn.MarkUnavailable(fmt.Errorf("recording message %s for %s in ledger: %w", messageID, consumer, err))
 	}

@@ -161,3 +161,44 @@ func TestOnceMarksDatabaseFailuresAsInfrastructure(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, pipeline.IsInfrastructure(err), "%v", err)
 }
+
+// BEGIN rides on the ledger row's INSERT: a delivery whose handler writes
+// nothing costs two round trips (BEGIN+INSERT, COMMIT; three before), a
+// duplicate three (BEGIN+INSERT, the stored digest, ROLLBACK); on every
+// path the pool gets its one connection back.
+func TestOnceRoundTrips(t *testing.T) {
+	t.Parallel()
+	base := pipelinetest.Postgres(t)
+	pool, rt := pipelinetest.CountingPool(t, base)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	digest := sha256.Sum256([]byte("payload"))
+	noop := func(context.Context) error { return nil }
+	// Warm up: pgx prepares each statement once per connection.
+	_, err = ledger.Once(ctx, "c", "warm", digest[:], noop)
+	require.NoError(t, err)
+	_, err = ledger.Once(ctx, "c", "warm", digest[:], noop)
+	require.NoError(t, err)
+	rt.Take()
+
+	ran, err := ledger.Once(ctx, "c", "m1", digest[:], noop)
+	require.NoError(t, err)
+	require.True(t, ran)
+	queries, batches := rt.Take()
+	require.Equal(t, [2]int{1, 1}, [2]int{len(queries), batches}, "BEGIN+INSERT in a batch, then COMMIT: %q", queries)
+
+	ran, err = ledger.Once(ctx, "c", "m1", digest[:], noop)
+	require.NoError(t, err)
+	require.False(t, ran)
+	queries, batches = rt.Take()
+	require.Equal(t, [2]int{2, 1}, [2]int{len(queries), batches}, "BEGIN+INSERT, the digest, the rollback: %q", queries)
+
+	_, err = ledger.Once(ctx, "c", "m2", digest[:], func(context.Context) error { return errors.New("no") })
+	require.Error(t, err)
+	require.Equal(t, int32(0), pool.Stat().AcquiredConns(), "the connection is back after a failed handler")
+	ran, err = ledger.Once(ctx, "c", "m2", digest[:], noop)
+	require.NoError(t, err)
+	require.True(t, ran, "the failed attempt left no ledger row")
+	require.Equal(t, int32(0), pool.Stat().AcquiredConns())
+}
