@@ -47,7 +47,8 @@ func options() cli.Options {
 		Version: version,
 		App:     exampleApp,
 		EnvVars: append(ordersapp.EnvVars(), app.EnvVar{Name: "FERRY_CHAOS_FAULTS", Default: "(none)", Doc: "testing only: inject handler faults, e.g. fail=0.1,panic=0.01,seed=7 (ferry chaos sets it)"},
-			app.EnvVar{Name: "FERRY_BENCH_CHILD", Default: "(none)", Doc: "benchmark only: ferry bench runs as a relay or consume child of its memory scenario (the parent sets it)"}),
+			app.EnvVar{Name: "FERRY_BENCH_CHILD", Default: "(none)", Doc: "benchmark only: ferry bench runs as a relay or consume child of its memory scenario (the parent sets it)"},
+			app.EnvVar{Name: "FERRY_BENCH_CHILD_CPUPROFILE", Default: "(none)", Doc: "benchmark only: where a child of the memory scenario writes its CPU profile, its kind and pid appended (the parent sets it from --cpuprofile)"}),
 		Commands: []*cli.Command{cmdDemo, cmdSandbox, cmdBench, cmdChaos},
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -30,9 +31,11 @@ func TestBenchSmoke(t *testing.T) {
 	build, err := exec.Command("go", "build", "-o", bin, "github.com/ferry-dev/ferry/cmd/ferry").CombinedOutput()
 	require.NoError(t, err, "building ferry: %s", build)
 	var out, human strings.Builder
+	profile := filepath.Join(t.TempDir(), "cpu")
 	err = bench.Bench(context.Background(), cfg, bench.BenchConfig{
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
 		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
+		CPUProfile: profile,
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -71,6 +74,9 @@ func TestBenchSmoke(t *testing.T) {
 
 	wo := got[bench.ScenarioWriteOverhead]
 	require.Greater(t, wo["ratio_p50"].(float64), 1.0, "events cost something")
+	require.Positive(t, wo["in_tx_ratio_p50"].(float64))
+	require.Contains(t, wo, "in_tx_without_events")
+	require.Positive(t, wo["in_tx_events_ratio_p50"].(float64))
 
 	cc := got[bench.ScenarioClaimCost]
 	require.Len(t, cc["runs"].([]any), 2)
@@ -81,6 +87,18 @@ func TestBenchSmoke(t *testing.T) {
 	require.Positive(t, mem["relay_peak_rss_bytes"].(float64), "peak RSS of a relay process")
 	require.Len(t, mem["relay_peak_rss_each"].([]any), 4)
 	require.Positive(t, mem["consumer_peak_rss_bytes"].(float64), "peak RSS of a consumer process")
+	require.Positive(t, mem["relay_cpu_us_per_event"].(float64), "CPU per relayed event")
+	require.Positive(t, mem["consumer_cpu_us_per_event"].(float64), "CPU per consumed event")
+	for kind, n := range map[string]int{"relay": 4, "consume": 1} {
+		files, err := filepath.Glob(profile + "." + kind + ".*")
+		require.NoError(t, err)
+		require.Len(t, files, n, "a CPU profile per %s process", kind)
+		for _, f := range files {
+			st, err := os.Stat(f)
+			require.NoError(t, err)
+			require.Positive(t, st.Size(), "%s is written", f)
+		}
+	}
 }
 
 func TestBenchRejectsBadParameters(t *testing.T) {
