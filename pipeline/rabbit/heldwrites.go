@@ -81,7 +81,8 @@ func (h *heldConn) release() error {
 }
 
 func (h *heldConn) Close() error {
-	heldConns.Delete(h.Conn.LocalAddr().String())
+	// Only this socket's entry: a new socket may already have its port.
+	heldConns.CompareAndDelete(h.Conn.LocalAddr().String(), h)
 	h.mu.Lock()
 	if h.err == nil {
 		_ = h.buf.Flush()
