@@ -370,7 +370,11 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			case "close_amqp_connections":
 				err = rabbitmqctl(faultCtx, "close_all_connections", "--vhost", vhost, "ferry chaos")
 			case "restart_broker":
-				if err = rabbitmqctl(faultCtx, "stop_app"); err == nil {
+				// Both halves run to the end even when the run ends
+				// meanwhile: a stop_app cut short still stops the node's
+				// app, and a broker left stopped would fail the drain and
+				// every later run on this machine.
+				if err = rabbitmqctl(context.WithoutCancel(faultCtx), "stop_app"); err == nil {
 					err = rabbitmqctl(context.WithoutCancel(faultCtx), "start_app")
 				}
 			}

@@ -312,6 +312,10 @@ type BatchResult struct {
 	Left int
 	// Skipped counts rows RelayIDs found already dispatched.
 	Skipped int
+	// Ordered counts the claimed rows of ordered topics. A claim holds one
+	// row per ordered aggregate, its head, so a later row of the aggregate
+	// may be due as soon as this batch commits.
+	Ordered int
 	// Missing are the ids RelayIDs did not find: deleted, or committed so
 	// recently that the commit is not yet visible (logical decoding can
 	// deliver a commit a moment before the committing session makes it
@@ -370,9 +374,12 @@ func (r *Relay) loop(ctx context.Context) {
 		if err != nil {
 			r.logger.Error("relay batch failed", "error", err)
 		}
-		if err == nil && res.Claimed == r.cfg.BatchSize {
-			// More is due: no sleep, and the relay's other batches in
-			// flight join in.
+		// More is due: a full batch, or one that sent heads of ordered
+		// aggregates, whose next rows a claim could not hold alongside
+		// them (a backlog behind a broker outage drains at claim speed,
+		// not a row per aggregate per PollInterval). No sleep, and the
+		// relay's other batches in flight join in.
+		if err == nil && (res.Claimed == r.cfg.BatchSize || (res.Ordered > 0 && res.Dispatched > 0)) {
 			r.Wake()
 			continue
 		}
@@ -505,6 +512,11 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	res.Claimed = len(claimed)
 	if len(claimed) == 0 {
 		return res, tx.Commit(ctx)
+	}
+	for _, c := range claimed {
+		if _, ok := r.orderKey(c); ok {
+			res.Ordered++
+		}
 	}
 	return r.relayClaimed(ctx, tx, claimed, res, false)
 }

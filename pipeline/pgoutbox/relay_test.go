@@ -422,3 +422,25 @@ func TestRelayWakesOnCommit(t *testing.T) {
 	require.Less(t, time.Since(start), 2*time.Second)
 	require.EqualValues(t, 1, relay.Stats().Dispatched)
 }
+
+// A backlog of an ordered aggregate drains at claim speed: a claim holds
+// only the aggregate's head, and the relay claims again at once after
+// sending one, instead of a row per aggregate per PollInterval (an hour
+// here: only the immediate re-claim can drain it in time).
+func TestOrderedBacklogDrainsWithoutWaitingForThePoll(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "stripe.charge")
+	rec := &recorder{Publisher: b.pub}
+	const perAggregate = 30
+	for i := range perAggregate {
+		publish(t, pool, "stripe.charge", event(t, "A", fmt.Sprintf("a-%d", i)), event(t, "B", fmt.Sprintf("b-%d", i)))
+	}
+	relay := newRelay(t, pool, orderedRecorder{rec, []string{"stripe.charge"}}, pgoutbox.RelayConfig{PollInterval: time.Hour, PollOnly: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	pipelinetest.RequireDrained(t, pool, 20*time.Second)
+	require.Len(t, rec.published, 2*perAggregate)
+}
