@@ -950,16 +950,18 @@ func benchWriteOverhead(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	if err != nil {
 		return benchReport{}, err
 	}
+	// create_order's own statement, without its events: the same text on
+	// every bare path.
+	const bareOrderSQL = `INSERT INTO orders (user_id, amount, currency, idempotency_key)
+		VALUES ($1, $2, $3, $4) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id`
 	without := func(i int) error {
 		tx, err := sch.db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
 		defer tx.Rollback()
-		// create_order's own statement, without its events.
 		var id int64
-		if err := tx.QueryRowContext(ctx, `INSERT INTO orders (user_id, amount, currency, idempotency_key)
-			VALUES ($1, $2, $3, $4) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id`,
+		if err := tx.QueryRowContext(ctx, bareOrderSQL,
 			"user-1", 1200, "JPY", fmt.Sprintf("plain-%d", i)).Scan(&id); err != nil {
 			return err
 		}
@@ -974,8 +976,7 @@ func benchWriteOverhead(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	withoutPgx := func(i int) error {
 		return pgx.BeginFunc(ctx, sch.pool, func(tx pgx.Tx) error {
 			var id int64
-			return tx.QueryRow(ctx, `INSERT INTO orders (user_id, amount, currency, idempotency_key)
-				VALUES ($1, $2, $3, $4) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id`,
+			return tx.QueryRow(ctx, bareOrderSQL,
 				"user-1", 1200, "JPY", fmt.Sprintf("plain-pgx-%d", i)).Scan(&id)
 		})
 	}
@@ -989,8 +990,7 @@ func benchWriteOverhead(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	withoutInTx := func(i int) error {
 		return ob.InTx(ctx, sch.pool, func(ctx context.Context, q pgoutbox.Querier, _ *pgoutbox.Pending) error {
 			var id int64
-			return q.QueryRow(ctx, `INSERT INTO orders (user_id, amount, currency, idempotency_key)
-				VALUES ($1, $2, $3, $4) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id`,
+			return q.QueryRow(ctx, bareOrderSQL,
 				"user-1", 1200, "JPY", fmt.Sprintf("plain-intx-%d", i)).Scan(&id)
 		})
 	}
