@@ -43,7 +43,7 @@ const (
 	// ItemsTable records what each backfill wrote (migration 00012).
 	ItemsTable = "ferry_backfill_items"
 	// MetaBackfill names the backfill on every intent it writes.
-	MetaBackfill = "ferry_backfill"
+	MetaBackfill = pipeline.MetaBackfill
 )
 
 // Options describe one backfill run.
@@ -221,7 +221,11 @@ func read(ctx context.Context, pool *pgxpool.Pool, o Options) ([]row, int, error
 	var out []row
 	total := 0
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, o.Query)
+		// The extended protocol, whatever the connection's default (a
+		// PgBouncer URL often says default_query_exec_mode=simple_protocol):
+		// it takes exactly one statement, so "COMMIT; DELETE ..." cannot
+		// end the read-only transaction and write outside it.
+		rows, err := tx.Query(ctx, o.Query, pgx.QueryExecModeExec)
 		if err != nil {
 			return fmt.Errorf("running the query: %w", err)
 		}
@@ -304,8 +308,15 @@ func toRow(agg, payload any, hasHeaders bool, headers func() any) (row, error) {
 			r.headers = map[string]string{}
 			for k, v := range h {
 				s, ok := v.(string)
-				if !ok {
+				switch {
+				case !ok:
 					return r, fmt.Errorf("header %q is not a string", k)
+				case k == MetaBackfill || pipeline.ReservedMetadata(k):
+					// Refused here, in the dry run too, not by the
+					// outbox after earlier batches were written.
+					return r, fmt.Errorf("header %q is reserved for Ferry: %w", k, pipeline.ErrReservedMetadata)
+				case !pipeline.ValidText(k) || !pipeline.ValidText(s):
+					return r, fmt.Errorf("header %q must be valid UTF-8 without NUL", pipeline.CleanText(k, 100))
 				}
 				r.headers[k] = s
 			}

@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/backfill"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
@@ -118,4 +120,36 @@ func TestMaxAndBadQueriesAreRefusedBeforeAnyWrite(t *testing.T) {
 	require.Equal(t, 25, users, "the query ran read-only")
 	_, err = backfill.Run(ctx, pool, pipelinetest.Outbox(t), backfill.Options{Name: "n", Topic: "t", Query: query, Spread: time.Minute, Rate: 2})
 	require.Error(t, err)
+}
+
+// The read-only guard holds under every protocol: with the simple protocol
+// as the connection's default (PgBouncer URLs), a query of several
+// statements could COMMIT the read-only transaction and write after it.
+// Headers a consumer trusts are refused in the dry run, before any write.
+func TestQueryRunsAsOneReadOnlyStatementUnderEveryProtocol(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	var schema string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	simple, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer simple.Close()
+	for _, apply := range []bool{false, true} {
+		_, err = backfill.Run(ctx, simple, pipelinetest.Outbox(t), backfill.Options{Name: "n", Topic: "t", Apply: apply,
+			Query: `COMMIT; DELETE FROM users; SELECT id AS aggregate_id, '{}'::jsonb AS payload FROM users`})
+		require.Error(t, err)
+	}
+	var users int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM users`).Scan(&users))
+	require.Equal(t, 25, users, "nothing was deleted")
+
+	for _, key := range []string{"ferry_message_id", "ferry_backfill", "x-delivery-count"} {
+		_, err = backfill.Run(ctx, pool, pipelinetest.Outbox(t), backfill.Options{Name: "n", Topic: "t",
+			Query: `SELECT id AS aggregate_id, '{}'::jsonb AS payload, json_build_object('` + key + `', 'x') AS headers FROM users`})
+		require.ErrorIs(t, err, pipeline.ErrReservedMetadata, key)
+	}
+	require.Zero(t, intents(t, pool))
 }

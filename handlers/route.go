@@ -6,6 +6,8 @@ import (
 	"regexp"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // Route is one consumer handler. The application's route table, a []Route,
@@ -37,6 +39,8 @@ func (r Route) Validate() error {
 	}
 	if !validName.MatchString(r.Topic) {
 		errs = append(errs, fmt.Errorf("route %q: topic %q must match %s", r.Name, r.Topic, validName))
+	} else if err := pipeline.ValidateTopicName(r.Topic); err != nil {
+		errs = append(errs, fmt.Errorf("route %q: %w", r.Name, err))
 	}
 	if r.Handler == nil {
 		errs = append(errs, fmt.Errorf("route %q has no handler", r.Name))

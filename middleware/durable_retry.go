@@ -100,10 +100,10 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			headers[pipeline.MetaAttempt] = strconv.Itoa(attempt)
 			headers[pipeline.MetaOriginalTopic] = pipeline.OriginalTopic(msg, message.SubscribeTopicFromCtx(ctx))
 			headers[pipeline.MetaRetryQueue] = pipeline.ConsumerQueue(handler)
+			// The aggregate as delivered, even empty: it is part of the
+			// message's content (pipeline.ContentDigest), and the retry
+			// topic is not ordered.
 			aggregate := msg.Metadata.Get(pipeline.MetaAggregateID)
-			if aggregate == "" {
-				aggregate = pipeline.MessageID(msg)
-			}
 			// Scheduling is not part of the handler's work: a deadline or
 			// cancellation of the delivery must not lose the retry.
 			if serr := c.schedule(ctx, pipeline.Retry{
@@ -113,7 +113,7 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			}
 			c.recordRetry(handler, deferred)
 			logger.WarnContext(ctx, "handler failed; durable retry scheduled",
-				"handler", handler, "next_attempt", attempt, "retry_in", delay, "deferred", deferred, "error", err)
+				"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.CleanText(err.Error(), maxLastErrorLength))
 			return nil, nil
 		}
 	}, nil
@@ -168,7 +168,7 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
 		c.recordRetry(handler, deferred)
 		logger.WarnContext(ctx, "handler of an ordered topic failed; holding the partition until the retry",
-			"handler", handler, "next_attempt", attempt, "retry_in", delay, "deferred", deferred, "error", err)
+			"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.CleanText(err.Error(), maxLastErrorLength))
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err() // stopping: nacked, redelivered first in line
@@ -190,8 +190,8 @@ func (c DurableRetryConfig) nextTry(msg *message.Message, attempt int, err error
 		msg.Metadata.Set(pipeline.MetaFirstFailedAt, now)
 	}
 	msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
-	msg.Metadata.Set(pipeline.MetaLastError, truncateText(err.Error(), maxLastErrorLength))
-	pipeline.AppendErrorHistory(msg, pipeline.FailedAttempt{Attempt: attempt, At: now, Error: truncateText(err.Error(), maxHistoryErrorLength)})
+	msg.Metadata.Set(pipeline.MetaLastError, pipeline.CleanText(err.Error(), maxLastErrorLength))
+	pipeline.AppendErrorHistory(msg, pipeline.FailedAttempt{Attempt: attempt, At: now, Error: pipeline.CleanText(err.Error(), maxHistoryErrorLength)})
 	switch {
 	case pipeline.IsPermanent(err):
 		return attempt, 0, false, err
@@ -207,14 +207,4 @@ func (c DurableRetryConfig) recordRetry(handler string, deferred bool) {
 		outcome = OutcomeDeferred
 	}
 	recorderOr(c.Recorder).Record(pipeline.RouteName(handler), outcome)
-}
-
-func truncateText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]>>6 == 0b10 {
-		n--
-	}
-	return s[:n]
 }

@@ -2,8 +2,8 @@ package middleware
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 
@@ -12,13 +12,17 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 )
 
+// maxMessageIDLength is the outbox's bound on a message UUID.
+const maxMessageIDLength = 512
+
 // Ledger is what the idempotency guard needs from a durable ledger
 // (pgledger.Ledger is Ferry's). Once runs fn unless consumer has already
 // processed messageID, with the check, fn and the record in one transaction.
 type Ledger interface {
-	// digest identifies the message's content (SHA-256 of its payload): a
-	// processed id that comes back with another digest must be reported as
-	// an error wrapping pipeline.ErrIDConflict, not skipped.
+	// digest identifies the message's content (pipeline.ContentDigest: its
+	// payload and content metadata): a processed id that comes back with
+	// another digest (pipeline.SameContent false) must be reported as an
+	// error wrapping pipeline.ErrIDConflict, not skipped.
 	Once(ctx context.Context, consumer, messageID string, digest []byte, fn func(ctx context.Context) error) (ran bool, err error)
 }
 
@@ -59,11 +63,14 @@ func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if id == "" {
 			return nil, pipeline.Permanent(errors.New("message has no id: it cannot be deduplicated"))
 		}
+		if !pipeline.ValidText(id) || len(id) > maxMessageIDLength {
+			return nil, pipeline.Permanent(fmt.Errorf("message id %q cannot be stored (invalid UTF-8, a NUL, or over %d bytes): it cannot be deduplicated",
+				pipeline.CleanText(id, 100), maxMessageIDLength))
+		}
 		outer := msg.Context()
 		consumer := pipeline.RouteName(message.HandlerNameFromCtx(outer))
 		var produced []*message.Message
-		digest := sha256.Sum256(msg.Payload)
-		ran, err := i.ledger.Once(outer, consumer, id, digest[:], func(ctx context.Context) error {
+		ran, err := i.ledger.Once(outer, consumer, id, pipeline.ContentDigest(msg), func(ctx context.Context) error {
 			msg.SetContext(ctx)
 			defer msg.SetContext(outer)
 			var err error

@@ -18,6 +18,9 @@ const (
 	OutcomeInfrastructureRetry Outcome = "infrastructure_retry"
 	// OutcomeRetried is an in-process retry of a failed attempt.
 	OutcomeRetried Outcome = "retried"
+	// OutcomePoisonStoreFailed is a poisoned message the poison store
+	// refused (its database down); it is held and stored again later.
+	OutcomePoisonStoreFailed Outcome = "poison_store_failed"
 )
 
 // Recorder is told the outcome of every delivery, by route name

@@ -47,9 +47,10 @@ const (
 	// publish is (1 for the first).
 	MetaOutboxAttempt = "outbox_attempt"
 
-	// MetaMessageID is the id of the message a retry or a requeue stands
-	// for: the UUID it was first published with. Ledger and idempotency keys use it (see
-	// MessageID), so a retried message is still the same message.
+	// MetaMessageID is set on durable retries and requeues: the UUID the
+	// message was first published with, which they keep as their own UUID.
+	// It is for operators reading headers; identity is the UUID (see
+	// MessageID), and only Ferry sets this key (see ReservedMetadata).
 	MetaMessageID = "ferry_message_id"
 	// MetaAttempt is the consumer-side delivery attempt of the message,
 	// 1 for the first; durable retries count it up.
@@ -157,12 +158,11 @@ type Retry struct {
 	Delay       time.Duration
 }
 
-// MessageID is the id that identifies msg across retries and requeues: the
-// MetaMessageID it carries, or its own id.
+// MessageID is the id that identifies msg across redeliveries, retries and
+// requeues, and the downstream idempotency key: the UUID its publisher gave
+// it, end to end. Durable retries and requeues keep that UUID; no metadata
+// can replace it, so a producer cannot make one message two.
 func MessageID(msg *message.Message) string {
-	if id := msg.Metadata.Get(MetaMessageID); id != "" {
-		return id
-	}
 	return msg.UUID
 }
 

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -46,4 +47,29 @@ func IsPartition(handlerName string) bool {
 	}
 	_, err := strconv.Atoi(handlerName[i+1:])
 	return err == nil
+}
+
+// ReservedTopicPrefix starts the exchange names RabbitMQ keeps for itself:
+// declaring or publishing to one is refused (403 ACCESS_REFUSED), and the
+// channel is closed.
+const ReservedTopicPrefix = "amq."
+
+// ValidateTopicName refuses a topic that can never become an exchange:
+// one in RabbitMQ's reserved "amq." namespace, or one holding a character
+// other than ASCII letters, digits and - $ : . _ (watermill-sql's rule for
+// topics, which the outbox's publisher applies). Publishing to a reserved
+// name fails at the broker only after the business transaction committed;
+// refusing it at publish time keeps it out of the outbox.
+func ValidateTopicName(topic string) error {
+	switch {
+	case strings.HasPrefix(topic, ReservedTopicPrefix):
+		return fmt.Errorf("%w: topic %q starts with %q, which RabbitMQ reserves for its own exchanges", ErrInvalidEvent, topic, ReservedTopicPrefix)
+	case strings.IndexFunc(topic, func(r rune) bool { return !topicRune(r) }) >= 0:
+		return fmt.Errorf("%w: topic %q may hold only ASCII letters, digits and - $ : . _", ErrInvalidEvent, CleanText(topic, 100))
+	}
+	return nil
+}
+
+func topicRune(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-$:._", r)
 }

@@ -163,20 +163,31 @@ func Unavailable(err error) bool {
 	if err == nil {
 		return false
 	}
+	// Any failure to connect, whatever the server answered: refusing
+	// connections to the database (55000), no such database (3D000),
+	// authentication (28000, 28P01), starting up (57P03). A connection
+	// carries no message, so the message is never at fault. Checked before
+	// the server's code, which such an error also carries.
+	var connectErr *pgxconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
 	var pgErr *pgxconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
 		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
 			strings.HasPrefix(pgErr.Code, "57P"),         // admin/crash shutdown, cannot connect now
 			strings.HasPrefix(pgErr.Code, "53"),          // insufficient resources (too many connections, disk full)
+			strings.HasPrefix(pgErr.Code, "58"),          // system error (I/O)
 			pgErr.Code == "40001", pgErr.Code == "40P01", // serialization failure, deadlock
-			pgErr.Code == "55P03": // lock not available
+			pgErr.Code == "55P03",                                               // lock not available
+			pgErr.Code == "25006",                                               // read-only transaction: a standby, before or during a failover
+			pgErr.Code == "3D000", pgErr.Code == "28000", pgErr.Code == "28P01": // the database gone or access revoked mid-session
 			return true
 		}
 		return false
 	}
-	var connectErr *pgxconn.ConnectError
-	if errors.As(err, &connectErr) || pgxconn.SafeToRetry(err) || pgxconn.Timeout(err) {
+	if pgxconn.SafeToRetry(err) || pgxconn.Timeout(err) {
 		return true
 	}
 	var netErr net.Error

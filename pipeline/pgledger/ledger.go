@@ -16,7 +16,6 @@
 package pgledger
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -85,18 +84,24 @@ func TxFromContext(ctx context.Context) pgx.Tx {
 // writes, so a later delivery tries again; a commit error is returned too,
 // since the effect is then not recorded.
 //
-// digest (the payload's SHA-256; nil to skip the check) is stored with the
-// row: a later delivery of messageID with another digest is not a
-// redelivery, and Once returns an error wrapping pipeline.ErrIDConflict
-// instead of skipping it silently.
+// digest (pipeline.ContentDigest of the message: its payload and content
+// metadata; nil to skip the check) is stored with the row: a later delivery
+// of messageID whose digest is not the same content (pipeline.SameContent)
+// is not a redelivery, and Once returns an error wrapping
+// pipeline.ErrIDConflict instead of skipping it silently.
 //
-// Failures of the ledger's own database (unreachable, connection lost,
-// serialization failure), and fn's errors when they come from the ledger
+// Failures of the ledger's own statements (BEGIN, its row, the digest read:
+// with the ids checked first, only the database can fail them: unreachable,
+// refusing connections, a table migrated away), a commit the database
+// could not make, and fn's errors when they come from the ledger
 // transaction's connection breaking, are marked pipeline.Infrastructure:
-// the message is not at fault.
+// the message is not at fault, and waits.
 func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []byte, fn func(ctx context.Context) error) (ran bool, err error) {
 	if consumer == "" || messageID == "" {
 		return false, errors.New("pgledger: consumer and message id must not be empty")
+	}
+	if !pipeline.ValidText(consumer) || !pipeline.ValidText(messageID) {
+		return false, fmt.Errorf("pgledger: message id %q (consumer %q) must be valid UTF-8 without NUL", pipeline.CleanText(messageID, 200), pipeline.CleanText(consumer, 200))
 	}
 	// BEGIN and the ledger row in one round trip (pgx's Batch.BeginTx);
 	// the pool keeps the connection until the transaction ends.
@@ -117,24 +122,24 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 	}()
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return false, pgconn.MarkUnavailable(fmt.Errorf("beginning ledger transaction: %w", err))
+		return false, pipeline.Infrastructure(fmt.Errorf("beginning ledger transaction: %w", err))
 	}
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return false, pgconn.MarkUnavailable(fmt.Errorf("recording message %s for %s in ledger: %w", messageID, consumer, err))
+		return false, pipeline.Infrastructure(fmt.Errorf("recording message %s for %s in ledger: %w", messageID, consumer, err))
 	}
 	if tag.RowsAffected() == 0 {
 		// Processed before (or by a concurrent delivery that committed):
 		// the same message, unless its content differs.
 		var stored []byte
 		if err := tx.QueryRow(ctx, l.digestSQL, consumer, messageID).Scan(&stored); err != nil {
-			return false, pgconn.MarkUnavailable(fmt.Errorf("reading ledger entry of message %s for %s: %w", messageID, consumer, err))
+			return false, pipeline.Infrastructure(fmt.Errorf("reading ledger entry of message %s for %s: %w", messageID, consumer, err))
 		}
-		if stored != nil && digest != nil && !bytes.Equal(stored, digest) {
-			return false, fmt.Errorf("%w: %s processed message %s with payload sha256 %x, this delivery has %x",
+		if !pipeline.SameContent(stored, digest) {
+			return false, fmt.Errorf("%w: %s processed message %s with content digest %x, this delivery has %x",
 				pipeline.ErrIDConflict, consumer, messageID, stored, digest)
 		}
 		return false, nil

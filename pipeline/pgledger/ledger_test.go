@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/pipeline"
@@ -201,4 +202,60 @@ func TestOnceRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ran, "the failed attempt left no ledger row")
 	require.Equal(t, int32(0), pool.Stat().AcquiredConns())
+}
+
+// Same id, same payload, other content metadata (another tenant) is not a
+// redelivery: the ledger reports it. A redelivery that differs only in
+// how it was delivered or traced is one. A ledger row written before
+// metadata counted (the payload's SHA-256) still recognises its message.
+func TestOnceComparesContentMetadata(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	msg := func(tenant string, extra ...string) *message.Message {
+		m := message.NewMessage("m-1", []byte(`{"amount":100}`))
+		m.Metadata.Set(pipeline.MetaTenantID, tenant)
+		for i := 0; i+1 < len(extra); i += 2 {
+			m.Metadata.Set(extra[i], extra[i+1])
+		}
+		return m
+	}
+	ran, err := ledger.Once(ctx, "charge", "m-1", pipeline.ContentDigest(msg("acme")), func(context.Context) error { return nil })
+	require.NoError(t, err)
+	require.True(t, ran)
+
+	ran, err = ledger.Once(ctx, "charge", "m-1", pipeline.ContentDigest(msg("acme", "x-delivery-count", "2", pipeline.MetaCorrelationID, "c-9")),
+		func(context.Context) error { t.Fatal("a redelivery runs nothing"); return nil })
+	require.NoError(t, err)
+	require.False(t, ran)
+
+	ran, err = ledger.Once(ctx, "charge", "m-1", pipeline.ContentDigest(msg("evil")),
+		func(context.Context) error { t.Fatal("another tenant's message runs nothing"); return nil })
+	require.ErrorIs(t, err, pipeline.ErrIDConflict)
+	require.False(t, ran)
+
+	legacy := sha256.Sum256([]byte(`{"amount":100}`))
+	_, err = pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, payload_sha256) VALUES ('charge', 'old', $1)`, legacy[:])
+	require.NoError(t, err)
+	old := msg("acme")
+	old.UUID = "old"
+	ran, err = ledger.Once(ctx, "charge", "old", pipeline.ContentDigest(old), func(context.Context) error { t.Fatal("processed before the upgrade"); return nil })
+	require.NoError(t, err)
+	require.False(t, ran)
+}
+
+// Ids the database cannot store are refused before the transaction, not
+// sent to fail there (which would read as the database failing).
+func TestOnceRefusesUnstorableIDs(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	for _, id := range []string{"a\x00b", "caf\xe9"} {
+		_, err = ledger.Once(context.Background(), "c", id, nil, func(context.Context) error { t.Fatal("never runs"); return nil })
+		require.Error(t, err)
+		require.False(t, pipeline.IsInfrastructure(err))
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/internal/republish"
 )
 
 // Outbox publishes events into the outbox table inside a caller's transaction.
@@ -39,6 +40,14 @@ func (o *Outbox) Table() string { return o.adapter.Table }
 // visible to the relay until tx commits, and nothing remains if it rolls
 // back: that is the whole contract of an outbox.
 //
+// Every message is checked before anything is written, and an invalid one
+// fails the call with an error wrapping pipeline.ErrInvalidEvent, leaving
+// tx usable: no UUID, an aggregate id, topic or metadata text that is not
+// valid UTF-8 or holds a NUL, a payload over MaxPayloadBytes, a topic in
+// RabbitMQ's reserved "amq." namespace, or metadata that only Ferry may set
+// (pipeline.ReservedMetadata: refused, never overwritten). A nil payload is
+// stored as an empty one.
+//
 // tx is a database/sql transaction (*sql.Tx, over pgx's stdlib driver) or a
 // pgx transaction wrapped with PgxTx: a handler's ledger transaction is one,
 // so a follow-up event commits with the handler's ledger row. The write goes
@@ -52,7 +61,9 @@ func (o *Outbox) PublishTx(ctx context.Context, tx wsql.ContextExecutor, topic s
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("publishing to outbox: %w", err)
 	}
-	pub, err := o.Publisher(tx)
+	adapter := o.adapter
+	adapter.republish = republish.Is(ctx)
+	pub, err := o.publisher(tx, adapter)
 	if err != nil {
 		return err
 	}
@@ -67,13 +78,28 @@ func (o *Outbox) PublishTx(ctx context.Context, tx wsql.ContextExecutor, topic s
 // a transaction of its own, which makes the outbox, the relay and a
 // rabbit.Subscriber one Watermill Pub/Sub. Creating one costs no I/O.
 func (o *Outbox) Publisher(db wsql.ContextExecutor) (message.Publisher, error) {
+	return o.publisher(db, o.adapter)
+}
+
+func (o *Outbox) publisher(db wsql.ContextExecutor, adapter SchemaAdapter) (message.Publisher, error) {
 	// AutoInitializeSchema stays off, as it must inside a transaction:
 	// migrations own the table.
-	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: o.adapter}, o.logger)
+	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: adapter}, o.logger)
 	if err != nil {
 		return nil, fmt.Errorf("creating outbox publisher: %w", err)
 	}
-	return pub, nil
+	return checkedPublisher{pub}, nil
+}
+
+// checkedPublisher checks the topic before watermill-sql does, so that a
+// bad one is refused as pipeline.ErrInvalidEvent with Ferry's reason.
+type checkedPublisher struct{ message.Publisher }
+
+func (p checkedPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := validateTopic(topic); err != nil {
+		return err
+	}
+	return p.Publisher.Publish(topic, msgs...)
 }
 
 // PublishEventsTx writes events of any topics into the outbox as part of

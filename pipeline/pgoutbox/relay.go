@@ -678,7 +678,7 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 		}
 		delay := r.cfg.Backoff.Delay(o.Attempt)
 		failIDs = append(failIDs, o.ID)
-		failErrs = append(failErrs, truncate(o.Err.Error(), r.cfg.MaxErrorLength))
+		failErrs = append(failErrs, pipeline.CleanText(o.Err.Error(), r.cfg.MaxErrorLength))
 		failDelays = append(failDelays, delay.Microseconds())
 		r.logger.Warn("publishing outbox row failed; will retry",
 			"outbox_id", o.ID, "topic", o.Topic, "aggregate_id", o.AggregateID,
@@ -841,15 +841,4 @@ func headerValue(v any) string {
 func headerString(h map[string]any, key string) string {
 	s, _ := h[key].(string)
 	return s
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	// Cut on a rune boundary: last_error is text, and PostgreSQL rejects invalid UTF-8.
-	for n > 0 && n < len(s) && s[n]>>6 == 0b10 {
-		n--
-	}
-	return s[:n]
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/internal/republish"
 )
 
 // Rescheduler writes durable retries into the outbox on pipeline.RetryTopic
@@ -49,8 +49,14 @@ func (r *Rescheduler) ScheduleRetry(ctx context.Context, rt pipeline.Retry) erro
 	}
 	msg.Metadata.Set(pipeline.MetaAggregateID, rt.AggregateID)
 	pipeline.WithDelay(msg, rt.Delay)
-	if err := r.outbox.PublishTx(ctx, PgxTx(r.pool), pipeline.RetryTopic, msg); err != nil {
-		return pgconn.MarkUnavailable(fmt.Errorf("writing retry into the outbox: %w", err))
+	if err := r.outbox.PublishTx(republish.Context(ctx), PgxTx(r.pool), pipeline.RetryTopic, msg); err != nil {
+		err = fmt.Errorf("writing retry into the outbox: %w", err)
+		if errors.Is(err, pipeline.ErrInvalidEvent) {
+			return err // the message's own fault: it goes to the poison store with the reason
+		}
+		// Anything else is the outbox's database failing to take a valid
+		// row: the message waits, it is not poisoned.
+		return pipeline.Infrastructure(err)
 	}
 	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -54,6 +53,11 @@ type SchemaAdapter struct {
 	// Ordered (rabbit.Topology.Ordered), the one home of that set. Default:
 	// no topic is ordered.
 	Ordered func(topic string) bool
+
+	// republish is set on the copy Ferry's own retries and requeues write
+	// through (see Outbox.PublishTx): they carry reserved metadata, and
+	// their header texts are cleaned instead of refused.
+	republish bool
 }
 
 var _ wsql.SchemaAdapter = SchemaAdapter{}
@@ -84,7 +88,7 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 			}
 			rowTopic = t
 		}
-		row, err := outboxRowFromMessage(msg, a.Ordered != nil && a.Ordered(rowTopic))
+		row, err := outboxRowFromMessage(msg, a.Ordered != nil && a.Ordered(rowTopic), a.republish)
 		if err != nil {
 			return wsql.Query{}, fmt.Errorf("message %d (%s): %w", i, msg.UUID, err)
 		}
@@ -94,7 +98,14 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 		n := len(args)
 		fmt.Fprintf(&sb, "($%d, $%d, $%d, $%d::jsonb, $%d::bytea, $%d::jsonb, COALESCE($%d::timestamptz, now() + $%d::bigint * interval '1 microsecond'))",
 			n+1, n+2, n+3, n+4, n+5, n+6, n+7, n+8)
-		args = append(args, msg.UUID, row.aggregateID, rowTopic, row.jsonPayload, msg.Payload, string(row.headers), row.deliverAt, row.delay.Microseconds())
+		payload := msg.Payload
+		if payload == nil {
+			// Watermill's nil payload is an empty one; nil would be SQL
+			// NULL, which the table's check refuses inside the caller's
+			// transaction.
+			payload = []byte{}
+		}
+		args = append(args, msg.UUID, row.aggregateID, rowTopic, row.jsonPayload, payload, string(row.headers), row.deliverAt, row.delay.Microseconds())
 	}
 	return wsql.Query{Query: sb.String(), Args: args}, nil
 }
@@ -109,20 +120,23 @@ type insertRow struct {
 	deliverAt   *time.Time
 }
 
-func outboxRowFromMessage(msg *message.Message, ordered bool) (insertRow, error) {
+// outboxRowFromMessage checks msg and builds its row. Every check that the
+// database would otherwise make is made here, so that a bad event is
+// refused with a clear error and never aborts the caller's transaction.
+func outboxRowFromMessage(msg *message.Message, ordered, republish bool) (insertRow, error) {
 	var row insertRow
 	row.aggregateID = msg.Metadata.Get(pipeline.MetaAggregateID)
 	switch {
 	case msg.UUID == "":
 		return row, fmt.Errorf("%w: message has no UUID", pipeline.ErrInvalidEvent)
-	case len(msg.UUID) > MaxAggregateIDLength || !utf8.ValidString(msg.UUID) || strings.ContainsRune(msg.UUID, 0):
+	case len(msg.UUID) > MaxAggregateIDLength || !pipeline.ValidText(msg.UUID):
 		return row, fmt.Errorf("%w: message UUID must be valid UTF-8 without NUL, at most %d bytes", pipeline.ErrInvalidEvent, MaxAggregateIDLength)
 	case row.aggregateID == "" && ordered:
 		return row, fmt.Errorf("%w: metadata %q is missing, and the topic is ordered (per aggregate)", pipeline.ErrInvalidEvent, pipeline.MetaAggregateID)
 	case len(row.aggregateID) > MaxAggregateIDLength:
 		return row, fmt.Errorf("%w: aggregate id is longer than %d bytes", pipeline.ErrInvalidEvent, MaxAggregateIDLength)
-	case !utf8.ValidString(row.aggregateID):
-		return row, fmt.Errorf("%w: aggregate id is not valid UTF-8", pipeline.ErrInvalidEvent)
+	case !pipeline.ValidText(row.aggregateID):
+		return row, fmt.Errorf("%w: aggregate id must be valid UTF-8 without NUL", pipeline.ErrInvalidEvent)
 	}
 	if len(msg.Payload) > MaxPayloadBytes {
 		return row, fmt.Errorf("%w: payload is %d bytes, more than %d", pipeline.ErrInvalidEvent, len(msg.Payload), MaxPayloadBytes)
@@ -150,8 +164,16 @@ func outboxRowFromMessage(msg *message.Message, ordered bool) (insertRow, error)
 		case pipeline.MetaAggregateID, pipeline.MetaTopic:
 			// Their own columns.
 		default:
-			if !utf8.ValidString(k) || !utf8.ValidString(v) {
-				return row, fmt.Errorf("%w: metadata %q is not valid UTF-8", pipeline.ErrInvalidEvent, k)
+			if !republish && pipeline.ReservedMetadata(k) {
+				return row, fmt.Errorf("%w: %w: %q (it carries a message's identity or delivery history, which consumers trust); the message's UUID is its id",
+					pipeline.ErrInvalidEvent, pipeline.ErrReservedMetadata, k)
+			}
+			if republish {
+				// Headers that came back from a delivery (a provider's
+				// error text, a broker header) are stored, cleaned.
+				k, v = pipeline.CleanText(k, 0), pipeline.CleanText(v, 0)
+			} else if !pipeline.ValidText(k) || !pipeline.ValidText(v) {
+				return row, fmt.Errorf("%w: metadata %q must be valid UTF-8 without NUL", pipeline.ErrInvalidEvent, pipeline.CleanText(k, 100))
 			}
 			headers[k] = v
 		}
@@ -178,7 +200,7 @@ func validateTopic(topic string) error {
 	case len(topic) > MaxTopicLength:
 		return fmt.Errorf("%w: topic is longer than %d bytes", pipeline.ErrInvalidEvent, MaxTopicLength)
 	}
-	return nil
+	return pipeline.ValidateTopicName(topic)
 }
 
 // SelectQuery is not supported: the relay claims rows itself. The query

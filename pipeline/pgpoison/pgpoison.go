@@ -30,6 +30,17 @@ import (
 // Table is the poison store's table, created by Ferry's migrations.
 const Table = "poison_messages"
 
+// Bounds of what the poison store keeps of a message's texts.
+const (
+	// MaxReasonLength bounds the stored reason.
+	MaxReasonLength = 4096
+	// MaxHeaderLength bounds each stored header value.
+	MaxHeaderLength = 16384
+	// maxKeyLength bounds header names and the id, topic, handler,
+	// aggregate and correlation columns.
+	maxKeyLength = 512
+)
+
 // bookkeeping are the keys that describe a failure, not the message: they
 // are dropped when a message is requeued.
 var bookkeeping = []string{
@@ -61,15 +72,23 @@ func (SchemaAdapter) InsertQuery(_ string, msgs message.Messages) (wsql.Query, e
 		if i > 0 {
 			sb.WriteString(", ")
 		}
-		headers, err := json.Marshal(map[string]string(m.Metadata))
+		// Every text is cleaned (pipeline.CleanText) and bounded: a reason
+		// or header that PostgreSQL cannot store (a provider's Latin-1 body,
+		// a NUL) must not make the poison store refuse the message, which
+		// would leave it nacked and redelivered forever.
+		md := make(message.Metadata, len(m.Metadata))
+		for k, v := range m.Metadata {
+			md[pipeline.CleanText(k, maxKeyLength)] = pipeline.CleanText(v, MaxHeaderLength)
+		}
+		headers, err := json.Marshal(map[string]string(md))
 		if err != nil {
 			return wsql.Query{}, fmt.Errorf("encoding headers of %s: %w", m.UUID, err)
 		}
-		md := m.Metadata
-		reason := md.Get(wmw.ReasonForPoisonedKey)
+		reason := pipeline.CleanText(md.Get(wmw.ReasonForPoisonedKey), MaxReasonLength)
 		if reason == "" {
 			reason = "(no reason recorded)"
 		}
+		text := func(s string) string { return pipeline.CleanText(s, maxKeyLength) }
 		n := len(args)
 		ph := make([]string, 14)
 		for j := range ph {
@@ -78,12 +97,12 @@ func (SchemaAdapter) InsertQuery(_ string, msgs message.Messages) (wsql.Query, e
 		ph[6] += "::jsonb"
 		sb.WriteString("(" + strings.Join(ph, ", ") + ")")
 		args = append(args,
-			pipeline.MessageID(m), pipeline.OriginalTopic(m, md.Get(wmw.PoisonedTopicKey)),
-			md.Get(wmw.PoisonedHandlerKey), md.Get(pipeline.MetaPoisonedConsumer), md.Get(pipeline.MetaAggregateID),
+			text(pipeline.MessageID(m)), text(pipeline.OriginalTopic(m, md.Get(wmw.PoisonedTopicKey))),
+			text(md.Get(wmw.PoisonedHandlerKey)), text(md.Get(pipeline.MetaPoisonedConsumer)), text(md.Get(pipeline.MetaAggregateID)),
 			[]byte(m.Payload), string(headers), reason, md.Get(pipeline.MetaPoisonPermanent) == "true",
 			pipeline.DeliveryAttempt(m), timeOr(md.Get(pipeline.MetaFirstFailedAt), now),
 			timeOr(md.Get(pipeline.MetaLastFailedAt), now), timeOr(md.Get(pipeline.MetaPoisonedAt), now),
-			md.Get(pipeline.MetaCorrelationID))
+			text(md.Get(pipeline.MetaCorrelationID)))
 	}
 	return wsql.Query{Query: sb.String(), Args: args}, nil
 }

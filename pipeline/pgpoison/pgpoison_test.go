@@ -2,7 +2,9 @@ package pgpoison_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -143,4 +145,44 @@ func TestEachPagesByID(t *testing.T) {
 	require.Error(t, pgpoison.Filter{Limit: -1}.Validate())
 	require.Error(t, pgpoison.Filter{Limit: pgpoison.MaxLimit + 1}.Validate())
 	require.Error(t, pgpoison.Filter{AfterID: -1}.Validate())
+}
+
+// Whatever a failure carried (a provider's Latin-1 body as the reason, a
+// NUL in a header, a reason of a megabyte), the poison store takes the
+// message, cleaned and bounded; and a requeue of it is written back.
+func TestStoreTakesAnyTextCleaned(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	db := pgconn.SQLDB(pool)
+	defer db.Close()
+	pub, err := pgpoison.NewPublisher(db)
+	require.NoError(t, err)
+	latin := poisoned("l1", "a.topic", `{"ok":1}`)
+	latin.Metadata.Set(wmw.ReasonForPoisonedKey, "provider answered 400: Kunde ung\xfcltig")
+	nul := poisoned("n1", "a.topic", `{"ok":2}`)
+	nul.Metadata.Set("note", "a\x00b")
+	nul.Metadata.Set("bad\xffkey", "v")
+	nul.Metadata.Set(pipeline.MetaCorrelationID, "c\x00")
+	huge := poisoned("h1", "a.topic", `{"ok":3}`)
+	huge.Metadata.Set(wmw.ReasonForPoisonedKey, strings.Repeat("é", 1<<19))
+	require.NoError(t, pub.Publish("ignored", latin, nul, huge))
+
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	all, err := store.List(context.Background(), "", 0)
+	require.NoError(t, err)
+	require.Len(t, all, 3)
+	byID := map[string]pgpoison.Record{}
+	for _, r := range all {
+		byID[r.MessageID] = r
+	}
+	require.Equal(t, "provider answered 400: Kunde ung\uFFFDltig", byID["l1"].Reason)
+	require.Equal(t, "a\uFFFDb", byID["n1"].Headers["note"])
+	require.Equal(t, "v", byID["n1"].Headers["bad\uFFFDkey"])
+	require.LessOrEqual(t, len(byID["h1"].Reason), pgpoison.MaxReasonLength)
+	require.True(t, utf8.ValidString(byID["h1"].Reason))
+
+	res, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, false)
+	require.NoError(t, err)
+	require.Len(t, res.Requeued, 3, "skipped: %+v", res.Skipped)
 }

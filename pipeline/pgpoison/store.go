@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/internal/republish"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
@@ -441,7 +442,7 @@ func (s *Store) RequeueEach(ctx context.Context, sel Selector, dryRun bool, fn f
 			msg.Metadata.Set(k, v)
 		}
 		msg.Metadata.Set(pipeline.MetaAggregateID, r.AggregateID)
-		if err := s.outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), r.Topic, msg); err != nil {
+		if err := s.outbox.PublishTx(republish.Context(ctx), pgoutbox.PgxTx(tx), r.Topic, msg); err != nil {
 			return "", fmt.Errorf("cannot be written back into the outbox: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = $1`, r.ID); err != nil {

@@ -80,38 +80,90 @@ func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 // each the broker confirmed. A message whose error is not nil may still
 // have reached the broker (its confirm was lost with the connection):
 // delivery is at least once.
+//
+// A broker closes a channel over one message (an exchange it refuses to
+// declare, such as one in the reserved "amq." namespace, or a message it
+// will not take), and every later message on that channel fails with it.
+// So when the channel closed under a batch while the connection stayed up,
+// the messages that failed are published again one by one, each on a
+// channel of its own: only a message that closes a channel by itself is
+// charged with the failure, and the rest are delivered.
 func (p *BatchPublisher) PublishBatch(ctx context.Context, batch []Outgoing) []error {
-	errs := make([]error, len(batch))
-	if len(batch) == 0 {
+	errs, channelClosed := p.publish(ctx, batch)
+	if !channelClosed || len(batch) == 1 || !p.conn.IsConnected() {
 		return errs
 	}
-	fail := func(err error) []error {
+	for i := range batch {
+		if errs[i] != nil && ctx.Err() == nil {
+			one, _ := p.publish(ctx, batch[i:i+1])
+			errs[i] = one[0]
+		}
+	}
+	return errs
+}
+
+// publish sends batch on one channel. channelClosed reports that the
+// channel closed under it (not merely that a message was nacked).
+func (p *BatchPublisher) publish(ctx context.Context, batch []Outgoing) (errs []error, channelClosed bool) {
+	errs = make([]error, len(batch))
+	if len(batch) == 0 {
+		return errs, false
+	}
+	fail := func(err error) ([]error, bool) {
 		for i := range errs {
 			if errs[i] == nil {
 				errs[i] = err
 			}
 		}
-		return errs
+		return errs, channelClosed
 	}
 	ch, err := p.acquire(ctx)
 	if err != nil {
 		return fail(err)
 	}
 	healthy := true
-	defer func() { p.release(ch, healthy) }()
+	defer func() {
+		if ch != nil {
+			p.release(ch, healthy)
+		}
+	}()
 
 	// Exchanges first: declaring one is a round trip, which must not wait
-	// behind held writes.
+	// behind held writes. A topic the broker refuses closes the channel:
+	// its messages are charged with that, and the rest go on a new one.
 	exchanges := make([]string, len(batch))
 	for i, o := range batch {
-		if exchanges[i], err = p.exchange(ch, o.Topic); err != nil {
-			healthy = false
-			return fail(err)
+		if errs[i] != nil {
+			continue
 		}
+		if exchanges[i], err = p.exchange(ch, o.Topic); err != nil {
+			if !ch.IsClosed() || !p.conn.IsConnected() {
+				healthy = false
+				return fail(err)
+			}
+			channelClosed = true
+			for j := i; j < len(batch); j++ {
+				if batch[j].Topic == o.Topic {
+					errs[j] = err
+				}
+			}
+			p.release(ch, false)
+			if ch, err = p.acquire(ctx); err != nil {
+				healthy = false
+				ch = nil
+				return fail(err)
+			}
+		}
+	}
+	if ch == nil {
+		return errs, channelClosed
 	}
 	confirms := make([]*amqp.DeferredConfirmation, len(batch))
 	release := HoldWrites(p.conn)
 	for i, o := range batch {
+		if errs[i] != nil {
+			continue
+		}
 		pub, err := Marshaler{}.Marshal(o.Msg)
 		if err != nil {
 			errs[i] = fmt.Errorf("marshaling message %s: %w", o.Msg.UUID, err)
@@ -121,6 +173,7 @@ func (p *BatchPublisher) PublishBatch(ctx context.Context, batch []Outgoing) []e
 		if err != nil {
 			healthy = false
 			_ = release()
+			channelClosed = channelClosed || ch.IsClosed()
 			return fail(fmt.Errorf("publishing message %s to %s: %w", o.Msg.UUID, exchanges[i], err))
 		}
 	}
@@ -141,7 +194,11 @@ func (p *BatchPublisher) PublishBatch(ctx context.Context, batch []Outgoing) []e
 			errs[i] = fmt.Errorf("broker did not confirm message %s (nack or channel closed)", batch[i].Msg.UUID)
 		}
 	}
-	return errs
+	if ch.IsClosed() {
+		healthy = false
+		channelClosed = true
+	}
+	return errs, channelClosed
 }
 
 func (p *BatchPublisher) exchange(ch *amqp.Channel, topic string) (string, error) {

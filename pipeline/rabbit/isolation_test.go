@@ -1,0 +1,103 @@
+package rabbit_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// clashingTopic declares, behind Ferry's back, the exchange of a topic with
+// another type: declaring it as Ferry does then makes RabbitMQ close the
+// channel (406 PRECONDITION_FAILED), as a reserved "amq." name does (403).
+func clashingTopic(t *testing.T, topo *rabbit.Topology, topic string) {
+	t.Helper()
+	conn, err := amqp.Dial(topo.Config().URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDeclare(topo.ExchangeName(topic), "headers", false, false, false, false, nil))
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(topo.Config().URL)
+		require.NoError(t, err)
+		defer conn.Close()
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		require.NoError(t, ch.ExchangeDelete(topo.ExchangeName(topic), false, false))
+	})
+}
+
+// One message whose publish makes the broker close the channel is charged
+// with the failure alone: the rest of its batch is delivered, before and
+// after it, and the relay records the error on its row only.
+func TestAChannelClosingMessageFailsAlone(t *testing.T) {
+	t.Parallel()
+	topo, err := rabbit.NewTopology(pipelinetest.Rabbit(t))
+	require.NoError(t, err)
+	pipelinetest.TeardownTopology(t, topo)
+	clashingTopic(t, topo, "clash")
+	conn, err := rabbit.Dial(topo.Config(), "ferry-isolation-test", watermill.NopLogger{})
+	require.NoError(t, err)
+	defer conn.Close()
+	pub, err := rabbit.NewBatchPublisher(conn, topo)
+	require.NoError(t, err)
+	defer pub.Close()
+
+	batch := []pipeline.Outgoing{
+		{Topic: "fine.one", Msg: message.NewMessage("ok-1", []byte(`{}`))},
+		{Topic: "clash", Msg: message.NewMessage("bad", []byte(`{}`))},
+		{Topic: "fine.one", Msg: message.NewMessage("ok-2", []byte(`{}`))},
+		{Topic: "fine.two", Msg: message.NewMessage("ok-3", []byte(`{}`))},
+	}
+	errs := pub.PublishBatch(context.Background(), batch)
+	require.NoError(t, errs[0])
+	require.Error(t, errs[1])
+	require.Contains(t, errs[1].Error(), "406")
+	require.NoError(t, errs[2])
+	require.NoError(t, errs[3])
+
+	// Through the relay: rows in the outbox (written before topic checks,
+	// or clashing for another reason).
+	pool := pipelinetest.Postgres(t)
+	outbox := pipelinetest.Outbox(t)
+	db := pgconn.SQLDB(pool)
+	defer db.Close()
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	require.NoError(t, outbox.PublishEventsTx(context.Background(), tx,
+		pipeline.Outgoing{Topic: "fine.one", Msg: message.NewMessage("r-1", []byte(`{}`))},
+		pipeline.Outgoing{Topic: "clash", Msg: message.NewMessage("r-bad", []byte(`{}`))},
+		pipeline.Outgoing{Topic: "fine.two", Msg: message.NewMessage("r-2", []byte(`{}`))},
+	))
+	require.NoError(t, tx.Commit())
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	_, err = relay.RelayBatch(context.Background())
+	require.NoError(t, err)
+	rows, err := pool.Query(context.Background(), `SELECT message_uuid, dispatched_at IS NOT NULL, attempts, coalesce(last_error, '') FROM outbox ORDER BY id`)
+	require.NoError(t, err)
+	defer rows.Close()
+	got := map[string][3]any{}
+	for rows.Next() {
+		var id, lastError string
+		var dispatched bool
+		var attempts int
+		require.NoError(t, rows.Scan(&id, &dispatched, &attempts, &lastError))
+		got[id] = [3]any{dispatched, attempts, lastError != ""}
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, [3]any{true, 1, false}, got["r-1"], "dispatched at its first attempt, no error")
+	require.Equal(t, [3]any{true, 1, false}, got["r-2"], "dispatched at its first attempt, no error")
+	require.Equal(t, [3]any{false, 1, true}, got["r-bad"])
+}

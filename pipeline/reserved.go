@@ -1,0 +1,150 @@
+package pipeline
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+)
+
+// ErrReservedMetadata is returned (wrapped with ErrInvalidEvent) when a
+// producer sets metadata that only Ferry may set: see ReservedMetadata.
+var ErrReservedMetadata = errors.New("metadata key is reserved for Ferry")
+
+// MetaBackfill names the backfill that wrote an intent (backfill sets it).
+// A label for operators: no consumer decides anything by it, so it is not
+// reserved.
+const MetaBackfill = "ferry_backfill"
+
+// producerKeys are the ferry_ keys a producer may set: instructions to the
+// outbox, which consumes them (they never reach a consumer), and labels.
+var producerKeys = []string{MetaDelay, MetaDeliverAt, MetaTopic, MetaBackfill}
+
+// bookkeepingKeys are the keys without the ferry_ prefix that Ferry, Watermill
+// or RabbitMQ set on a message in flight, and that consumers trust.
+var bookkeepingKeys = []string{
+	MetaOutboxCreatedAt, MetaOutboxAttempt,
+	MetaPoisonedAt, MetaPoisonPermanent, MetaPoisonedConsumer,
+	wmiddleware.ReasonForPoisonedKey, wmiddleware.PoisonedTopicKey,
+	wmiddleware.PoisonedHandlerKey, wmiddleware.PoisonedSubscriberKey,
+	"x-delivery-count", "x-death",
+}
+
+// ReservedMetadata reports whether key is Ferry's own: a message's identity
+// (MetaMessageID), its place in the outbox (MetaOutboxID, MetaOutboxAttempt,
+// MetaOutboxCreatedAt), its attempts and failure history (MetaAttempt,
+// MetaErrorHistory, MetaLastError, ...), where a retry goes (MetaRetryQueue,
+// MetaOriginalTopic), the poison store's and Watermill's poison keys, the
+// broker's delivery bookkeeping (x-delivery-count, x-death, x-first-death-*,
+// x-last-death-*) and Watermill's transport keys (_watermill_*).
+//
+// Every key with the prefix "ferry_" is reserved except the instructions a
+// producer gives the outbox (MetaDelay, MetaDeliverAt, MetaTopic) and the
+// MetaBackfill label. The outbox refuses a message that sets a reserved key
+// (an error wrapping ErrReservedMetadata and ErrInvalidEvent) on every
+// publish path, before anything is written: consumers trust these keys, so
+// a producer could otherwise change a message's identity or history.
+func ReservedMetadata(key string) bool {
+	switch {
+	case strings.HasPrefix(key, "ferry_"):
+		return !slices.Contains(producerKeys, key)
+	case strings.HasPrefix(key, "_watermill"),
+		strings.HasPrefix(key, "x-first-death-"), strings.HasPrefix(key, "x-last-death-"):
+		return true
+	}
+	return slices.Contains(bookkeepingKeys, key)
+}
+
+// observabilityKeys say how a message was caused and traced, not what it
+// says: the same message can travel under another trace (a replay, a
+// requeue by an operator), and RabbitMQ's correlation-id property fills
+// MetaCorrelationID in when a header lacks it.
+var observabilityKeys = []string{MetaCorrelationID, MetaTraceParent, "tracestate", MetaTraceID}
+
+// ContentMetadata reports whether key is part of a message's content, which
+// a ledger compares when a processed message id comes again (see
+// ContentDigest): every key but the reserved ones, the other ferry_ keys,
+// and the correlation and trace keys. A handler that decides by metadata
+// (tenant_id, schema_version, its own keys) decides by content.
+func ContentMetadata(key string) bool {
+	return !strings.HasPrefix(key, "ferry_") && !ReservedMetadata(key) && !slices.Contains(observabilityKeys, key)
+}
+
+// DigestSize is the length of a ContentDigest.
+const DigestSize = 2 * sha256.Size
+
+// ContentDigest identifies msg's content for a ledger: a message id that
+// comes again with another digest is not a redelivery but another message
+// under a reused id (ErrIDConflict). Its first half is the SHA-256 of the
+// payload and of the ContentMetadata with a non-empty value (sorted, each
+// length-prefixed, so no two contents encode alike); its second half is
+// the SHA-256 of the payload alone, which is what ledgers stored before
+// metadata counted (see SameContent).
+func ContentDigest(msg *message.Message) []byte {
+	keys := make([]string, 0, len(msg.Metadata))
+	for k, v := range msg.Metadata {
+		if v != "" && ContentMetadata(k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	h := sha256.New()
+	field := func(b []byte) {
+		_ = binary.Write(h, binary.BigEndian, uint64(len(b)))
+		h.Write(b)
+	}
+	field([]byte("ferry content v2"))
+	field(msg.Payload)
+	for _, k := range keys {
+		field([]byte(k))
+		field([]byte(msg.Metadata[k]))
+	}
+	payload := sha256.Sum256(msg.Payload)
+	return append(h.Sum(make([]byte, 0, DigestSize)), payload[:]...)
+}
+
+// SameContent reports whether a digest a ledger stored and a ContentDigest
+// describe the same content. A stored digest of sha256.Size bytes was
+// written before metadata counted: it is compared with the payload half.
+func SameContent(stored, digest []byte) bool {
+	switch {
+	case stored == nil || digest == nil:
+		return true // nothing to compare
+	case len(stored) == sha256.Size && len(digest) == DigestSize:
+		return string(stored) == string(digest[sha256.Size:])
+	}
+	return string(stored) == string(digest)
+}
+
+// CleanText makes s storable and printable wherever Ferry keeps text (the
+// poison store's reasons and headers, error histories, last_error, logs):
+// invalid UTF-8 becomes U+FFFD, NUL (which PostgreSQL's text and jsonb
+// refuse) becomes U+FFFD too, and the result is cut to at most max bytes on
+// a rune boundary (max <= 0: no cut). A provider's error in Latin-1 or a
+// header holding a NUL must never make a message unstorable.
+func CleanText(s string, max int) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	if max > 0 && len(s) > max {
+		n := max
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = s[:n]
+	}
+	return s
+}
+
+// ValidText reports whether s can be stored as it is: valid UTF-8 without NUL.
+func ValidText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
