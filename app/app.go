@@ -635,8 +635,11 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 
 // APIHandler is what the API server serves: the application's HTTP API
 // (Options.HTTP) and, with Options.Tools, the agent tools over MCP at /mcp
-// (streamable HTTP) and as plain JSON at /tools (see tools.HTTPHandler),
-// behind FERRY_MCP_TOKEN when it is set.
+// (streamable HTTP) and as plain JSON at /tools (see tools.HTTPHandler).
+// With FERRY_MCP_TOKEN set, every one of them needs it, the application's
+// own routes too (when there are tools). The server Run starts also
+// refuses unknown Host names (FERRY_HTTP_ALLOWED_HOSTS) and browsers'
+// cross-site state-changing requests.
 func (a *App) APIHandler() (http.Handler, error) {
 	var app http.Handler
 	if a.opts.HTTP != nil {
@@ -659,7 +662,12 @@ func (a *App) APIHandler() (http.Handler, error) {
 	}
 	var plain http.Handler = tools.HTTPHandler(a.Tools, a.logger)
 	if a.cfg.MCPToken != "" {
+		// The application's routes follow the tools' rule: a plain POST
+		// places the same order an agent's tool call does.
 		plain = a.bearer(a.cfg.MCPToken, "FERRY_MCP_TOKEN", plain)
+		if app != nil {
+			app = a.bearer(a.cfg.MCPToken, "FERRY_MCP_TOKEN", app)
+		}
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcpHandler)
@@ -686,15 +694,17 @@ func (a *App) listen(name, addr string, h http.Handler) (*server, error) {
 		return nil, fmt.Errorf("%s: listening on %s: %w", name, addr, err)
 	}
 	c := a.cfg.HTTPServer
-	return &server{name: name, ln: netutil.LimitListener(ln, c.MaxConns), srv: &http.Server{
-		Handler:           h,
+	s := &server{name: name, ln: netutil.LimitListener(ln, c.MaxConns)}
+	s.srv = &http.Server{
+		Handler:           guardHosts(a.allowedHosts(s), h),
 		ReadHeaderTimeout: c.ReadHeaderTimeout,
 		ReadTimeout:       c.ReadTimeout,
 		WriteTimeout:      c.WriteTimeout,
 		IdleTimeout:       c.IdleTimeout,
 		MaxHeaderBytes:    c.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelDebug),
-	}}, nil
+	}
+	return s, nil
 }
 
 func (s *server) loopback() bool {

@@ -133,6 +133,11 @@ type HTTPServerConfig struct {
 	// MaxConns caps the connections one server holds at once; more wait
 	// in the listen backlog. Default 1024.
 	MaxConns int
+	// AllowedHosts are the Host names (without port) the servers answer;
+	// "*" answers any. Others get 421: a defence against DNS rebinding.
+	// Default: on a server bound to loopback, localhost, 127.0.0.1, ::1;
+	// on one bound beyond loopback, any (set it there to the public names).
+	AllowedHosts []string
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -273,6 +278,11 @@ func EnvVars() []EnvVar {
 		{"FERRY_HTTP_WRITE_TIMEOUT", DefaultHTTPWriteTimeout.String(), "API and admin servers: time to write a response", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.WriteTimeout })},
 		{"FERRY_HTTP_IDLE_TIMEOUT", DefaultHTTPIdleTimeout.String(), "API and admin servers: close keep-alive connections idle this long", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.IdleTimeout })},
 		{"FERRY_HTTP_MAX_HEADER_BYTES", strconv.Itoa(DefaultHTTPMaxHeaderBytes), "API and admin servers: largest request header block", intVar(func(c *Config) *int { return &c.HTTPServer.MaxHeaderBytes }, 1024, 1<<20)},
+		{"FERRY_HTTP_ALLOWED_HOSTS", "(loopback servers: localhost,127.0.0.1,::1; others: any)", "API and admin servers: Host names answered, comma-separated (* for any); others get 421 (DNS rebinding)", func(c *Config, v string) error {
+			hosts, err := parseHosts(v)
+			c.HTTPServer.AllowedHosts = hosts
+			return err
+		}},
 		{"FERRY_HTTP_MAX_CONNS", strconv.Itoa(DefaultHTTPMaxConns), "API and admin servers: connections held at once, each", intVar(func(c *Config) *int { return &c.HTTPServer.MaxConns }, 1, 1_000_000)},
 		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 		{"FERRY_LOG_LEVEL", DefaultLogLevel, "debug, info, warn or error", func(c *Config, v string) error { c.LogLevel = v; return nil }},
@@ -565,4 +575,23 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// parseHosts reads a comma-separated list of host names.
+func parseHosts(v string) ([]string, error) {
+	var hosts []string
+	for _, h := range strings.Split(v, ",") {
+		h = strings.TrimSpace(h)
+		switch {
+		case h == "":
+			continue
+		case strings.ContainsAny(h, "/@ \t") || strings.Count(h, ":") == 1:
+			return nil, fmt.Errorf("%q is not a host name (give names without scheme, port or path)", h)
+		}
+		hosts = append(hosts, strings.Trim(h, "[]"))
+	}
+	if len(hosts) == 0 {
+		return nil, errors.New("names no host")
+	}
+	return hosts, nil
 }

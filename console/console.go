@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -129,10 +130,19 @@ func (c *Console) authed(r *http.Request) bool {
 		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(c.cfg.Token)) == 1
 	}
 	if ck, err := r.Cookie(sessionCookie); err == nil {
-		return subtle.ConstantTimeCompare([]byte(ck.Value), []byte(c.mac("session"))) == 1
+		// "<expiry unix>.<mac>": the server checks the expiry, so a
+		// copied cookie stops working when the session ends, whatever the
+		// browser keeps.
+		exp, sig, ok := strings.Cut(ck.Value, ".")
+		until, err := strconv.ParseInt(exp, 10, 64)
+		return ok && err == nil && time.Now().Unix() < until &&
+			subtle.ConstantTimeCompare([]byte(sig), []byte(c.mac("session\x00"+exp))) == 1
 	}
 	return false
 }
+
+// SessionLifetime is how long a console login lasts.
+const SessionLifetime = 12 * time.Hour
 
 func loopback(r *http.Request) bool {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
@@ -192,8 +202,9 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == "", "Wrong": true})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: c.mac("session"), Path: c.cfg.Prefix, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int((12 * time.Hour).Seconds())})
+	exp := strconv.FormatInt(time.Now().Add(SessionLifetime).Unix(), 10)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: exp + "." + c.mac("session\x00"+exp), Path: c.cfg.Prefix, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(SessionLifetime.Seconds())})
 	http.Redirect(w, r, c.cfg.Prefix+"/poison", http.StatusSeeOther)
 }
 

@@ -144,7 +144,17 @@ func TestActionsNeedTheTokenAndAreAudited(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
 	require.Equal(t, 5, n, "the confirmation changes nothing")
+	confirm := between(body, `name="confirm" value="`, `"`)
+	require.NotEmpty(t, confirm)
 	form.Set("confirm", "1")
+	resp, _ = post(browser, form, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "confirm=1 by itself confirms nothing: the count is asked again")
+	other := url.Values{"action": {"discard"}, "scope": {"filter"}, "handler": {"mail.send"}, "csrf": {csrf}, "confirm": {confirm}}
+	resp, _ = post(browser, other, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a confirmation is bound to the selection it was given for")
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
+	require.Equal(t, 5, n)
+	form.Set("confirm", confirm)
 	resp, _ = post(browser, form, nil)
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Contains(t, resp.Header.Get("Location"), "discarded+3")
@@ -216,4 +226,58 @@ func TestFailingRowsAreGroupedAndFiltered(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "<td>a3</td>")
 	require.Equal(t, 1, strings.Count(body, "<td>#"))
+}
+
+// A crafted link cannot turn a click into another action: only filter keys
+// pass into the page's forms, a confirmation comes only from the confirm
+// step, a repeated key is refused, and the success banner shows only what
+// the console itself wrote. A session cookie stops working when it
+// expires, whatever the browser keeps.
+func TestCraftedLinksCannotActOrSpeak(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
+	require.NoError(t, err)
+	lr.Body.Close()
+
+	_, page := get(t, browser, srv.URL+"/console/poison?topic=stripe.charge&action=discard&scope=filter&confirm=1&id=1&flash=All+good")
+	form := page[strings.Index(page, `id="selection"`):]
+	for _, injected := range []string{`type="hidden" name="action"`, `type="hidden" name="scope"`, `type="hidden" name="confirm"`, `type="hidden" name="id"`, `type="hidden" name="flash"`} {
+		require.NotContains(t, form, injected)
+	}
+	require.Contains(t, form, `name="topic" value="stripe.charge"`, "the filter itself is kept")
+	require.NotContains(t, page, "All good", "a link cannot write the success banner")
+
+	csrf := between(page, `name="csrf" value="`, `"`)
+	req, _ := http.NewRequest("POST", srv.URL+"/console/actions", strings.NewReader("csrf="+csrf+"&action=requeue&action=discard&scope=filter&topic=stripe.charge"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := browser.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "an action named twice is refused")
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
+	require.Equal(t, 5, n)
+
+	for _, ck := range jar.Cookies(mustURL(t, srv.URL+"/console/")) {
+		exp, sig, _ := strings.Cut(ck.Value, ".")
+		require.NotEmpty(t, sig)
+		stale := &http.Cookie{Name: ck.Name, Value: "1000000000." + sig}
+		req, _ := http.NewRequest("POST", srv.URL+"/console/actions", strings.NewReader(url.Values{"csrf": {csrf}, "action": {"discard"}, "scope": {"filter"}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(stale)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "an expired session (was %s) is refused", exp)
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	require.NoError(t, err)
+	return u
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -176,27 +177,42 @@ func filterFrom(v url.Values) (pgpoison.Filter, error) {
 	return f, errors.Join(errs...)
 }
 
-// nextPage is the query of the page after the one that ended at lastID.
-func nextPage(q url.Values, lastID int64) string {
-	nq := url.Values{}
-	for k, v := range q {
-		if k != "flash" {
-			nq[k] = v
-		}
-	}
-	nq.Set("after", strconv.FormatInt(lastID, 10))
-	return nq.Encode()
-}
+// filterKeys are the query keys of a filter: the only ones a page passes
+// on into its forms and links. Anything else in a crafted link (an action,
+// a scope, a confirmation) is dropped, so a click on one button cannot
+// carry another's meaning.
+var filterKeys = []string{"topic", "handler", "aggregate", "q", "fingerprint", "since", "until"}
 
-func filterQuery(v url.Values) string {
+// filterValues is the filter part of v, one value per key.
+func filterValues(v url.Values) url.Values {
 	out := url.Values{}
-	for _, k := range []string{"topic", "handler", "aggregate", "q", "fingerprint", "since", "until"} {
+	for _, k := range filterKeys {
 		if s := v.Get(k); s != "" {
 			out.Set(k, s)
 		}
 	}
-	return out.Encode()
+	return out
 }
+
+// filterFields are the filter's hidden inputs, in a fixed order.
+func filterFields(v url.Values) [][2]string {
+	var out [][2]string
+	for _, k := range filterKeys {
+		if s := v.Get(k); s != "" {
+			out = append(out, [2]string{k, s})
+		}
+	}
+	return out
+}
+
+// nextPage is the query of the page after the one that ended at lastID.
+func nextPage(q url.Values, lastID int64) string {
+	nq := filterValues(q)
+	nq.Set("after", strconv.FormatInt(lastID, 10))
+	return nq.Encode()
+}
+
+func filterQuery(v url.Values) string { return filterValues(v).Encode() }
 
 func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -228,7 +244,7 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 		next = nextPage(q, recs[len(recs)-1].ID)
 	}
 	c.render(w, r, "poison", map[string]any{"Q": q, "Groups": groups, "Records": recs, "Total": total, "Next": next,
-		"FilterQuery": filterQuery(q), "Flash": q.Get("flash")})
+		"FilterQuery": filterQuery(q), "FilterFields": filterFields(q), "Flash": c.flash(q)})
 }
 
 type detail struct {
@@ -367,6 +383,12 @@ func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {
 // back to the poison page with what was done.
 func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	form := r.PostForm
+	for _, k := range append([]string{"action", "scope", "confirm"}, filterKeys...) {
+		if len(form[k]) > 1 {
+			c.fail(w, r, http.StatusBadRequest, "the form names "+k+" more than once")
+			return
+		}
+	}
 	act := form.Get("action")
 	if act != "requeue" && act != "discard" {
 		c.fail(w, r, http.StatusBadRequest, "the action must be requeue or discard")
@@ -419,8 +441,16 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	if form.Get("confirm") != "1" {
-		c.render(w, r, "confirm", map[string]any{"Action": act, "Scope": scope, "Count": n, "Form": form})
+	// The confirmation is a token only the confirm step hands out, bound
+	// to this action on this selection: a link or a form that says
+	// confirm=1 by itself confirms nothing.
+	confirmToken := c.mac("confirm\x00" + act + "\x00" + scopeText(scope, sel))
+	if got := form.Get("confirm"); got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(confirmToken)) != 1 {
+		fields := filterFields(form)
+		for _, id := range sel.IDs {
+			fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
+		}
+		c.render(w, r, "confirm", map[string]any{"Action": act, "Scope": scope, "Count": n, "Fields": fields, "Confirm": confirmToken})
 		return
 	}
 	run := c.store.RequeueEach
@@ -450,7 +480,18 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	if sum.Skipped > 0 {
 		flash += fmt.Sprintf("; skipped %d: %s", sum.Skipped, strings.Join(skipped, "; "))
 	}
-	http.Redirect(w, r, c.cfg.Prefix+"/poison?flash="+url.QueryEscape(flash), http.StatusSeeOther)
+	http.Redirect(w, r, c.cfg.Prefix+"/poison?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+}
+
+// flash is the result message the action redirected with, when the
+// console itself wrote it (signed): a link cannot put words of its own in
+// the green success banner.
+func (c *Console) flash(q url.Values) string {
+	text := q.Get("flash")
+	if text == "" || c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(q.Get("sig")), []byte(c.mac("flash\x00"+text))) != 1 {
+		return ""
+	}
+	return text
 }
 
 func scopeText(scope string, sel pgpoison.Selector) string {

@@ -1,0 +1,119 @@
+package ordersapp_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+)
+
+type hostCase struct {
+	method, url, host, origin, token, body string
+}
+
+func do(t *testing.T, c hostCase) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(c.method, c.url, strings.NewReader(c.body))
+	require.NoError(t, err)
+	req.Host = c.host
+	if c.origin != "" {
+		req.Header.Set("Origin", c.origin)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "key-"+pipelinetest.UniqueName(""))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// DNS rebinding: a page on evil.example whose name resolves to 127.0.0.1
+// reaches the loopback servers with its own Host. They refuse it (421),
+// for the tools, the application's routes and the console alike, and a
+// browser's cross-site POST is refused (403) whatever its Host. Nothing is
+// written. The allow-list is configurable.
+func TestLoopbackServersRefuseRebindingAndForeignOrigins(t *testing.T) {
+	t.Parallel()
+	cfg, _, _ := testConfig(t)
+	logs := &pipelinetest.SyncBuffer{}
+	a := newApp(t, cfg, logs)
+	stop, err := a.Start(context.Background(), app.Components{HTTP: true})
+	require.NoError(t, err)
+	defer stop()
+	api := "http://" + listenAddr(t, logs.String(), "HTTP API listening")
+	admin := "http://" + listenAddr(t, logs.String(), "admin listening")
+	order := `{"user_id":"mallory","amount":99999999,"currency":"USD"}`
+	for _, c := range []hostCase{
+		{method: "POST", url: api + "/tools/create_order", host: "evil.example:80", body: order},
+		{method: "POST", url: api + "/orders", host: "evil.example", body: order},
+		{method: "POST", url: api + "/mcp", host: "evil.example", body: `{}`},
+		{method: "GET", url: admin + "/console/poison", host: "evil.example"},
+		{method: "GET", url: admin + "/console/", host: "127.0.0.1.evil.example"},
+	} {
+		status, body := do(t, c)
+		require.Contains(t, []int{http.StatusMisdirectedRequest, http.StatusForbidden}, status, "%s %s Host %s: %s", c.method, c.url, c.host, body)
+	}
+	for _, c := range []hostCase{
+		{method: "POST", url: api + "/tools/create_order", host: "localhost", origin: "http://evil.example", body: order},
+		{method: "POST", url: api + "/orders", host: "127.0.0.1", origin: "https://evil.example", body: order},
+	} {
+		status, body := do(t, c)
+		require.Equal(t, http.StatusForbidden, status, "%s %s Origin %s: %s", c.method, c.url, c.origin, body)
+	}
+	var orders int
+	require.NoError(t, a.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&orders))
+	require.Zero(t, orders, "nothing was placed")
+
+	status, body := do(t, hostCase{method: "POST", url: api + "/orders", host: "localhost:8080", body: order})
+	require.Less(t, status, 300, body)
+	status, body = do(t, hostCase{method: "GET", url: admin + "/console/", host: "[::1]:9091"})
+	require.Equal(t, http.StatusOK, status, body)
+}
+
+// FERRY_HTTP_ALLOWED_HOSTS names the hosts; with FERRY_MCP_TOKEN set, the
+// application's routes need the token as /mcp and /tools do.
+func TestAllowedHostsAndTheTokenCoverEveryRoute(t *testing.T) {
+	t.Parallel()
+	cfg, _, _ := testConfig(t)
+	lookup := func(v string) func(string) (string, bool) {
+		return func(name string) (string, bool) {
+			if name == "FERRY_HTTP_ALLOWED_HOSTS" {
+				return v, true
+			}
+			return "", false
+		}
+	}
+	env, err := app.ConfigFromLookup(lookup("shop.example, [::1]"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"shop.example", "::1"}, env.HTTPServer.AllowedHosts)
+	cfg.HTTPServer.AllowedHosts = env.HTTPServer.AllowedHosts
+	cfg.MCPToken = "a-token-long-enough-1234"
+	logs := &pipelinetest.SyncBuffer{}
+	a := newApp(t, cfg, logs)
+	stop, err := a.Start(context.Background(), app.Components{HTTP: true})
+	require.NoError(t, err)
+	defer stop()
+	api := "http://" + listenAddr(t, logs.String(), "HTTP API listening")
+	order := `{"user_id":"sam","amount":10,"currency":"USD"}`
+	status, _ := do(t, hostCase{method: "POST", url: api + "/orders", host: "localhost", token: cfg.MCPToken, body: order})
+	require.Equal(t, http.StatusMisdirectedRequest, status, "localhost is not in the list")
+	for _, path := range []string{"/orders", "/tools/create_order"} {
+		status, _ = do(t, hostCase{method: "POST", url: api + path, host: "shop.example", body: order})
+		require.Equal(t, http.StatusUnauthorized, status, path)
+	}
+	status, body := do(t, hostCase{method: "POST", url: api + "/orders", host: "shop.example", token: cfg.MCPToken, body: order})
+	require.Less(t, status, 300, body)
+
+	_, err = app.ConfigFromLookup(lookup("http://shop.example:8080"))
+	require.ErrorContains(t, err, "FERRY_HTTP_ALLOWED_HOSTS")
+}
