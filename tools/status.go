@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
 	"time"
 
@@ -208,6 +209,13 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 	}
 	for i := range out.Intents {
 		s := &out.Intents[i]
+		s.LastError = summary(s.LastError)
+		for j := range s.Retrying {
+			s.Retrying[j].LastError = summary(s.Retrying[j].LastError)
+		}
+		for j := range s.Poisoned {
+			s.Poisoned[j].Reason = summary(s.Poisoned[j].Reason)
+		}
 		switch {
 		case len(s.Poisoned) > 0:
 			s.State = StatePoisoned
@@ -225,6 +233,30 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 		sort.SliceStable(s.HandledBy, func(a, b int) bool { return s.HandledBy[a].At.Before(s.HandledBy[b].At) })
 	}
 	return out, nil
+}
+
+// MaxStatusErrorLength bounds an error or reason intent_status shows.
+const MaxStatusErrorLength = 300
+
+var (
+	emailPattern = regexp.MustCompile(`[^\s<>@"',;:()\[\]]+@[^\s<>@"',;:()\[\]]+`)
+	// Card and account numbers: twelve digits or more, spaces or dashes
+	// between them allowed.
+	longNumberPattern = regexp.MustCompile(`\d(?:[ -]?\d){11,}`)
+)
+
+// summary is what intent_status shows of an error: intent_status answers
+// an agent (a model) and needs no token, so an error text that quotes a
+// provider's answer must not carry personal data to it. Handlers should
+// keep such data out of their errors in the first place (the example's
+// charge handler keeps the status and the provider's code only); this is
+// the second line: addresses and long numbers masked, the text cleaned and
+// cut to MaxStatusErrorLength bytes.
+func summary(s string) string {
+	s = pipeline.CleanText(s, 4*MaxStatusErrorLength)
+	s = emailPattern.ReplaceAllString(s, "<redacted>")
+	s = longNumberPattern.ReplaceAllString(s, "<number>")
+	return pipeline.CleanText(s, MaxStatusErrorLength)
 }
 
 func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func(pgx.Rows) error) error {

@@ -296,3 +296,36 @@ func TestRunnerIntentFailingAtCommitRollsBackTheCall(t *testing.T) {
 	n, i, c := counts(t, pool)
 	require.Zero(t, n+i+c, "nothing of the call is left")
 }
+
+// intent_status answers a model, without a token: whatever a handler let
+// into an error (a provider's answer quoting an email or a card number, a
+// megabyte of it, bytes that are not UTF-8), it shows a short, masked,
+// clean summary.
+func TestIntentStatusShowsNoPersonalData(t *testing.T) {
+	t.Parallel()
+	_, pool := setup(t)
+	ctx := context.Background()
+	reason := "payment provider answered 400: customer erin@example.com, card 4242 4242 4242 4242, Kunde ung\xfcltig " + strings.Repeat("x", 1<<20)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, attempts, last_error) VALUES ('m-1', 'o-1', 'stripe.charge', '{}', 2, $1)`,
+		pipelineClean(reason))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ('m-1', 'stripe.charge', 'payments.charge', '{}', $1)`,
+		pipelineClean(reason))
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	out, err := tools.IntentStatus(ctx, tx, "", tools.StatusInput{AggregateID: "o-1"})
+	require.NoError(t, err)
+	require.Len(t, out.Intents, 1)
+	in := out.Intents[0]
+	require.Len(t, in.Poisoned, 1)
+	for _, text := range []string{in.LastError, in.Poisoned[0].Reason} {
+		require.NotContains(t, text, "erin@example.com")
+		require.NotContains(t, text, "4242")
+		require.LessOrEqual(t, len(text), tools.MaxStatusErrorLength)
+		require.Contains(t, text, "payment provider answered 400")
+	}
+}
+
+func pipelineClean(s string) string { return strings.ToValidUTF8(s, "?") }

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"regexp"
 	"time"
 
 	"github.com/ferry-dev/ferry/examples/orders/orders"
@@ -83,14 +84,49 @@ func NewHTTPClient(baseURL string) (*HTTPClient, error) {
 	return &HTTPClient{BaseURL: baseURL, HTTP: &http.Client{Timeout: DefaultTimeout}}, nil
 }
 
-// StatusError is the provider's refusal.
+// StatusError is the provider's refusal: its HTTP status and the short
+// error code it gave ("card_declined"), nothing else. The answer's body is
+// never kept: a provider quotes the customer's data back in it (an email,
+// a card number), and this error goes into logs, retry headers, the
+// poison store and intent_status.
 type StatusError struct {
 	Status int
-	Body   string
+	// Code is the provider's error code when it gave one that looks like a
+	// code (letters, digits, _ . -; at most 64 bytes), else "".
+	Code string
 }
 
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("payment provider answered %d: %s", e.Status, e.Body)
+	if e.Code == "" {
+		return fmt.Sprintf("payment provider answered %d", e.Status)
+	}
+	return fmt.Sprintf("payment provider answered %d (%s)", e.Status, e.Code)
+}
+
+var codeLike = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// errorCode finds a provider's error code in its answer: Stripe's
+// {"error": {"code": ...}} (or "type"), or a top-level "code" or "error"
+// string, when it looks like a code.
+func errorCode(body []byte) string {
+	var v struct {
+		Code  any `json:"code"`
+		Error any `json:"error"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	var candidates []any
+	if m, ok := v.Error.(map[string]any); ok {
+		candidates = append(candidates, m["code"], m["type"])
+	}
+	candidates = append(candidates, v.Code, v.Error)
+	for _, c := range candidates {
+		if s, ok := c.(string); ok && codeLike.MatchString(s) {
+			return s
+		}
+	}
+	return ""
 }
 
 // Charge implements Charger. A 4xx answer other than 408, 409 and 429 is
@@ -120,7 +156,7 @@ func (c *HTTPClient) Charge(ctx context.Context, req Request, idempotencyKey str
 		return "", fmt.Errorf("reading payment provider answer: %w", err)
 	}
 	if resp.StatusCode/100 != 2 {
-		serr := &StatusError{Status: resp.StatusCode, Body: string(bytes.TrimSpace(respBody))}
+		serr := &StatusError{Status: resp.StatusCode, Code: errorCode(respBody)}
 		switch {
 		case resp.StatusCode == http.StatusRequestTimeout, resp.StatusCode == http.StatusConflict,
 			resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode >= 500:

@@ -2,8 +2,10 @@ package charge_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,4 +52,33 @@ func TestHTTPClientClassifiesAnswers(t *testing.T) {
 	}
 	_, err := charge.NewHTTPClient("ftp://x")
 	require.Error(t, err)
+}
+
+// A provider's refusal quotes the customer's data back (an email, a card
+// number, up to a megabyte of it): the error keeps the status and the
+// provider's short code, never the body, so none of it reaches logs,
+// retry headers, the poison store or intent_status.
+func TestProviderAnswersNeverLeakIntoErrors(t *testing.T) {
+	t.Parallel()
+	pii := `customer erin@example.com, card 4242424242424242, ` + strings.Repeat("x", 1<<19)
+	for body, want := range map[string]string{
+		`{"error":{"code":"card_declined","message":"` + pii + `"}}`: "payment provider answered 402 (card_declined)",
+		`{"error":{"type":"card_error","message":"` + pii + `"}}`:    "payment provider answered 402 (card_error)",
+		`{"code":"insufficient_funds","detail":"` + pii + `"}`:       "payment provider answered 402 (insufficient_funds)",
+		`{"error":"` + pii + `"}`:                                    "payment provider answered 402",
+		pii:                                                          "payment provider answered 402",
+		"Kunde ung\xfcltig: erin@example.com":                        "payment provider answered 402",
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusPaymentRequired)
+			_, _ = w.Write([]byte(body))
+		}))
+		c, err := charge.NewHTTPClient(srv.URL)
+		require.NoError(t, err)
+		_, err = c.Charge(context.Background(), charge.Request{Amount: 1}, "k")
+		srv.Close()
+		require.EqualError(t, errors.Unwrap(err), want)
+		require.NotContains(t, err.Error(), "erin@")
+		require.NotContains(t, err.Error(), "4242")
+	}
 }

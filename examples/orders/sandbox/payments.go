@@ -103,7 +103,7 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("amount must be positive")
 	}
 	if err != nil {
-		writeProviderJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		writeProviderJSON(w, http.StatusBadRequest, providerError("invalid_request", err.Error()))
 		return
 	}
 
@@ -112,7 +112,7 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 	if p.failures > 0 {
 		p.failures--
 		p.mu.Unlock()
-		writeProviderJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "try again later"})
+		writeProviderJSON(w, http.StatusServiceUnavailable, providerError("unavailable", "try again later"))
 		return
 	}
 	c, replay := p.byKey[key]
@@ -155,4 +155,11 @@ func writeProviderJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// providerError is a Stripe-like error answer: a code for programs, a
+// message for people (which, at a real provider, may quote the customer's
+// data back).
+func providerError(code, message string) map[string]any {
+	return map[string]any{"error": map[string]string{"code": code, "message": message}}
 }
