@@ -656,6 +656,7 @@ func (a *App) APIHandler() (http.Handler, error) {
 		return app, nil
 	}
 	mcpHandler, err := mcptools.HTTPHandler(a.Tools, mcptools.HTTPOptions{Token: a.cfg.MCPToken, Logger: a.logger,
+		SessionTimeout: a.cfg.MCPSessionTimeout, MaxSessions: a.cfg.MCPMaxSessions,
 		Implementation: &mcp.Implementation{Name: "ferry", Version: a.version()}})
 	if err != nil {
 		return nil, fmt.Errorf("FERRY_MCP_TOKEN: %w", err)

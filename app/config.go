@@ -17,6 +17,7 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/tools/mcptools"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -95,6 +96,12 @@ type Config struct {
 	// MCPToken, if set, is the Bearer token the agent tool endpoints (/mcp,
 	// /tools) on the API server require. FERRY_MCP_TOKEN.
 	MCPToken string
+	// MCPSessionTimeout closes an MCP session idle this long. Default 30m.
+	// FERRY_MCP_SESSION_TIMEOUT.
+	MCPSessionTimeout time.Duration
+	// MCPMaxSessions caps the MCP sessions open at once. Default 1000.
+	// FERRY_MCP_MAX_SESSIONS.
+	MCPMaxSessions int
 	// ShutdownTimeout bounds a graceful stop. FERRY_SHUTDOWN_TIMEOUT.
 	ShutdownTimeout time.Duration
 	// LogLevel is debug, info, warn or error. FERRY_LOG_LEVEL.
@@ -273,6 +280,8 @@ func EnvVars() []EnvVar {
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "listen address of the application's HTTP API (Options.HTTP)", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
 		{"FERRY_MCP_TOKEN", "(none: /mcp and /tools need no token; keep FERRY_HTTP_ADDR on loopback)", "Bearer token of the agent tool endpoints /mcp and /tools (at least 16 characters)", func(c *Config, v string) error { c.MCPToken = v; return nil }},
+		{"FERRY_MCP_SESSION_TIMEOUT", mcptools.DefaultSessionTimeout.String(), "/mcp: close a session idle this long", durationVar(func(c *Config) *time.Duration { return &c.MCPSessionTimeout })},
+		{"FERRY_MCP_MAX_SESSIONS", strconv.Itoa(mcptools.DefaultMaxSessions), "/mcp: sessions open at once; more are refused until some close", intVar(func(c *Config) *int { return &c.MCPMaxSessions }, 1, 1_000_000)},
 		{"FERRY_HTTP_READ_HEADER_TIMEOUT", DefaultHTTPReadHeaderTimeout.String(), "API and admin servers: time to read a request's headers", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.ReadHeaderTimeout })},
 		{"FERRY_HTTP_READ_TIMEOUT", DefaultHTTPReadTimeout.String(), "API and admin servers: time to read a whole request, body included", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.ReadTimeout })},
 		{"FERRY_HTTP_WRITE_TIMEOUT", DefaultHTTPWriteTimeout.String(), "API and admin servers: time to write a response", durationVar(func(c *Config) *time.Duration { return &c.HTTPServer.WriteTimeout })},

@@ -14,10 +14,14 @@
 package mcptools
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -55,8 +59,11 @@ func NewServer(r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) *
 		}
 		name := d.Name
 		srv.AddTool(tool, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			key, _ := req.Params.Meta[tools.MetaIdempotencyKey].(string)
-			res, err := r.Call(ctx, name, key, req.Params.Arguments)
+			key, err := metaKey(req.Params.Meta)
+			var res *tools.Result
+			if err == nil {
+				res, err = r.Call(ctx, name, key, req.Params.Arguments)
+			}
 			if err != nil {
 				// A tool error, not a protocol error: the model reads it and
 				// can correct its arguments (MCP spec, tools/call errors).
@@ -67,10 +74,9 @@ func NewServer(r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) *
 				}
 				return out, nil
 			}
+			// The stored result byte for byte, a replay or not: the replay is
+			// said in _meta, not by changing the text.
 			text := string(res.Output)
-			if res.Replay {
-				text = "replay of an earlier call with this idempotency key (nothing new was done): " + text
-			}
 			return &mcp.CallToolResult{
 				Meta:              mcp.Meta{MetaReplay: res.Replay, tools.MetaIdempotencyKey: res.Key},
 				Content:           []mcp.Content{&mcp.TextContent{Text: text}},
@@ -79,6 +85,34 @@ func NewServer(r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) *
 		})
 	}
 	return srv
+}
+
+// metaKey reads the host's idempotency key from _meta: absent is
+// tools.ErrMissingKey, present but not a string tools.ErrInvalidKey.
+func metaKey(meta mcp.Meta) (string, error) {
+	v, ok := meta[tools.MetaIdempotencyKey]
+	if !ok || v == nil {
+		return "", nil // the runner says whether this tool needs one
+	}
+	key, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("%w: _meta %q must be a string, got %s", tools.ErrInvalidKey, tools.MetaIdempotencyKey, jsonKind(v))
+	}
+	return key, nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case float64, json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case map[string]any:
+		return "an object"
+	case []any:
+		return "an array"
+	}
+	return fmt.Sprintf("%T", v)
 }
 
 // message is what the model is told: the error's own words for what it
@@ -99,11 +133,27 @@ func ServeStdio(ctx context.Context, r *tools.Runner, impl *mcp.Implementation, 
 	return NewServer(r, impl, logger).Run(ctx, &mcp.StdioTransport{})
 }
 
+// Defaults of HTTPOptions.
+const (
+	DefaultSessionTimeout = 30 * time.Minute
+	DefaultMaxSessions    = 1000
+	// hardBodyLimit is the most of an oversized request read to find its
+	// JSON-RPC id; a larger one gets a plain 413.
+	hardBodyLimit = 8 << 20
+)
+
 // HTTPOptions configure HTTPHandler.
 type HTTPOptions struct {
 	// Token, if set, is the Bearer token every request needs (at least 16
 	// characters). Default: none (keep the API server on loopback then).
 	Token string
+	// SessionTimeout closes a session that has had no request for this
+	// long, releasing what it holds. Default 30m.
+	SessionTimeout time.Duration
+	// MaxSessions caps the sessions open at once: a new one beyond it is
+	// refused (a JSON-RPC error) until others close or time out.
+	// Default 1000.
+	MaxSessions int
 	// Implementation names the server to clients.
 	Implementation *mcp.Implementation
 	Logger         *slog.Logger
@@ -116,9 +166,17 @@ func HTTPHandler(r *tools.Runner, o HTTPOptions) (http.Handler, error) {
 	if o.Token != "" && len(o.Token) < MinTokenLength {
 		return nil, errors.New("mcptools: the token must be at least 16 characters")
 	}
+	if o.SessionTimeout < 0 || o.MaxSessions < 0 {
+		return nil, errors.New("mcptools: the session timeout and cap must not be negative")
+	}
+	o.SessionTimeout = cmp.Or(o.SessionTimeout, DefaultSessionTimeout)
+	o.MaxSessions = cmp.Or(o.MaxSessions, DefaultMaxSessions)
 	srv := NewServer(r, o.Implementation, o.Logger)
-	var h http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
-		&mcp.StreamableHTTPOptions{Logger: o.Logger, MaxRequestBodyBytes: tools.MaxArgumentsBytes + 16<<10})
+	// The SDK answers an oversized request with a bare HTTP 413, outside
+	// JSON-RPC, and its client then drops the session; limits lets it see
+	// only requests within the limit and answers the others itself.
+	var h http.Handler = limits(srv, o, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{Logger: o.Logger, MaxRequestBodyBytes: hardBodyLimit, SessionTimeout: o.SessionTimeout}))
 	if o.Token != "" {
 		token := []byte(o.Token)
 		verify := func(_ context.Context, got string, _ *http.Request) (*auth.TokenInfo, error) {
@@ -130,4 +188,60 @@ func HTTPHandler(r *tools.Runner, o HTTPOptions) (http.Handler, error) {
 		h = auth.RequireBearerToken(verify, nil)(h)
 	}
 	return h, nil
+}
+
+// MaxRequestBytes is the largest JSON-RPC request /mcp takes: a tool's
+// arguments (tools.MaxArgumentsBytes) and the envelope around them.
+const MaxRequestBytes = tools.MaxArgumentsBytes + 16<<10
+
+// limits answers, as JSON-RPC errors a client's session survives, what
+// the SDK would refuse at the HTTP level: a request over MaxRequestBytes,
+// and a new session beyond MaxSessions. Written by hand: the SDK has no
+// session cap, and its size limit answers outside JSON-RPC.
+func limits(srv *mcp.Server, o HTTPOptions, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, hardBodyLimit))
+		if err != nil {
+			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		if len(body) > MaxRequestBytes {
+			writeRPCError(w, http.StatusOK, body, -32602, fmt.Sprintf("the request is %d bytes, more than the %d this server takes (a tool's arguments: at most %d); nothing was done",
+				len(body), MaxRequestBytes, tools.MaxArgumentsBytes))
+			return
+		}
+		if r.Header.Get("Mcp-Session-Id") == "" {
+			open := 0
+			for range srv.Sessions() {
+				open++
+			}
+			if open >= o.MaxSessions {
+				w.Header().Set("Retry-After", "60")
+				writeRPCError(w, http.StatusOK, body, -32000, fmt.Sprintf("too many open sessions (%d): try again later", open))
+				return
+			}
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// writeRPCError answers the request in body with a JSON-RPC error, under
+// the request's own id so the client can match it.
+func writeRPCError(w http.ResponseWriter, status int, body []byte, code int, msg string) {
+	var req struct {
+		ID json.RawMessage `json:"id"`
+	}
+	_ = json.Unmarshal(body, &req)
+	id := req.ID
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": msg}})
 }

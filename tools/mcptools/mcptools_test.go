@@ -1,0 +1,120 @@
+package mcptools_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/tools"
+	"github.com/ferry-dev/ferry/tools/mcptools"
+)
+
+type echoArgs struct {
+	Text string `json:"text" jsonschema:"what to echo"`
+}
+
+func (echoArgs) Validate() error { return nil }
+
+type echoed struct {
+	Text string `json:"text"`
+}
+
+func serve(t *testing.T, o mcptools.HTTPOptions) string {
+	t.Helper()
+	pool := pipelinetest.Postgres(t)
+	echo, err := tools.New(tools.Def{Name: "echo", Description: "echoes a text"},
+		func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, in echoArgs) (echoed, error) {
+			_, err := emit.Emit(ctx, "echo.made", "echo", map[string]any{"text": in.Text})
+			return echoed{Text: in.Text}, err
+		})
+	require.NoError(t, err)
+	r, err := tools.NewRunner(pool, pipelinetest.Outbox(t), []tools.Tool{echo}, nil)
+	require.NoError(t, err)
+	h, err := mcptools.HTTPHandler(r, o)
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func connect(ctx context.Context, url string) (*mcp.ClientSession, error) {
+	return mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).
+		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+}
+
+func text(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// An oversized request is answered as a JSON-RPC error under its own id,
+// and the session goes on; a _meta key that is not a string is an invalid
+// key, not a missing one; a replay's text is the stored result byte for
+// byte (the replay is said in _meta).
+func TestMCPOverHTTPEdges(t *testing.T) {
+	t.Parallel()
+	url := serve(t, mcptools.HTTPOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := connect(ctx, url)
+	require.NoError(t, err)
+	defer s.Close()
+
+	_, err = s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{tools.MetaIdempotencyKey: "k-big"},
+		Arguments: map[string]any{"text": strings.Repeat("x", mcptools.MaxRequestBytes)}})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "more than")
+
+	first, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{tools.MetaIdempotencyKey: "k-1"}, Arguments: map[string]any{"text": "hi"}})
+	require.NoError(t, err, "the session survived the oversized request")
+	require.False(t, first.IsError, text(first))
+	again, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{tools.MetaIdempotencyKey: "k-1"}, Arguments: map[string]any{"text": "hi"}})
+	require.NoError(t, err)
+	require.Equal(t, true, again.Meta[mcptools.MetaReplay])
+	require.Equal(t, text(first), text(again), "a replay's text is the stored result byte for byte")
+
+	for _, bad := range []any{42, true, map[string]any{"k": "v"}} {
+		res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{tools.MetaIdempotencyKey: bad}, Arguments: map[string]any{"text": "hi"}})
+		require.NoError(t, err)
+		require.True(t, res.IsError)
+		require.Contains(t, text(res), "must be a string")
+		require.NotContains(t, text(res), "needs an idempotency key")
+	}
+}
+
+// Sessions are capped, and an idle one is closed after the timeout, which
+// makes room for new ones.
+func TestMCPSessionsAreCappedAndExpire(t *testing.T) {
+	t.Parallel()
+	url := serve(t, mcptools.HTTPOptions{MaxSessions: 2, SessionTimeout: 300 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for range 2 {
+		s, err := connect(ctx, url)
+		require.NoError(t, err)
+		defer s.Close()
+	}
+	_, err := connect(ctx, url)
+	require.Error(t, err, "a third session is refused")
+	require.Contains(t, err.Error(), "too many open sessions")
+	require.Eventually(t, func() bool {
+		s, err := connect(ctx, url)
+		if err != nil {
+			return false
+		}
+		_ = s.Close()
+		return true
+	}, 10*time.Second, 100*time.Millisecond, "idle sessions close and make room")
+}
