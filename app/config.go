@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/cutoff"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -442,6 +443,11 @@ func (c Config) Validate() error {
 	}
 	if !strings.HasPrefix(c.DatabaseURL, "postgres://") && !strings.HasPrefix(c.DatabaseURL, "postgresql://") {
 		add("FERRY_DATABASE_URL", errors.New("must be a postgres:// URL"))
+	} else if err := pipeline.ValidateConnectionURL(c.DatabaseURL); err != nil {
+		add("FERRY_DATABASE_URL", fmt.Errorf("%s: %w", pipeline.RedactURL(c.DatabaseURL), err))
+	}
+	if err := pipeline.ValidateConnectionURL(c.AMQP.URL); err != nil {
+		add("FERRY_AMQP_URL", fmt.Errorf("%s: %w", pipeline.RedactURL(c.AMQP.URL), err))
 	}
 	if c.DatabaseSchema != "" {
 		add("FERRY_DATABASE_SCHEMA", pgconn.ValidateSchema(c.DatabaseSchema))
@@ -460,6 +466,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.AMQP.Namespace) > rabbit.MaxNamespaceLength {
 		add("FERRY_AMQP_NAMESPACE", fmt.Errorf("must be at most %d bytes", rabbit.MaxNamespaceLength))
+	}
+	if strings.HasPrefix(c.AMQP.Namespace, pipeline.ReservedTopicPrefix) {
+		add("FERRY_AMQP_NAMESPACE", fmt.Errorf("must not start with %q: RabbitMQ keeps those names for itself and refuses to declare them", pipeline.ReservedTopicPrefix))
 	}
 	atLeast := func(hi, lo string, max, min time.Duration) {
 		if max < min {

@@ -28,6 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/display"
 	"github.com/ferry-dev/ferry/migrations"
 )
 
@@ -345,9 +346,12 @@ func printConfigHelp(w io.Writer, extra []app.EnvVar) {
 
 // oneLine folds a (joined, multi-line) error into one line, for logs and
 // terminals alike.
+// oneLine is err on one line, every control or formatting character
+// escaped (display.Escape): an error can quote input (a URL, a header, a
+// topic) holding escape sequences that would otherwise drive the terminal.
 func oneLine(err error) string {
 	fields := strings.FieldsFunc(err.Error(), func(r rune) bool { return r == '\n' || r == '\r' || r == '\t' })
-	return strings.Join(fields, "; ")
+	return display.Escape(strings.Join(fields, "; "), 0, false)
 }
 
 // hint says what to do about the errors an operator meets first. It goes

@@ -37,12 +37,12 @@ type RetryConfig struct {
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
+// It is idempotent: a negative MaxRetries ("none") stays negative, so
+// applying the defaults twice (the app's config, then the chain) never
+// turns "none" into the default.
 func (c RetryConfig) WithDefaults() RetryConfig {
 	if c.MaxRetries == 0 {
 		c.MaxRetries = DefaultRetryMaxRetries
-	}
-	if c.MaxRetries < 0 {
-		c.MaxRetries = 0
 	}
 	if c.InitialInterval == 0 {
 		c.InitialInterval = DefaultRetryInitialInterval
@@ -98,8 +98,9 @@ func (c RetryConfig) middleware(logger *slog.Logger, rec Recorder) (message.Hand
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	retries := max(c.MaxRetries, 0)
 	base := wmw.Retry{
-		MaxRetries:          c.MaxRetries,
+		MaxRetries:          retries,
 		InitialInterval:     c.InitialInterval,
 		MaxInterval:         c.MaxInterval,
 		Multiplier:          c.Multiplier,
@@ -116,11 +117,11 @@ func (c RetryConfig) middleware(logger *slog.Logger, rec Recorder) (message.Hand
 				if pipeline.IsPermanent(p.Err) || deferred || pipeline.IsInfrastructure(p.Err) {
 					return false
 				}
-				if p.RetryNum < c.MaxRetries {
+				if p.RetryNum < retries {
 					handler := message.HandlerNameFromCtx(msg.Context())
 					recorderOr(rec).Record(pipeline.RouteName(handler), OutcomeRetried)
 					logger.WarnContext(msg.Context(), "handler failed; retrying in process",
-						"handler", handler, "retry", p.RetryNum+1, "max_retries", c.MaxRetries, "error", p.Err)
+						"handler", handler, "retry", p.RetryNum+1, "max_retries", retries, "error", pipeline.CleanText(p.Err.Error(), maxLastErrorLength))
 				}
 				return true
 			}

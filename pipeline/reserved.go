@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"net/url"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -147,4 +148,46 @@ func CleanText(s string, max int) string {
 // ValidText reports whether s can be stored as it is: valid UTF-8 without NUL.
 func ValidText(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
+// RedactURL hides the credentials of a connection URL for messages and
+// logs. A URL that does not parse as its writer meant (a password with an
+// unescaped "/", "?" or "#" moves the password into the host or path) is
+// masked from the scheme to its last "@", so no reading of it shows the
+// password. Text without "://" is shown as placeholder.
+func RedactURL(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		if strings.ContainsAny(raw, "=@") {
+			return "<connection string>"
+		}
+		return CleanText(raw, 200)
+	}
+	u, err := url.Parse(raw)
+	if err == nil && ValidateConnectionURL(raw) == nil {
+		return u.Redacted()
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return scheme + "://<unparseable URL>"
+	}
+	return scheme + "://xxxxx@" + CleanText(rest[at+1:], 200)
+}
+
+// ValidateConnectionURL refuses a URL whose credentials would be misread:
+// one that does not parse, or whose "@" is not the one that ends the user
+// information (a password holding an unescaped "/", "?", "#" or "@", which
+// a driver then reads as the host, the path or the database, and prints).
+// Percent-encode such characters (%2F, %3F, %23, %40).
+func ValidateConnectionURL(raw string) error {
+	_, rest, _ := strings.Cut(raw, "://")
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return errors.New("the URL does not parse (percent-encode special characters in the user and password)")
+	case strings.Count(rest, "@") > 1, strings.Contains(rest, "@") && u.User == nil,
+		u.User != nil && strings.ContainsAny(u.User.String(), "/?#"):
+		return errors.New(`the user or password holds a character that must be percent-encoded ("/" as %2F, "?" as %3F, "#" as %23, "@" as %40)`)
+	}
+	return nil
 }

@@ -115,3 +115,25 @@ func TestMessageIDIsTheUUID(t *testing.T) {
 	m.Metadata.Set(pipeline.MetaMessageID, "forged")
 	require.Equal(t, "the-uuid", pipeline.MessageID(m))
 }
+
+// A password never shows, even in a URL that does not parse as its writer
+// meant (an unescaped "/" in the password makes url.Parse read it as the
+// host and path).
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]string{
+		"postgres://u:S3cret@h:5432/db?sslmode=disable": "postgres://u:xxxxx@h:5432/db?sslmode=disable",
+		"amqp://guest:guest@127.0.0.1:5672/":            "amqp://guest:xxxxx@127.0.0.1:5672/",
+		"amqp://h:5672/vhost":                           "amqp://h:5672/vhost",
+	} {
+		require.Equal(t, want, pipeline.RedactURL(raw))
+	}
+	for _, raw := range []string{
+		"postgres://u:12/S3cret@h/db", "amqp://u:12/S3cret@h/", "postgres://u:p%zzS3cret@h/db",
+		"postgres://u:a?S3cret@h/db", "postgres://u:a#S3cret@h/db", "postgres://u:a@S3cret@h/db",
+		"host=h password=S3cret dbname=x",
+	} {
+		got := pipeline.RedactURL(raw)
+		require.NotContains(t, got, "S3cret", raw)
+	}
+}

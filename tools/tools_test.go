@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -248,6 +249,35 @@ func TestHTTPHandler(t *testing.T) {
 	require.Len(t, cat.Tools, 2)
 	require.True(t, cat.Tools[0].KeyRequired)
 	require.True(t, cat.Tools[1].ReadOnly)
+
+	// An empty body is not {}, a missing Content-Type is refused, and
+	// unknown paths and methods answer in the JSON envelope.
+	code, out = post("h3", "")
+	require.Equal(t, 400, code)
+	require.Equal(t, "invalid_json", out["error"].(map[string]any)["code"])
+	for _, tc := range []struct {
+		method, path, contentType string
+		status                    int
+		code                      string
+	}{
+		{"POST", "/tools/note", "", 415, "unsupported_media_type"},
+		{"POST", "/tools/note", "text/plain", 415, "unsupported_media_type"},
+		{"GET", "/tools/note", "", 405, "method_not_allowed"},
+		{"GET", "/nope", "", 404, "not_found"},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(`{"text":"x"}`))
+		req.Header.Set("Idempotency-Key", "h4")
+		if tc.contentType != "" {
+			req.Header.Set("Content-Type", tc.contentType)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, tc.status, resp.StatusCode, "%s %s %s", tc.method, tc.path, body)
+		require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		require.Contains(t, string(body), `"code":"`+tc.code+`"`)
+	}
 }
 
 // A call's BEGIN rides on its record's INSERT, and its intents and stored

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
@@ -195,7 +197,13 @@ func TestConfigurationErrorsNameTheVariable(t *testing.T) {
 		return map[string]string{"FERRY_RETRY_MAX": "0"}[k], k == "FERRY_RETRY_MAX"
 	})
 	require.NoError(t, err)
-	require.Equal(t, 0, cfg.Retry.MaxRetries, "FERRY_RETRY_MAX=0 means no quick retries, not the default 3")
+	// The chain applies the defaults again: "none" must survive that.
+	retry, err := cfg.Retry.WithDefaults().Middleware(nil)
+	require.NoError(t, err)
+	calls := 0
+	_, err = retry(func(*message.Message) ([]*message.Message, error) { calls++; return nil, errors.New("boom") })(message.NewMessage("m", nil))
+	require.Error(t, err)
+	require.Equal(t, 1, calls, "FERRY_RETRY_MAX=0 means no quick retries, not the default 3")
 
 	warnings := app.UnknownVariables([]string{"FERRY_RELAY_BACTH_SIZE=5", "FERRY_DATABASE_URL=x", "HOME=/root", "FERRY_TOTALLY_ELSE=1"}, nil)
 	require.Equal(t, []string{
@@ -414,4 +422,38 @@ func TestShadowReportAndBackfillCommands(t *testing.T) {
 	var after int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&after))
 	require.Equal(t, before+12, after, "twice --apply, each intent once")
+}
+
+// The edge cases of configuration an operator met: each refused at start,
+// naming the variable, with nothing secret or terminal-driving printed.
+func TestConfigurationEdgesAreRefusedByVariable(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{"FERRY_DATABASE_SCHEMA", "information_schema", "FERRY_DATABASE_SCHEMA"},
+		{"FERRY_DATABASE_SCHEMA", "pg_mine", "FERRY_DATABASE_SCHEMA"},
+		{"FERRY_AMQP_NAMESPACE", "amq.mine.", "FERRY_AMQP_NAMESPACE"},
+		{"FERRY_MAIL_FROM", "not an address", "FERRY_MAIL_FROM"},
+		{"FERRY_MAIL_RECIPIENT_DOMAIN", "bad domain", "FERRY_MAIL_RECIPIENT_DOMAIN"},
+		{"FERRY_HTTP_ALLOWED_HOSTS", "http://x:1", "FERRY_HTTP_ALLOWED_HOSTS"},
+	} {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			t.Setenv(tc.name, tc.value)
+			var out, errOut strings.Builder
+			require.Equal(t, 1, run([]string{"relay"}, &out, &errOut))
+			require.Contains(t, errOut.String(), tc.want)
+			require.NotContains(t, errOut.String(), "credentials")
+		})
+	}
+	t.Run("secrets and escapes", func(t *testing.T) {
+		// Refused before any connection: the driver would read the password
+		// as the host or the database, and print it.
+		for _, u := range []string{"postgres://127.0.0.1:12/S3cret@127.0.0.1:1/db", "postgres://u:a@S3cret@127.0.0.1:1/db", "postgres://u:a?S3cret@127.0.0.1:1/db\x1b[31m"} {
+			t.Setenv("FERRY_DATABASE_URL", u)
+			var out, errOut strings.Builder
+			require.Equal(t, 1, run([]string{"status"}, &out, &errOut))
+			require.Contains(t, errOut.String(), "FERRY_DATABASE_URL")
+			require.Contains(t, errOut.String(), "percent-encode")
+			require.NotContains(t, errOut.String(), "S3cret")
+			require.NotContains(t, errOut.String(), "\x1b")
+		}
+	})
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -80,8 +79,9 @@ func SQLDB(pool *pgxpool.Pool) *sql.DB { return stdlib.OpenDBFromPool(pool) }
 // longer name would be silently truncated into another schema's name.
 const MaxSchemaLength = 63
 
-// ValidateSchema refuses a schema name PostgreSQL would not store as given:
-// empty, longer than 63 bytes, or holding a NUL or another control character.
+// ValidateSchema refuses a schema name PostgreSQL would not store as given
+// (empty, longer than 63 bytes, or holding a NUL or another control
+// character) or that is one of its own (pg_*, information_schema).
 // Any other name, mixed case and punctuation included, is used exactly as
 // written (quoted).
 func ValidateSchema(schema string) error {
@@ -92,6 +92,8 @@ func ValidateSchema(schema string) error {
 		return fmt.Errorf("schema name %q is longer than %d bytes", schema, MaxSchemaLength)
 	case !utf8.ValidString(schema) || strings.IndexFunc(schema, unicode.IsControl) >= 0:
 		return fmt.Errorf("schema name %q holds invalid UTF-8 or a control character", schema)
+	case strings.HasPrefix(strings.ToLower(schema), "pg_") || strings.EqualFold(schema, "information_schema"):
+		return fmt.Errorf("schema name %q is PostgreSQL's own (pg_* and information_schema are system schemas): choose a schema of your own", schema)
 	}
 	return nil
 }
@@ -145,13 +147,13 @@ func DropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	return nil
 }
 
-// Redact hides the password of a database URL for messages and logs.
+// Redact hides the password of a database URL for messages and logs (see
+// pipeline.RedactURL); a keyword/value string is not shown at all.
 func Redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme == "" {
+	if !strings.Contains(raw, "://") {
 		return "<database URL>"
 	}
-	return u.Redacted()
+	return pipeline.RedactURL(raw)
 }
 
 // Unavailable reports whether err says the database could not do the work

@@ -39,3 +39,15 @@ func TestRefusedConnectionsAreUnavailable(t *testing.T) {
 	require.False(t, pgconn.Unavailable(errors.New("provider said no")))
 	require.False(t, pgconn.Unavailable(nil))
 }
+
+func TestValidateSchemaRefusesSystemSchemas(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"information_schema", "pg_catalog", "pg_toast", "PG_mine", "Information_Schema"} {
+		require.Error(t, pgconn.ValidateSchema(s), s)
+	}
+	for _, s := range []string{"ferry", "orders_pg", "public"} {
+		require.NoError(t, pgconn.ValidateSchema(s), s)
+	}
+	require.NotContains(t, pgconn.Redact("postgres://u:12/S3cret@h/db"), "S3cret")
+	require.Equal(t, "<database URL>", pgconn.Redact("host=h password=S3cret"))
+}

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // Defaults and bounds of Config.
@@ -92,6 +95,9 @@ func (c Config) Validate() error {
 	if len(c.Namespace) > MaxNamespaceLength {
 		errs = append(errs, fmt.Errorf("rabbit Config.Namespace must be at most %d bytes", MaxNamespaceLength))
 	}
+	if strings.HasPrefix(c.Namespace, pipeline.ReservedTopicPrefix) {
+		errs = append(errs, fmt.Errorf("rabbit Config.Namespace %q starts with %q, which RabbitMQ reserves for its own exchanges and queues (declaring them is refused)", c.Namespace, pipeline.ReservedTopicPrefix))
+	}
 	if c.QueueType != QueueTypeQuorum && c.QueueType != QueueTypeClassic {
 		errs = append(errs, fmt.Errorf("rabbit Config.QueueType must be %q or %q, got %q", QueueTypeQuorum, QueueTypeClassic, c.QueueType))
 	}
@@ -114,13 +120,7 @@ func (c Config) Validate() error {
 }
 
 // redact hides the password of an AMQP URL for error messages and logs.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return u.Redacted()
-}
+func redact(raw string) string { return pipeline.RedactURL(raw) }
 
 // connectionConfig is how every Ferry connection dials: a bounded dial, a
 // heartbeat, reconnection with backoff, and a name that shows in the

@@ -54,6 +54,24 @@ type Config struct {
 	RecipientDomain string
 }
 
+// Validate checks c as Route will use it (defaults applied), naming the
+// fields; a bad sender or domain fails the start instead of poisoning
+// every mail.
+func (c Config) Validate() error {
+	var errs []error
+	if c.From != "" {
+		if err := checkAddress(c.From); err != nil {
+			errs = append(errs, fmt.Errorf("From %q: %w", c.From, errors.Unwrap(err)))
+		}
+	}
+	if c.RecipientDomain != "" {
+		if _, err := Address("user", c.RecipientDomain); err != nil {
+			errs = append(errs, fmt.Errorf("RecipientDomain %q: not a mail domain (user@%s is %w)", c.RecipientDomain, c.RecipientDomain, errors.Unwrap(err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Route is the mail.send route, sending through s.
 func Route(s Sender, cfg Config, logger *slog.Logger) handlers.Route {
 	if cfg.From == "" {

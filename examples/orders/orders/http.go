@@ -1,6 +1,7 @@
 package orders
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,6 +62,11 @@ func Handler(call ToolCaller, logger *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
 		corr := r.Header.Get(HeaderCorrelationID)
+		if strings.IndexFunc(corr, func(c rune) bool { return c < 0x21 || c > 0x7e }) >= 0 {
+			// It travels in every event's headers: printable ASCII only.
+			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_correlation_id", Message: HeaderCorrelationID + " must be printable ASCII without spaces"})
+			return
+		}
 		if corr == "" || len(corr) > 128 {
 			corr = watermill.NewUUID()
 		}
@@ -87,6 +93,10 @@ func Handler(call ToolCaller, logger *slog.Logger) http.Handler {
 				return
 			}
 			writeError(w, http.StatusBadRequest, APIError{Code: "unreadable_body", Message: "the body could not be read"})
+			return
+		}
+		if len(bytes.TrimSpace(body)) == 0 {
+			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_json", Message: "the body is empty: send the order as a JSON object"})
 			return
 		}
 		key := r.Header.Get(HeaderIdempotencyKey)
@@ -144,52 +154,9 @@ func checkContentType(ct string) string {
 	return ""
 }
 
-// JSONErrors answers the requests mux has no route for (404) or no method
-// for (405, with its Allow header) in the API's JSON error envelope rather
-// than ServeMux's plain text; every other request is mux's.
-func JSONErrors(mux *http.ServeMux) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h, pattern := mux.Handler(r)
-		if pattern != "" {
-			mux.ServeHTTP(w, r)
-			return
-		}
-		// No pattern: ServeMux's own 404/405/redirect handler. Run it
-		// against a recorder to learn which, then answer in JSON.
-		rec := &statusRecorder{header: http.Header{}}
-		h.ServeHTTP(rec, r)
-		switch rec.status {
-		case http.StatusMethodNotAllowed:
-			w.Header().Set("Allow", rec.header.Get("Allow"))
-			writeError(w, http.StatusMethodNotAllowed, APIError{Code: "method_not_allowed", Message: r.Method + " is not allowed here; allowed: " + rec.header.Get("Allow")})
-		case http.StatusNotFound:
-			writeError(w, http.StatusNotFound, APIError{Code: "not_found", Message: "no such endpoint"})
-		default: // a redirect (a cleaned path): pass it on as it is
-			for k, v := range rec.header {
-				w.Header()[k] = v
-			}
-			w.WriteHeader(rec.status)
-		}
-	})
-}
-
-type statusRecorder struct {
-	header http.Header
-	status int
-}
-
-func (s *statusRecorder) Header() http.Header { return s.header }
-func (s *statusRecorder) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return len(b), nil
-}
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-}
+// JSONErrors answers unknown paths (404) and methods (405) in the API's
+// JSON error envelope: tools.JSONErrors, the same envelope.
+func JSONErrors(mux *http.ServeMux) http.Handler { return tools.JSONErrors(mux) }
 
 // ParseCreateOrder reads one create_order JSON object from body, strictly
 // (see strictjson: unknown or misspelt fields, duplicate keys, invalid

@@ -214,6 +214,8 @@ func TestHTTPCreateOrder(t *testing.T) {
 		{"address in user id", "k", "application/json", `{"user_id":"bob@evil.example","amount":1,"currency":"JPY"}`, 422, "invalid_input"},
 		{"oversize body", "k", "application/json", `{"user_id":"` + strings.Repeat("a", orders.MaxRequestBytes) + `"}`, 413, "body_too_large"},
 		{"oversize non-JSON body", "k", "application/json", strings.Repeat("a", 70<<10), 413, "body_too_large"},
+		{"empty body", "k", "application/json", "", 400, "invalid_json"},
+		{"blank body", "k", "application/json", " \n\t", 400, "invalid_json"},
 	}
 	for _, tc := range bad {
 		resp, body := post(tc.key, tc.contentType, tc.body)
@@ -248,11 +250,25 @@ func TestHTTPCreateOrder(t *testing.T) {
 			require.Equal(t, "POST", resp.Header.Get("Allow"))
 		}
 	}
+	// A correlation id travels in every event's headers: one that is not
+	// printable text is the client's mistake (400), not a server error.
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(ok))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "k-corr")
+	req.Header.Set("X-Correlation-ID", "corr-\xff\xfe")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	cb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, string(cb))
+	require.Contains(t, string(cb), "invalid_correlation_id")
+
 	o, e := counts(t, pool)
 	require.Zero(t, o, "refused requests must write nothing")
 	require.Zero(t, e)
 
-	resp, body := post("k-http", "application/json; charset=UTF-8", ok)
+	resp, body = post("k-http", "application/json; charset=UTF-8", ok)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
 	require.Contains(t, body, `"deduped":false`)
 	require.NotEmpty(t, resp.Header.Get("X-Correlation-ID"))

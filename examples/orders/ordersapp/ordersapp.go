@@ -87,6 +87,16 @@ func (c Config) Validate() error {
 	if _, err := mail.NewSMTPSender(c.SMTPAddr); err != nil {
 		errs = append(errs, fmt.Errorf("FERRY_SMTP_ADDR: %w", err))
 	}
+	if c.Mail.From != "" {
+		if err := (mail.Config{From: c.Mail.From}).Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("FERRY_MAIL_FROM: %w", err))
+		}
+	}
+	if c.Mail.RecipientDomain != "" {
+		if err := (mail.Config{RecipientDomain: c.Mail.RecipientDomain}).Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("FERRY_MAIL_RECIPIENT_DOMAIN: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
