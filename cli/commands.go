@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -146,11 +147,49 @@ func (e *Env) newApp(ctx context.Context, migrate bool, logTo io.Writer, without
 	return a, logger, nil
 }
 
-// OpenPool connects to the configured database and schema (no broker needed).
+// OpenPool connects to the configured database and schema (no broker
+// needed), and checks that Ferry's migrations are applied there.
 func OpenPool(ctx context.Context, name string) (*pgxpool.Pool, error) {
-	_, pool, err := openConfigured(ctx, name)
+	_, pool, err := openMigrated(ctx, name)
 	return pool, err
 }
+
+// ErrNotMigrated says the configured schema lacks Ferry's tables.
+var ErrNotMigrated = errors.New("not migrated")
+
+// openMigrated is openConfigured for the commands that read Ferry's
+// tables: on a schema that lacks them (never migrated, or the wrong
+// FERRY_DATABASE_SCHEMA) it fails with one line that says what to do,
+// before printing anything, instead of a driver's "relation does not
+// exist" halfway through.
+func openMigrated(ctx context.Context, name string) (app.Config, *pgxpool.Pool, error) {
+	cfg, pool, err := openConfigured(ctx, name)
+	if err != nil {
+		return cfg, pool, err
+	}
+	var missing []string
+	err = pool.QueryRow(ctx, `SELECT coalesce(array_agg(t) FILTER (WHERE to_regclass(quote_ident(t)) IS NULL), '{}')
+		FROM unnest($1::text[]) t`, ferryTables).Scan(&missing)
+	if err == nil && len(missing) == 0 {
+		return cfg, pool, nil
+	}
+	pool.Close()
+	schema := cfg.DatabaseSchema
+	if schema == "" {
+		schema = "public"
+	}
+	if err != nil {
+		return cfg, nil, fmt.Errorf("checking for Ferry's tables in schema %q: %w", schema, err)
+	}
+	return cfg, nil, fmt.Errorf("%w: schema %q has no %s; run `%s migrate up` with the FERRY_DATABASE_URL and FERRY_DATABASE_SCHEMA of your service (is FERRY_DATABASE_SCHEMA the one it uses?)",
+		ErrNotMigrated, schema, strings.Join(missing, ", "), binName())
+}
+
+// ferryTables are the tables the reading commands need.
+var ferryTables = []string{pgoutbox.DefaultTable, pgpoison.Table, "processed_messages", "ferry_instances", "ferry_audit_log"}
+
+// binName is the running binary's name, for hints.
+func binName() string { return filepath.Base(os.Args[0]) }
 
 // openConfigured loads the configuration and connects with it, for the
 // commands that need both.
@@ -311,12 +350,12 @@ func droppedWord(dropped bool) string {
 func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	asJSON := fs.Bool("json", false, "print JSON")
 	threshold := fs.Int("attempts", pgstatus.DefaultAttemptsThreshold, "list rows with more relay attempts than this")
-	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when something needs a human (poisoned or unrouted messages, no live relay, rows past --attempts); false: exit 0 whenever the report is printed", ExitAttention))
+	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when something needs a human (poisoned or unrouted messages, the broker unreachable, no live relay, rows past --attempts); false: exit 0 whenever the report is printed", ExitAttention))
 	return func(ctx context.Context, _ []string) error {
 		if *threshold < 0 {
 			return usagef("--attempts must not be negative")
 		}
-		cfg, pool, err := openConfigured(ctx, "status")
+		cfg, pool, err := openMigrated(ctx, "status")
 		if err != nil {
 			return err
 		}
@@ -326,7 +365,7 @@ func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			return err
 		}
 		if n, err := unroutedDepth(cfg); err != nil {
-			rep.BrokerError = err.Error()
+			rep.BrokerError = pipeline.CleanText(err.Error(), 300)
 		} else {
 			rep.Unrouted = &n
 		}
@@ -395,6 +434,9 @@ func amqpReason(err error) string {
 
 func attention(rep statusReport) []string {
 	out := []string{}
+	if rep.BrokerError != "" {
+		out = append(out, "RabbitMQ unreachable ("+rep.BrokerError+"): relays cannot dispatch and consumers receive nothing; check FERRY_AMQP_URL and the broker")
+	}
 	if rep.PoisonTotal > 0 {
 		out = append(out, fmt.Sprintf("%d message(s) in the poison store (ferry poison list)", rep.PoisonTotal))
 	}
@@ -968,7 +1010,7 @@ func shadowReportFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		if *since <= 0 {
 			return usagef("--since must be positive")
 		}
-		cfg, pool, err := openConfigured(ctx, "shadow")
+		cfg, pool, err := openMigrated(ctx, "shadow")
 		if err != nil {
 			return err
 		}

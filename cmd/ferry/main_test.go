@@ -457,3 +457,38 @@ func TestConfigurationEdgesAreRefusedByVariable(t *testing.T) {
 		}
 	})
 }
+
+// On a schema without Ferry's tables (never migrated, or the wrong
+// FERRY_DATABASE_SCHEMA), the reading commands fail at once with one line
+// that says what to do, printing nothing else; with the broker unreachable
+// status names it among what needs attention and exits 3.
+func TestCommandsSayWhatToDoOnAnUnmigratedSchemaOrWithoutBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; skipped with -short")
+	}
+	empty := pipelinetest.UniqueName("ferry_empty_")
+	pool := pipelinetest.Pool(t, "public", "ferry-test-cli")
+	_, err := pool.Exec(context.Background(), `CREATE SCHEMA `+empty)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA `+empty+` CASCADE`) })
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", empty)
+	for _, args := range [][]string{{"status"}, {"poison", "list"}, {"poison", "list", "--json"}, {"audit"}, {"prune", "outbox", "--dry-run"}} {
+		var out, errOut strings.Builder
+		code := run(args, &out, &errOut)
+		require.Equal(t, 1, code, "%v: %s", args, errOut.String())
+		require.Empty(t, out.String(), "%v prints nothing before the error", args)
+		require.Contains(t, errOut.String(), "migrate up", args)
+		require.Equal(t, 1, strings.Count(strings.TrimSpace(errOut.String()), "\n")+1, "%v: one line: %s", args, errOut.String())
+		require.NotContains(t, errOut.String(), "does not exist (SQLSTATE", args)
+	}
+
+	schema := pipelinetest.Schema(t)
+	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
+	t.Setenv("FERRY_AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
+	var out, errOut strings.Builder
+	require.Equal(t, 3, run([]string{"status"}, &out, &errOut), out.String()+errOut.String())
+	attention := out.String()[strings.Index(out.String(), "needs attention"):]
+	require.Contains(t, attention, "RabbitMQ unreachable")
+	require.NotContains(t, out.String(), "needs attention: nothing")
+}
