@@ -26,7 +26,16 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
+
+// chaosDatabase is the database of a run on its own server.
+const chaosDatabase = "chaos"
+
+// maxChargeRequests bounds the provider's requests for one charge: the
+// run's 10 deliveries of a message, each with the 3 quick retries, and a
+// few redeliveries. A message retried in a hot loop shows far above it.
+const maxChargeRequests = 10*(1+3) + 10
 
 // ChaosRun sizes a fault-injection run. Zero fields take the defaults.
 type ChaosRun struct {
@@ -53,6 +62,12 @@ type ChaosRun struct {
 	// the CDC variant (two CDC relays on one slot, one standing by; the
 	// same faults, the walsender's backend among those terminated).
 	RelayMode string
+	// DatabaseOutage, if set, runs the whole pipeline on a PostgreSQL
+	// server of the run's own and, once while orders are placed, makes its
+	// database refuse connections for this long (ALLOW_CONNECTIONS false,
+	// every backend terminated), as a failover or a maintenance window
+	// does: relays and consumers must wait it out, poisoning nothing.
+	DatabaseOutage time.Duration
 	// Binary is the ferry binary to run. Default: this process's executable.
 	Binary string
 	// DrainTimeout bounds the wait for the pipeline to settle. Default 3m.
@@ -109,9 +124,14 @@ type ChaosReport struct {
 	Orphans          int            `json:"effects_without_committed_order"`
 	OrderViolations  int            `json:"order_violations"`
 	PendingDue       int            `json:"undispatched_due_rows"`
-	Violations       []string       `json:"violations"`
-	ProducingSeconds float64        `json:"producing_seconds"`
-	DrainSeconds     float64        `json:"drain_seconds"`
+	// MaxChargeRequestsPerOrder is the most requests the provider got for
+	// one charge: bounded by the attempts, however the run went (a hot
+	// loop would show as thousands).
+	MaxChargeRequestsPerOrder int      `json:"max_charge_requests_per_order"`
+	DatabaseOutageSeconds     float64  `json:"database_outage_seconds"`
+	Violations                []string `json:"violations"`
+	ProducingSeconds          float64  `json:"producing_seconds"`
+	DrainSeconds              float64  `json:"drain_seconds"`
 }
 
 // OK reports whether every invariant held.
@@ -228,8 +248,31 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			return rep, err
 		}
 	}
+	// outage, with the run's own server, makes its database refuse
+	// connections (allow false) or take them again.
+	var outage func(ctx context.Context, allow bool) error
 	id := fmt.Sprintf("%d", time.Now().UnixNano())
 	schema, vhost, appName := "ferry_chaos_"+id, "ferry_chaos_"+id, "ferry-chaos-"+id
+
+	if run.DatabaseOutage > 0 {
+		// Refusing connections is a property of a whole database: the run
+		// takes a server of its own, so the shared one is never touched.
+		pg, err := pipelinetest.StartPostgres(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("starting the run's own PostgreSQL: %w", err)
+		}
+		defer func() { _ = pg.Stop() }()
+		if err := pg.Exec(ctx, "postgres", "CREATE DATABASE "+chaosDatabase); err != nil {
+			return rep, err
+		}
+		cfg.DatabaseURL = pg.URL(chaosDatabase)
+		outage = func(ctx context.Context, allow bool) error {
+			if err := pg.Exec(ctx, "postgres", fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %t", chaosDatabase, allow)); err != nil || allow {
+				return err
+			}
+			return pg.Exec(ctx, "postgres", `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, chaosDatabase)
+		}
+	}
 
 	world, err := sandbox.StartWorld()
 	if err != nil {
@@ -333,14 +376,16 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		return rep, fmt.Errorf("children did not come up (logs in %s): %w", logDir, err)
 	}
 
-	// Faults, until the orders are placed.
+	// Faults, until the orders are placed. gate keeps the driver's own
+	// database work and the database outage apart.
+	var gate sync.RWMutex
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	var faultsWG sync.WaitGroup
 	var faultErr error
 	var faultMu sync.Mutex
 	faultsWG.Go(func() {
 		frng := rand.New(rand.NewPCG(run.Seed^0xfa17, run.Seed))
-		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections"}
+		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8"}
 		for n := 1; ; n++ {
 			select {
 			case <-faultCtx.Done():
@@ -366,9 +411,14 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			case "kill_consumer":
 				err = env.killAndRestart(frng, "consume", faults())
 			case "terminate_db_backends":
+				gate.RLock()
 				_, err = driver.Pool.Exec(faultCtx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
+				gate.RUnlock()
 			case "close_amqp_connections":
 				err = rabbitmqctl(faultCtx, "close_all_connections", "--vhost", vhost, "ferry chaos")
+			case "provider_non_utf8":
+				// The next charges are answered 503 in Latin-1 with a NUL.
+				provider.FailNextWithGarbage(3, []byte("Zahlung abgelehnt: Kunde ung\xfcltig\x00 (Gateway \xe9chou\xe9)"))
 			case "restart_broker":
 				// Both halves run to the end even when the run ends
 				// meanwhile: a stop_app cut short still stops the node's
@@ -390,6 +440,38 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		}
 	})
 
+	// The database outage, once, a third of the way through the orders:
+	// the driver (the application) stands still while its database is
+	// gone; relays and consumers keep trying, and must poison nothing.
+	if outage != nil {
+		faultsWG.Go(func() {
+			select {
+			case <-faultCtx.Done():
+				return
+			case <-time.After(time.Duration(run.Orders/3) * time.Second / time.Duration(run.Rate)):
+			}
+			gate.Lock()
+			defer gate.Unlock()
+			began := time.Now()
+			err := outage(ctx, false)
+			if err == nil {
+				select {
+				case <-ctx.Done():
+				case <-time.After(run.DatabaseOutage):
+				}
+				err = outage(context.WithoutCancel(ctx), true)
+			}
+			faultMu.Lock()
+			defer faultMu.Unlock()
+			if err != nil {
+				faultErr = errors.Join(faultErr, fmt.Errorf("database outage: %w", err))
+				return
+			}
+			rep.Faults["database_refuses_connections"]++
+			rep.DatabaseOutageSeconds = time.Since(began).Seconds()
+		})
+	}
+
 	// Orders at a steady rate, some rolled back after publishing, some replayed.
 	start := time.Now()
 	interval := time.Second / time.Duration(run.Rate)
@@ -400,7 +482,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		userID := fmt.Sprintf("user-%02d", rng.IntN(40))
 		in := orders.Input{UserID: userID, Amount: int64(100 + rng.IntN(9900)), Currency: []string{"JPY", "USD"}[rng.IntN(2)], IdempotencyKey: fmt.Sprintf("chaos-%d", i)}
 		rollback := rng.Float64() < run.RollbackRate
-		if err := chaosOrder(ctx, driver, svc, in, seq, rollback); err != nil {
+		gate.RLock()
+		err := chaosOrder(ctx, driver, svc, in, seq, rollback)
+		gate.RUnlock()
+		if err != nil {
 			stopFaults()
 			faultsWG.Wait()
 			return rep, fmt.Errorf("placing order %d: %w", i, err)
@@ -412,7 +497,9 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		rep.OrdersCommitted++
 		committedKeys = append(committedKeys, in.IdempotencyKey)
 		if rng.IntN(20) == 0 { // a client retrying after a timeout
+			gate.RLock()
 			res, err := svc.CreateOrder(ctx, in)
+			gate.RUnlock()
 			if err != nil || !res.Deduped {
 				rep.Violations = append(rep.Violations, fmt.Sprintf("replay of %s was not deduplicated (err %v)", in.IdempotencyKey, err))
 			}
@@ -534,7 +621,7 @@ func mailsByOrder(s *sandbox.SMTPSink) map[string]int {
 // injectedFault reports whether a poison reason is one of the handler
 // faults the run injects (chaos_faults.go), and nothing else.
 func injectedFault(reason string) bool {
-	return strings.Contains(reason, errInjectedFailure.Error()) || strings.Contains(reason, injectedPanic)
+	return strings.Contains(reason, injectedFailureText) || strings.Contains(reason, injectedPanic)
 }
 
 func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *sandbox.SMTPSink, committedKeys []string, expectAudit int, rep *ChaosReport) error {
@@ -578,6 +665,11 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 	}
 	charges, mails := chargesByOrder(p), mailsByOrder(s)
 	rep.ChargeRequests, rep.Charges, rep.AuditEvents = p.Requests(), len(p.Charges()), len(p.Audit())
+	rep.MaxChargeRequestsPerOrder = p.MaxRequestsPerKey()
+	if rep.MaxChargeRequestsPerOrder > maxChargeRequests {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("a charge was requested %d times: more than its attempts allow (%d), a hot loop",
+			rep.MaxChargeRequestsPerOrder, maxChargeRequests))
+	}
 	mailCount := len(s.Mails())
 	for _, n := range mails {
 		rep.Mails += n
@@ -640,14 +732,18 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	fmt.Fprintf(&b, "  orders committed       %6d   (+%d rolled back after publishing, %d replays deduped)\n", r.OrdersCommitted, r.OrdersRolledBack, r.OrderReplays)
 	var faults []string
 	total := 0
-	for _, k := range []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "restart_broker"} {
+	for _, k := range []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "restart_broker", "database_refuses_connections"} {
 		if n, ok := r.Faults[k]; ok {
 			faults = append(faults, fmt.Sprintf("%s %d", k, n))
 			total += n
 		}
 	}
 	fmt.Fprintf(&b, "  faults injected        %6d   (%s; handlers also failed and panicked at random)\n", total, strings.Join(faults, ", "))
-	fmt.Fprintf(&b, "  charges                %6d   (%d provider requests: %d replays absorbed by the Idempotency-Key)\n", r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges)
+	if r.DatabaseOutageSeconds > 0 {
+		fmt.Fprintf(&b, "  database outage        %6.1fs  (the database refused every connection; the driver stood still)\n", r.DatabaseOutageSeconds)
+	}
+	fmt.Fprintf(&b, "  charges                %6d   (%d provider requests: %d retries and replays absorbed by the Idempotency-Key; at most %d for one charge)\n",
+		r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges, r.MaxChargeRequestsPerOrder)
 	fmt.Fprintf(&b, "  mails                  %6d   (%d duplicate deliveries dropped by Message-ID)\n", r.Mails, r.MailDuplicates)
 	fmt.Fprintf(&b, "  ordered audit events   %6d   (%d order violations)\n", r.AuditEvents, r.OrderViolations)
 	fmt.Fprintf(&b, "  retries                %6d   (%d durable retries of failed handlers, %d rows that needed more than one relay attempt)\n", r.DurableRetries+r.RelayRetries, r.DurableRetries, r.RelayRetries)

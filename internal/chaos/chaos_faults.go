@@ -132,7 +132,14 @@ func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Option
 	return opts
 }
 
-// The faults' own words: the run's invariants accept no other poison reason.
-const injectedPanic = "chaos: injected panic"
+// The faults' own words: the run's invariants accept no other poison
+// reason. The failure's text also carries what no database column takes
+// (Latin-1 bytes and a NUL, as a provider's answer may): every place Ferry
+// stores an error (retry headers, error history, the poison store) must
+// take it cleaned, never refuse it and loop.
+const (
+	injectedPanic       = "chaos: injected panic"
+	injectedFailureText = "chaos: injected failure"
+)
 
-var errInjectedFailure = errors.New("chaos: injected failure")
+var errInjectedFailure = errors.New(injectedFailureText + ": Kunde ung\xfcltig\x00")

@@ -31,7 +31,11 @@ type PaymentProvider struct {
 	charges  []Charge
 	byKey    map[string]Charge
 	requests int
-	failures int // answer 503 to this many next requests
+	byKeyN   map[string]int // requests per idempotency key
+	failures int            // answer 503 to this many next requests
+	// garbage, if set, is the body of those answers instead of the usual
+	// JSON (FailNextWithGarbage).
+	garbage []byte
 	audit    []AuditEntry
 	auditKey map[string]bool
 }
@@ -49,7 +53,7 @@ func StartPaymentProvider(addr string) (*PaymentProvider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting payment provider: %w", err)
 	}
-	p := &PaymentProvider{ln: ln, byKey: map[string]Charge{}, auditKey: map[string]bool{}}
+	p := &PaymentProvider{ln: ln, byKey: map[string]Charge{}, byKeyN: map[string]int{}, auditKey: map[string]bool{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/charges", p.handleCharge)
 	mux.HandleFunc("POST /v1/audit", p.handleAudit)
@@ -68,7 +72,29 @@ func (p *PaymentProvider) Close() error { return p.srv.Close() }
 func (p *PaymentProvider) FailNext(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.failures = n
+	p.failures, p.garbage = n, nil
+}
+
+// FailNextWithGarbage makes the next n requests answer 503 with body, as
+// a provider whose gateway answers in its own encoding does (Latin-1, a
+// NUL): whatever a handler makes of such an answer must stay storable.
+func (p *PaymentProvider) FailNextWithGarbage(n int, body []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failures, p.garbage = n, body
+}
+
+// MaxRequestsPerKey is the most charge requests that arrived for one
+// idempotency key, retries and replays included: a message retried in a
+// hot loop shows here.
+func (p *PaymentProvider) MaxRequestsPerKey() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	most := 0
+	for _, n := range p.byKeyN {
+		most = max(most, n)
+	}
+	return most
 }
 
 // Charges returns the charges made, in order.
@@ -109,9 +135,20 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 
 	p.mu.Lock()
 	p.requests++
+	p.byKeyN[key]++
 	if p.failures > 0 {
 		p.failures--
+		garbage := p.garbage
+		if p.failures == 0 {
+			p.garbage = nil
+		}
 		p.mu.Unlock()
+		if garbage != nil {
+			w.Header().Set("Content-Type", "text/plain; charset=iso-8859-1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write(garbage)
+			return
+		}
 		writeProviderJSON(w, http.StatusServiceUnavailable, providerError("unavailable", "try again later"))
 		return
 	}

@@ -1,0 +1,157 @@
+package pipelinetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PostgresServer is a PostgreSQL server of its own (see StartPostgres):
+// for tests and fault-injection runs that refuse connections, stop or
+// fail over the database without touching the shared one.
+type PostgresServer struct {
+	// Port is its loopback port.
+	Port int
+	dir  string
+	bin  string
+	cred *syscall.Credential
+}
+
+// URL connects to database on the server as the superuser postgres.
+func (s *PostgresServer) URL(database string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, database)
+}
+
+// StartPostgres initialises a cluster in a temporary directory with the
+// machine's PostgreSQL (initdb, trust authentication, wal_level=logical)
+// and starts it on a free loopback port. As root it runs the server as the
+// postgres user, which PostgreSQL requires. Stop removes everything.
+func StartPostgres(ctx context.Context) (*PostgresServer, error) {
+	bin, err := postgresBin()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "ferry-pg-")
+	if err != nil {
+		return nil, err
+	}
+	s := &PostgresServer{dir: dir, bin: bin}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("running PostgreSQL as root needs the postgres user: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	if out, err := s.run(ctx, "initdb", "-D", s.data(), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	s.Port = ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_connections=200", s.Port, dir)
+	if out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-l", filepath.Join(dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
+		logs, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting PostgreSQL: %w\n%s\n%s", err, out, logs)
+	}
+	return s, nil
+}
+
+// OwnPostgres starts a PostgreSQL server of the test's own (StartPostgres),
+// stopped and removed when the test ends.
+func OwnPostgres(t testing.TB) *PostgresServer {
+	t.Helper()
+	skipShort(t)
+	s, err := StartPostgres(context.Background())
+	if err != nil {
+		t.Fatalf("this test runs a PostgreSQL server of its own: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("stopping the test's PostgreSQL: %v", err)
+		}
+	})
+	return s
+}
+
+// Exec runs sql on database as the superuser.
+func (s *PostgresServer) Exec(ctx context.Context, database, sql string, args ...any) error {
+	conn, err := pgx.Connect(ctx, s.URL(database))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql, args...)
+	return err
+}
+
+// Stop stops the server at once and removes its files.
+func (s *PostgresServer) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-m", "immediate", "-w", "stop")
+	if err != nil {
+		err = fmt.Errorf("pg_ctl stop: %w: %s", err, out)
+	}
+	return errors.Join(err, os.RemoveAll(s.dir))
+}
+
+func (s *PostgresServer) data() string { return filepath.Join(s.dir, "data") }
+
+func (s *PostgresServer) run(ctx context.Context, tool string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.bin, tool), args...)
+	cmd.Dir = s.dir
+	if s.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	}
+	return cmd.CombinedOutput()
+}
+
+// postgresBin finds the server's programs: pg_config's bindir, else the
+// newest /usr/lib/postgresql/*/bin (Debian keeps them off PATH).
+func postgresBin() (string, error) {
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dir := string(out[:len(out)-1])
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	return "", errors.New("no PostgreSQL server programs (initdb, pg_ctl) found: apt-get install postgresql")
+}
+
+func versionOf(bindir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(bindir)))
+	return n
+}
