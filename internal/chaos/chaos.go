@@ -29,6 +29,9 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
+// providerGarbage is a provider's answer in Latin-1 with a NUL.
+var providerGarbage = []byte("Zahlung abgelehnt: Kunde ung\xfcltig\x00 (Gateway \xe9chou\xe9)")
+
 // chaosDatabase is the database of a run on its own server.
 const chaosDatabase = "chaos"
 
@@ -127,11 +130,14 @@ type ChaosReport struct {
 	// MaxChargeRequestsPerOrder is the most requests the provider got for
 	// one charge: bounded by the attempts, however the run went (a hot
 	// loop would show as thousands).
-	MaxChargeRequestsPerOrder int      `json:"max_charge_requests_per_order"`
-	DatabaseOutageSeconds     float64  `json:"database_outage_seconds"`
-	Violations                []string `json:"violations"`
-	ProducingSeconds          float64  `json:"producing_seconds"`
-	DrainSeconds              float64  `json:"drain_seconds"`
+	MaxChargeRequestsPerOrder int     `json:"max_charge_requests_per_order"`
+	DatabaseOutageSeconds     float64 `json:"database_outage_seconds"`
+	// ChargesWaitingAtOutage is how many committed orders had not reached
+	// the provider when the database went: the load the outage met.
+	ChargesWaitingAtOutage int      `json:"charges_waiting_at_outage"`
+	Violations             []string `json:"violations"`
+	ProducingSeconds       float64  `json:"producing_seconds"`
+	DrainSeconds           float64  `json:"drain_seconds"`
 }
 
 // OK reports whether every invariant held.
@@ -418,7 +424,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				err = rabbitmqctl(faultCtx, "close_all_connections", "--vhost", vhost, "ferry chaos")
 			case "provider_non_utf8":
 				// The next charges are answered 503 in Latin-1 with a NUL.
-				provider.FailNextWithGarbage(3, []byte("Zahlung abgelehnt: Kunde ung\xfcltig\x00 (Gateway \xe9chou\xe9)"))
+				provider.FailNextWithGarbage(3, providerGarbage)
 			case "restart_broker":
 				// Both halves run to the end even when the run ends
 				// meanwhile: a stop_app cut short still stops the node's
@@ -450,6 +456,23 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				return
 			case <-time.After(time.Duration(run.Orders/3) * time.Second / time.Duration(run.Rate)):
 			}
+			// Under load: a slow provider first, so that charges wait in
+			// the broker when the database goes, and consumers meet the
+			// outage mid-message.
+			provider.SetDelay(100 * time.Millisecond)
+			defer provider.SetDelay(0)
+			provider.FailNextWithGarbage(5, providerGarbage)
+			faultMu.Lock()
+			rep.Faults["provider_non_utf8"]++
+			faultMu.Unlock()
+			select {
+			case <-faultCtx.Done():
+				return
+			case <-time.After(3 * time.Second):
+			}
+			var backlog int
+			_ = driver.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&backlog)
+			backlog -= provider.Requests()
 			gate.Lock()
 			defer gate.Unlock()
 			began := time.Now()
@@ -469,6 +492,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			}
 			rep.Faults["database_refuses_connections"]++
 			rep.DatabaseOutageSeconds = time.Since(began).Seconds()
+			rep.ChargesWaitingAtOutage = backlog
 		})
 	}
 
@@ -740,7 +764,7 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	}
 	fmt.Fprintf(&b, "  faults injected        %6d   (%s; handlers also failed and panicked at random)\n", total, strings.Join(faults, ", "))
 	if r.DatabaseOutageSeconds > 0 {
-		fmt.Fprintf(&b, "  database outage        %6.1fs  (the database refused every connection; the driver stood still)\n", r.DatabaseOutageSeconds)
+		fmt.Fprintf(&b, "  database outage        %6.1fs  (the database refused every connection; the driver stood still; %d charges were waiting)\n", r.DatabaseOutageSeconds, r.ChargesWaitingAtOutage)
 	}
 	fmt.Fprintf(&b, "  charges                %6d   (%d provider requests: %d retries and replays absorbed by the Idempotency-Key; at most %d for one charge)\n",
 		r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges, r.MaxChargeRequestsPerOrder)

@@ -87,6 +87,7 @@ func TestChaosDatabaseOutage(t *testing.T) {
 	rep, report := runChaos(t, chaos.ChaosRun{Orders: 1000, Rate: 200, FaultEvery: 250 * time.Millisecond, Seed: 7, DatabaseOutage: 40 * time.Second})
 	require.Equal(t, 1, rep.Faults["database_refuses_connections"], report)
 	require.GreaterOrEqual(t, rep.DatabaseOutageSeconds, 40.0)
+	require.GreaterOrEqual(t, rep.ChargesWaitingAtOutage, 50, "the outage met consumers with work to do")
 	require.True(t, rep.OK(), report)
 	require.Equal(t, rep.OrdersCommitted, rep.Charges)
 	require.Equal(t, rep.OrdersCommitted, rep.Mails)

@@ -36,6 +36,7 @@ type PaymentProvider struct {
 	// garbage, if set, is the body of those answers instead of the usual
 	// JSON (FailNextWithGarbage).
 	garbage []byte
+	delay   time.Duration // before each charge answer (SetDelay)
 	audit    []AuditEntry
 	auditKey map[string]bool
 }
@@ -82,6 +83,14 @@ func (p *PaymentProvider) FailNextWithGarbage(n int, body []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.failures, p.garbage = n, body
+}
+
+// SetDelay makes every charge answer wait d, as a slow provider does:
+// consumers then fall behind, and messages wait in the broker.
+func (p *PaymentProvider) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
 }
 
 // MaxRequestsPerKey is the most charge requests that arrived for one
@@ -133,6 +142,16 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	p.mu.Lock()
+	delay := p.delay
+	p.mu.Unlock()
+	if delay > 0 {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(delay):
+		}
+	}
 	p.mu.Lock()
 	p.requests++
 	p.byKeyN[key]++
