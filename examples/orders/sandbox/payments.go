@@ -35,8 +35,8 @@ type PaymentProvider struct {
 	failures int            // answer 503 to this many next requests
 	// garbage, if set, is the body of those answers instead of the usual
 	// JSON (FailNextWithGarbage).
-	garbage []byte
-	delay   time.Duration // before each charge answer (SetDelay)
+	garbage  []byte
+	delay    time.Duration // before each charge answer (SetDelay)
 	audit    []AuditEntry
 	auditKey map[string]bool
 }
