@@ -180,14 +180,22 @@ type RetentionConfig struct {
 
 // EnvVar documents one environment variable. Applications list their own
 // variables in the same shape (without a setter) so that `ferry help config`
-// and the README show them beside Ferry's.
+// and docs/configuration.md show them beside Ferry's.
 type EnvVar struct {
-	Name, Default, Doc string
-	set                func(c *Config, v string) error
+	// Name is the variable ("FERRY_DATABASE_URL").
+	Name string
+	// Default is what applies when the variable is unset, as shown to
+	// people ("127.0.0.1:8080", or "(none)" with what that means).
+	Default string
+	// Doc says in one line what it sets; `help config` and
+	// docs/configuration.md show it.
+	Doc string
+	set func(c *Config, v string) error
 }
 
-// EnvVars lists every variable ConfigFromEnv reads, with its default; the
-// README's configuration table is this list.
+// EnvVars lists every variable ConfigFromEnv reads, with its default;
+// `ferry help config` prints this list and docs/configuration.md is
+// generated from it (TestConfigurationReference keeps them equal).
 func EnvVars() []EnvVar {
 	return []EnvVar{
 		{"FERRY_DATABASE_URL", DefaultDatabaseURL, "PostgreSQL URL", func(c *Config, v string) error { c.DatabaseURL = v; return nil }},

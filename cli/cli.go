@@ -337,6 +337,31 @@ func (c *CLI) helpCommand(_ *flag.FlagSet, env *Env) RunFunc {
 	}
 }
 
+// WriteConfigReference writes the configuration reference as Markdown:
+// Ferry's variables (app.EnvVars), then the binary's own (extra), from the
+// same table `help config` prints. docs/configuration.md is its output for
+// the ferry binary.
+func WriteConfigReference(w io.Writer, name string, extra []app.EnvVar) error {
+	cell := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+	table := func(vars []app.EnvVar) {
+		fmt.Fprintln(w, "| variable | default | what it sets |")
+		fmt.Fprintln(w, "|---|---|---|")
+		for _, ev := range vars {
+			fmt.Fprintf(w, "| `%s` | %s | %s |\n", ev.Name, cell(ev.Default), cell(ev.Doc))
+		}
+	}
+	fmt.Fprintf(w, "# Configuration\n\n<!-- Generated from app.EnvVars and the %s binary's own variables: edit those, then run\n     `go test ./cmd/ferry/ -run TestConfigurationReference -update`. -->\n\n", name)
+	fmt.Fprintf(w, "Every variable is read at start (`app.ConfigFromEnv`), validated with the others, and\nreported by name when wrong. `%s help config` prints the same list.\n\n", name)
+	fmt.Fprintln(w, "## Ferry")
+	fmt.Fprintln(w)
+	table(app.EnvVars())
+	if len(extra) > 0 {
+		fmt.Fprintf(w, "\n## The %s binary\n\n", name)
+		table(extra)
+	}
+	return nil
+}
+
 func printConfigHelp(w io.Writer, extra []app.EnvVar) {
 	fmt.Fprintln(w, "Configuration (environment variables; defaults in brackets):")
 	for _, ev := range append(app.EnvVars(), extra...) {
@@ -344,8 +369,6 @@ func printConfigHelp(w io.Writer, extra []app.EnvVar) {
 	}
 }
 
-// oneLine folds a (joined, multi-line) error into one line, for logs and
-// terminals alike.
 // oneLine is err on one line, every control or formatting character
 // escaped (display.Escape): an error can quote input (a URL, a header, a
 // topic) holding escape sequences that would otherwise drive the terminal.

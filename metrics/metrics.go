@@ -1,8 +1,8 @@
 // Package metrics is Ferry's Prometheus instrumentation: the outbox gauges
 // the alerts are written against, the relay's dispatch histograms, and the
 // consumers' outcome counters. Names and labels are part of Ferry's
-// interface (dashboards and alert rules use them); they are listed in the
-// README.
+// interface (dashboards and alert rules use them); they are listed in
+// docs/operations.md.
 package metrics
 
 import (

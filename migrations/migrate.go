@@ -15,8 +15,9 @@ const VersionTable = "ferry_schema_version"
 
 // Set is one independent series of goose migrations with its own version
 // table: Ferry's library tables (Library), or an application's own tables,
-// which it migrates with the same commands (app.Options.Migrations,
-// cli.Options.Migrations) without mixing version numbers with Ferry's.
+// which it migrates with the same commands (app.Options.Migrations: `run
+// --migrate` and the CLI's `migrate` commands, which take the options from
+// cli.Options.App) without mixing version numbers with Ferry's.
 type Set struct {
 	// Name identifies the set in messages and `ferry migrate status`.
 	Name string

@@ -43,14 +43,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func options() cli.Options {
 	return cli.Options{
-		Name:    "ferry",
-		Version: version,
-		App:     exampleApp,
-		EnvVars: append(ordersapp.EnvVars(), app.EnvVar{Name: "FERRY_CHAOS_FAULTS", Default: "(none)", Doc: "testing only: inject handler faults, e.g. fail=0.1,panic=0.01,seed=7 (ferry chaos sets it)"},
-			app.EnvVar{Name: "FERRY_BENCH_CHILD", Default: "(none)", Doc: "benchmark only: ferry bench runs as a relay or consume child of its memory scenario (the parent sets it)"},
-			app.EnvVar{Name: "FERRY_BENCH_CHILD_CPUPROFILE", Default: "(none)", Doc: "benchmark only: where a child of the memory scenario writes its CPU profile, its kind and pid appended (the parent sets it from --cpuprofile)"}),
+		Name:     "ferry",
+		Version:  version,
+		App:      exampleApp,
+		EnvVars:  envVars(),
 		Commands: []*cli.Command{cmdDemo, cmdSandbox, cmdBench, cmdChaos},
 	}
+}
+
+// envVars are the binary's own variables: the orders example's, and the
+// rigs' (set by ferry chaos and ferry bench on their children).
+func envVars() []app.EnvVar {
+	return append(ordersapp.EnvVars(),
+		app.EnvVar{Name: "FERRY_CHAOS_FAULTS", Default: "(none)", Doc: "testing only: inject handler faults, e.g. fail=0.1,panic=0.01,seed=7 (ferry chaos sets it)"},
+		app.EnvVar{Name: "FERRY_BENCH_CHILD", Default: "(none)", Doc: "benchmark only: ferry bench runs as a relay or consume child of its memory scenario (the parent sets it)"},
+		app.EnvVar{Name: "FERRY_BENCH_CHILD_CPUPROFILE", Default: "(none)", Doc: "benchmark only: where a child of the memory scenario writes its CPU profile, its kind and pid appended (the parent sets it from --cpuprofile)"})
 }
 
 // exampleApp is the orders example on Ferry's runtime; under `ferry chaos`

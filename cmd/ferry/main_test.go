@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
@@ -33,8 +35,11 @@ func TestHelpListsEveryCommand(t *testing.T) {
 		"poison discard", "poison show", "prune outbox", "prune ledger", "prune tool-calls", "mcp", "shadow report", "backfill", "audit", "cdc drop", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, string(readme), "`ferry "+cmd, "the README must document ferry %s", cmd)
 	}
-	for _, ev := range append(app.EnvVars(), options().EnvVars...) {
-		require.Contains(t, string(readme), "| `"+ev.Name+"` |", "the README's configuration table must list %s", ev.Name)
+	docs, err := os.ReadFile("../../docs/commands.md")
+	require.NoError(t, err)
+	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
+		"poison discard", "poison show", "prune outbox", "prune ledger", "prune tool-calls", "mcp", "shadow report", "backfill", "audit", "cdc drop", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
+		require.Contains(t, string(docs), "`ferry "+cmd, "docs/commands.md must document ferry %s", cmd)
 	}
 	out.Reset()
 	require.Equal(t, 0, run([]string{"help", "config"}, &out, &errOut))
@@ -491,4 +496,24 @@ func TestCommandsSayWhatToDoOnAnUnmigratedSchemaOrWithoutBroker(t *testing.T) {
 	attention := out.String()[strings.Index(out.String(), "needs attention"):]
 	require.Contains(t, attention, "RabbitMQ unreachable")
 	require.NotContains(t, out.String(), "needs attention: nothing")
+}
+
+var update = flag.Bool("update", false, "rewrite docs/configuration.md from the variables' table")
+
+// docs/configuration.md is generated from the table the binary reads
+// (app.EnvVars and this binary's own): a variable added, removed or
+// re-documented without regenerating it fails here.
+func TestConfigurationReference(t *testing.T) {
+	var b strings.Builder
+	require.NoError(t, cli.WriteConfigReference(&b, "ferry", envVars()))
+	const page = "../../docs/configuration.md"
+	if *update {
+		require.NoError(t, os.WriteFile(page, []byte(b.String()), 0o644))
+	}
+	got, err := os.ReadFile(page)
+	require.NoError(t, err)
+	require.Equal(t, b.String(), string(got), "docs/configuration.md is stale: go test ./cmd/ferry/ -run TestConfigurationReference -update")
+	for _, ev := range append(app.EnvVars(), envVars()...) {
+		require.Contains(t, string(got), "| `"+ev.Name+"` |")
+	}
 }

@@ -62,6 +62,7 @@ func (e Issued) Validate() error {
 	return nil
 }
 
+// snippet:begin issue
 // Issue writes an invoice and its invoice.issued event in one transaction.
 func Issue(ctx context.Context, pool *pgxpool.Pool, outbox *pgoutbox.Outbox, tenant, customer string, amountCents int64) (id int64, err error) {
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -79,6 +80,8 @@ func Issue(ctx context.Context, pool *pgxpool.Pool, outbox *pgoutbox.Outbox, ten
 	return id, err
 }
 
+// snippet:end issue
+
 // RequireTenant is the service's own middleware link: an event without a
 // tenant cannot be attributed, so it is poisoned at once with the reason;
 // the tenant goes into the context for the events the handler publishes.
@@ -93,6 +96,7 @@ func RequireTenant(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
+// snippet:begin routes
 // Routes is the service's route table.
 func Routes(d app.Deps) ([]handlers.Route, error) {
 	return []handlers.Route{{
@@ -126,3 +130,5 @@ func Options() app.Options {
 		},
 	}
 }
+
+// snippet:end routes

@@ -16,7 +16,7 @@ const (
 	DefaultStandbyRetry      = time.Second
 	// DefaultInFlight is how many RelayIDs calls the streamer makes at once:
 	// 4 halved the end-to-end latency against 1 in four alternating runs on
-	// a 2-core box (README, "CDC relay, measured").
+	// a 2-core box (docs/cdc.md, "CDC relay, measured").
 	DefaultInFlight = 4
 	MaxInFlight     = 16
 	// DefaultSafetyNetInterval and DefaultSafetyNetMinAge are the polling

@@ -26,7 +26,7 @@ const (
 	DefaultRelayPollInterval = 500 * time.Millisecond
 	// DefaultRelayInFlight is how many batches one relay works on at once.
 	// 1 until a benchmark on a quiet machine shows what 2 buys (see the
-	// README's Performance section).
+	// docs/performance.md).
 	DefaultRelayInFlight  = 1
 	MaxRelayInFlight      = 16
 	DefaultMaxErrorLength = 2048

@@ -56,7 +56,7 @@ type Config struct {
 	Consumers int
 	// Partitions is the number of partition queues of an ordered topic's
 	// handler. Changing it moves aggregates between partitions: drain the
-	// partition queues first (see the README). Default 8.
+	// partition queues first (see docs/concepts.md, "Ordering"). Default 8.
 	Partitions int
 }
 

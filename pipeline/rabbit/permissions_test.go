@@ -15,7 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
-// The broker permissions the README shows hold: the consumers' user
+// The broker permissions docs/operations.md shows hold: the consumers' user
 // declares and binds its queues, but cannot publish to Ferry's exchanges;
 // the relay's user can.
 func TestReadmeBrokerPermissions(t *testing.T) {
@@ -39,7 +39,7 @@ func TestReadmeBrokerPermissions(t *testing.T) {
 	})
 	ctl("add_user", relay, "relay-pw")
 	ctl("add_user", consumer, "consumer-pw")
-	// As in the README, section "Broker permissions".
+	// As in docs/operations.md, section "Broker permissions".
 	ctl("set_permissions", "-p", vhost, relay, ".*", ".*", ".*")
 	ctl("set_permissions", "-p", vhost, consumer, ".*", `^(payments\.charge(@[0-9]+)?|notifications\.mail|ferry\.unrouted)$`, ".*")
 

@@ -17,6 +17,7 @@ const (
 	ToolSendReminder = "send_reminder"
 )
 
+// snippet:begin create-order
 // CreateOrderArgs is create_order's input as a tool. There is no
 // idempotency key among them: the host supplies it.
 type CreateOrderArgs struct {
@@ -71,6 +72,8 @@ func CreateOrderTool() (tools.Tool, error) {
 	})
 }
 
+// snippet:end create-order
+
 // Bounds of send_reminder's delay.
 const (
 	DefaultReminderDelay = 3 * time.Minute
@@ -105,6 +108,7 @@ type ReminderScheduled struct {
 	SendAt    time.Time `json:"send_at" jsonschema:"when the mail is due (it is relayed no sooner)"`
 }
 
+// snippet:begin send-reminder
 // SendReminderTool schedules a reminder mail for an order, a few minutes
 // from now: a delayed intent in the same outbox table, relayed when due.
 func SendReminderTool() (tools.Tool, error) {
@@ -136,6 +140,8 @@ func SendReminderTool() (tools.Tool, error) {
 		return ReminderScheduled{OrderID: in.OrderID, MessageID: id, SendAt: now.Add(delay)}, nil
 	})
 }
+
+// snippet:end send-reminder
 
 // Tools are the example's agent tools.
 func Tools() ([]tools.Tool, error) {

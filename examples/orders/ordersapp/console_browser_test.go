@@ -57,7 +57,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	require.NoError(t, err)
 	srv := httptest.NewServer(h.app.AdminHandler())
 	defer srv.Close()
-	shots := os.Getenv("FERRY_CONSOLE_SCREENSHOTS") // docs/ when refreshing the README's pictures
+	shots := os.Getenv("FERRY_CONSOLE_SCREENSHOTS") // docs/ when refreshing the pictures of docs/operations.md
 	if shots == "" {
 		shots = t.TempDir()
 	}

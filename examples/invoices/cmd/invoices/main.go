@@ -9,6 +9,7 @@ import (
 	"github.com/ferry-dev/ferry/examples/invoices"
 )
 
+// snippet:begin main
 func main() {
 	cli.Main(cli.Options{
 		Name:        "invoices",
@@ -16,3 +17,5 @@ func main() {
 		App:         func() (app.Options, error) { return invoices.Options(), nil },
 	})
 }
+
+// snippet:end main
