@@ -24,6 +24,7 @@ func TestRelayModeCDCCommands(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
 	}
+	pipelinetest.RequireLogicalWAL(t)
 	pipelinetest.Rabbit(t)
 	vhost := pipelinetest.UniqueName("ferry_test_cdc_")
 	require.NoError(t, exec.Command("rabbitmqctl", "-q", "add_vhost", vhost).Run())
@@ -34,7 +35,7 @@ func TestRelayModeCDCCommands(t *testing.T) {
 	slot := "ferry_test_cli_" + strings.TrimPrefix(schema, "ferry_test_")
 	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
 	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
-	t.Setenv("FERRY_AMQP_URL", strings.TrimSuffix(pipelinetest.AMQPURL(), "/")+"/"+vhost)
+	t.Setenv("FERRY_AMQP_URL", pipelinetest.AMQPURLWithVhost(t, vhost))
 	t.Setenv("FERRY_ADMIN_ADDR", "off")
 	t.Setenv("FERRY_HTTP_ADDR", "127.0.0.1:0")
 	t.Setenv("FERRY_LOG_LEVEL", "warn")

@@ -25,6 +25,7 @@ import (
 // judged by `ferry bench` at full size, not here.
 func TestBenchSmoke(t *testing.T) {
 	rmq := pipelinetest.Rabbit(t)
+	pipelinetest.RequireLogicalWAL(t) // its relay modes include cdc
 	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), AMQP: rmq}
 	// The memory scenario starts relay and consumer processes of the ferry binary.
 	bin := filepath.Join(t.TempDir(), "ferry")

@@ -379,7 +379,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		_ = driver.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE components LIKE '%relay%'), count(*) FILTER (WHERE components LIKE '%consumers%') FROM ferry_instances`).Scan(&relays, &consumers)
 		return relays >= run.Relays && consumers >= run.Consumers
 	}); err != nil {
-		return rep, fmt.Errorf("children did not come up (logs in %s): %w", logDir, err)
+		return rep, fmt.Errorf("children did not come up: %w; their last words: %s (logs in %s)", err, logTail(logDir), logDir)
 	}
 
 	// Faults, until the orders are placed. gate keeps the driver's own
@@ -785,4 +785,25 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 		}
 	}
 	_, _ = io.WriteString(w, b.String())
+}
+
+// logTail is the last line of each child log in dir, for an error that
+// must say why without sending anyone to a temporary directory.
+func logTail(dir string) string {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var tails []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if last := lines[len(lines)-1]; last != "" {
+			tails = append(tails, filepath.Base(f)+": "+pipeline.CleanText(last, 400))
+		}
+	}
+	if len(tails) == 0 {
+		return "(nothing logged)"
+	}
+	return strings.Join(tails, " | ")
 }

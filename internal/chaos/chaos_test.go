@@ -42,6 +42,9 @@ func TestChaosShortCDC(t *testing.T) {
 func runChaos(t *testing.T, run chaos.ChaosRun) (chaos.ChaosReport, string) {
 	t.Helper()
 	rmq := pipelinetest.Rabbit(t)
+	if run.RelayMode == app.RelayModeCDC {
+		pipelinetest.RequireLogicalWAL(t)
+	}
 	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
 		t.Fatalf("the chaos run needs rabbitmqctl on PATH: %v", err)
 	}

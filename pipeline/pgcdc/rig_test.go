@@ -47,11 +47,7 @@ func newRig(t *testing.T) *rig {
 	t.Helper()
 	r := &rig{schema: pipelinetest.Schema(t)}
 	r.pool = pipelinetest.Pool(t, r.schema, "ferry-cdc-test")
-	var level string
-	require.NoError(t, r.pool.QueryRow(context.Background(), `SHOW wal_level`).Scan(&level))
-	if level != "logical" {
-		t.Fatalf("the CDC tests need wal_level=logical (.ci/run sets it: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL); it is %s", level)
-	}
+	pipelinetest.RequireLogicalWAL(t)
 	r.slot = "ferry_test_" + strings.TrimPrefix(r.schema, "ferry_test_")
 	r.amqpCfg = pipelinetest.Rabbit(t)
 	r.amqpCfg.OrderedTopics = []string{orderedTopic}

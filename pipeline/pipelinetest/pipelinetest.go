@@ -14,10 +14,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net/url"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -195,4 +197,37 @@ func Outbox(t testing.TB) *pgoutbox.Outbox {
 		t.Fatal(err)
 	}
 	return ob
+}
+
+// RequireLogicalWAL fails the test at once, in one line that says how to
+// fix it, when the shared PostgreSQL server is not set up for logical
+// decoding (the CDC relay's tests and runs need wal_level=logical): without
+// the check such a test fails minutes later, its reason in a child's log.
+func RequireLogicalWAL(t testing.TB) {
+	t.Helper()
+	skipShort(t)
+	conn, err := pgx.Connect(context.Background(), DatabaseURL())
+	if err != nil {
+		t.Fatalf("PostgreSQL is needed for this test: %v", err)
+	}
+	defer conn.Close(context.Background())
+	var level string
+	if err := conn.QueryRow(context.Background(), `SHOW wal_level`).Scan(&level); err != nil {
+		t.Fatalf("reading wal_level: %v", err)
+	}
+	if level != "logical" {
+		t.Fatalf("this test needs wal_level=logical (it is %s): psql -h 127.0.0.1 -U postgres -c \"ALTER SYSTEM SET wal_level = logical\", then restart PostgreSQL (.ci/run does both)", level)
+	}
+}
+
+// AMQPURLWithVhost is AMQPURL with its virtual host replaced by vhost,
+// whatever vhost AMQPURL names.
+func AMQPURLWithVhost(t testing.TB, vhost string) string {
+	t.Helper()
+	u, err := url.Parse(AMQPURL())
+	if err != nil {
+		t.Fatalf("FERRY_TEST_AMQP_URL: %v", err)
+	}
+	u.Path, u.RawPath = "/"+vhost, ""
+	return u.String()
 }
