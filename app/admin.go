@@ -92,7 +92,7 @@ func (a *App) Ready(ctx context.Context) (map[string]string, bool) {
 	if pending, err := migrations.Pending(ctx, a.DB); err != nil {
 		fail("migrations", "could not be checked (see the process's log)", err)
 	} else if pending {
-		checks["migrations"], ok = "pending: run ferry migrate up", false
+		checks["migrations"], ok = "pending: run the migrate up command", false
 	} else {
 		checks["migrations"] = "ok"
 	}

@@ -44,7 +44,7 @@ import (
 
 // ErrMigrationsPending is returned by New when the schema is behind the
 // binary and Options.Migrate is off: run `ferry migrate up` first.
-var ErrMigrationsPending = errors.New("database migrations are pending: run `ferry migrate up` (or start with --migrate)")
+var ErrMigrationsPending = errors.New("database migrations are pending: run the migrate up command of your binary (or start with --migrate, or Options.Migrate)")
 
 // Deps is what a route table may use to build its handlers.
 type Deps struct {
@@ -276,6 +276,13 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 }
 
 func (a *App) checkSchema(ctx context.Context) error {
+	if a.cfg.RelayMode == RelayModeCDC && a.opts.Migrate {
+		// Refuse before changing anything: a CDC relay on a server that
+		// cannot stream would otherwise leave a migrated schema behind.
+		if err := pgcdc.CheckServer(ctx, a.Pool); err != nil {
+			return fmt.Errorf("FERRY_RELAY_MODE=cdc: %w", err)
+		}
+	}
 	if a.cfg.DatabaseSchema != "" && a.opts.Migrate {
 		if err := pgconn.EnsureSchema(ctx, a.Pool, a.cfg.DatabaseSchema); err != nil {
 			return err

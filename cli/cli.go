@@ -147,9 +147,15 @@ func (e ExitError) Error() string {
 }
 func (e ExitError) Unwrap() error { return e.Err }
 
+// binaryName is the running CLI's name (Options.Name), for the hints that
+// name a command to run: an embedding binary's hints name itself. One CLI
+// runs per process, so a package variable set by Run serves every message.
+var binaryName = "ferry"
+
 // Run runs the command that args select and returns the exit status.
 func (c *CLI) Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c.env.Stdout, c.env.Stderr = stdout, stderr
+	binaryName = c.env.Name
 	if len(args) == 0 {
 		c.printUsage(stderr)
 		return 2
@@ -381,6 +387,9 @@ func oneLine(err error) string {
 // by the server's error codes where there are some: a missing database is
 // not a stopped server.
 func hint(err error) string {
+	if errors.Is(err, app.ErrMigrationsPending) {
+		return " (run `" + binaryName + " migrate up`, or start with --migrate)"
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -182,14 +181,13 @@ func openMigrated(ctx context.Context, name string) (app.Config, *pgxpool.Pool, 
 		return cfg, nil, fmt.Errorf("checking for Ferry's tables in schema %q: %w", schema, err)
 	}
 	return cfg, nil, fmt.Errorf("%w: schema %q has no %s; run `%s migrate up` with the FERRY_DATABASE_URL and FERRY_DATABASE_SCHEMA of your service (is FERRY_DATABASE_SCHEMA the one it uses?)",
-		ErrNotMigrated, schema, strings.Join(missing, ", "), binName())
+		ErrNotMigrated, schema, strings.Join(missing, ", "), binaryName)
 }
 
 // ferryTables are the tables the reading commands need.
 var ferryTables = []string{pgoutbox.DefaultTable, pgpoison.Table, "processed_messages", "ferry_instances", "ferry_audit_log"}
 
-// binName is the running binary's name, for hints.
-func binName() string { return filepath.Base(os.Args[0]) }
+
 
 // openConfigured loads the configuration and connects with it, for the
 // commands that need both.
@@ -438,7 +436,7 @@ func attention(rep statusReport) []string {
 		out = append(out, "RabbitMQ unreachable ("+rep.BrokerError+"): relays cannot dispatch and consumers receive nothing; check FERRY_AMQP_URL and the broker")
 	}
 	if rep.PoisonTotal > 0 {
-		out = append(out, fmt.Sprintf("%d message(s) in the poison store (ferry poison list)", rep.PoisonTotal))
+		out = append(out, fmt.Sprintf("%d message(s) in the poison store (%s poison list)", rep.PoisonTotal, binaryName))
 	}
 	if rep.RelaysAlive == 0 {
 		out = append(out, "no live relay: nothing is being dispatched")
@@ -453,7 +451,7 @@ func attention(rep statusReport) []string {
 		case c.WALStatus == "lost":
 			out = append(out, fmt.Sprintf("replication slot %s was invalidated (max_slot_wal_keep_size); the CDC relay recreates it, the polling safety net relays what it missed", c.Name))
 		case !c.Active && c.RetainedBytes >= CDCRetainedAttention:
-			out = append(out, fmt.Sprintf("replication slot %s is not streamed and retains %d MiB of WAL: start the CDC relay, or remove the slot (ferry cdc drop)", c.Name, c.RetainedBytes>>20))
+			out = append(out, fmt.Sprintf("replication slot %s is not streamed and retains %d MiB of WAL: start the CDC relay, or remove the slot (%s cdc drop)", c.Name, c.RetainedBytes>>20, binaryName))
 		}
 	}
 	if rep.Unrouted != nil && *rep.Unrouted > 0 {
@@ -698,7 +696,7 @@ func listGroups(ctx context.Context, w io.Writer, store *pgpoison.Store, f pgpoi
 		fmt.Fprintf(tw, "%d\t%s\t%s ago\t%s ago\t%s\t%s\n", g.Count, cell(g.Handlers, maxIDCell), time.Since(g.FirstSeen).Round(time.Second),
 			time.Since(g.LastSeen).Round(time.Second), cell(g.Fingerprint, maxReasonCell), cell(g.Example, maxTextCell))
 	}
-	fmt.Fprintln(tw, "(act on a group: ferry poison requeue --filter 'fingerprint=<FINGERPRINT>' --dry-run)")
+	fmt.Fprintf(tw, "(act on a group: %s poison requeue --filter 'fingerprint=<FINGERPRINT>' --dry-run)\n", binaryName)
 	return tw.Flush()
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/cli"
@@ -149,4 +150,24 @@ func TestRelayModeCDCCommands(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
 	require.False(t, rep.CDC.Exists)
 	require.Contains(t, strings.Join(rep.Attention, "\n"), "does not exist")
+}
+
+// On a server that cannot stream (wal_level=replica), `relay --mode cdc
+// --migrate` refuses before it migrates anything: the schema stays empty.
+func TestRelayModeCDCRefusesBeforeMigrating(t *testing.T) {
+	pg := pipelinetest.OwnPostgres(t, "wal_level=replica")
+	t.Setenv("FERRY_DATABASE_URL", pg.URL("postgres"))
+	t.Setenv("FERRY_DATABASE_SCHEMA", "ferry_cdc_refused")
+	t.Setenv("FERRY_AMQP_URL", pipelinetest.AMQPURL())
+	t.Setenv("FERRY_AMQP_NAMESPACE", pipelinetest.UniqueName("ferrytest.")+".")
+	t.Setenv("FERRY_ADMIN_ADDR", "off")
+	var out, errOut strings.Builder
+	require.Equal(t, 1, run([]string{"relay", "--mode", "cdc", "--migrate"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "wal_level")
+	var schemas int
+	conn, err := pgx.Connect(context.Background(), pg.URL("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_namespace WHERE nspname = 'ferry_cdc_refused'`).Scan(&schemas))
+	require.Zero(t, schemas, "nothing was migrated")
 }

@@ -157,6 +157,24 @@ func (s *Streamer) Slot() string { return s.slot }
 // Publication is the publication's name (known once Prepare has run).
 func (s *Streamer) Publication() string { return s.publication }
 
+// CheckServer reports whether the server can stream the outbox at all:
+// wal_level=logical and PostgreSQL 14 or later. It changes nothing, so a
+// process can call it before it migrates anything.
+func CheckServer(ctx context.Context, pool *pgxpool.Pool) error {
+	var walLevel string
+	var version int
+	if err := pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num')::int`).Scan(&walLevel, &version); err != nil {
+		return fmt.Errorf("reading wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		return fmt.Errorf("PostgreSQL's wal_level is %q; the CDC relay needs wal_level=logical (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)", walLevel)
+	}
+	if version < MinServerVersion {
+		return fmt.Errorf("the CDC relay needs PostgreSQL 14 or later (pgoutput protocol 2), this server is %d", version)
+	}
+	return nil
+}
+
 // Prepare checks that the server can stream (wal_level=logical, PostgreSQL
 // 14 or later, the outbox table exists) and creates the publication and
 // the slot if they are missing. Run calls it; calling it first makes a
@@ -167,17 +185,11 @@ func (s *Streamer) Prepare(ctx context.Context) error {
 	if s.prepared {
 		return nil
 	}
-	var walLevel string
-	var version int
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_database()`).
-		Scan(&walLevel, &version, &s.database); err != nil {
-		return fmt.Errorf("reading wal_level: %w", err)
+	if err := CheckServer(ctx, s.pool); err != nil {
+		return err
 	}
-	if walLevel != "logical" {
-		return fmt.Errorf("PostgreSQL's wal_level is %q; the CDC relay needs wal_level=logical (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)", walLevel)
-	}
-	if version < MinServerVersion {
-		return fmt.Errorf("the CDC relay needs PostgreSQL 14 or later (pgoutput protocol 2), this server is %d", version)
+	if err := s.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&s.database); err != nil {
+		return fmt.Errorf("reading the database's name: %w", err)
 	}
 	quoted, err := pgoutbox.QuoteTable(s.table)
 	if err != nil {
@@ -186,7 +198,7 @@ func (s *Streamer) Prepare(ctx context.Context) error {
 	err = s.pool.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, quoted).
 		Scan(&s.nspname, &s.relname)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("outbox table %s does not exist (run ferry migrate up)", quoted)
+		return fmt.Errorf("outbox table %s does not exist (run the migrate up command)", quoted)
 	}
 	if err != nil {
 		return fmt.Errorf("resolving outbox table %s: %w", quoted, err)
@@ -231,7 +243,7 @@ func (s *Streamer) ensurePublication(ctx context.Context, quotedTable string) er
 		case exists && hasTable && inserts:
 			return nil
 		case exists:
-			return fmt.Errorf("publication %s exists but does not publish the inserts of %s.%s: drop it (ferry cdc drop) or name another (FERRY_CDC_PUBLICATION)",
+			return fmt.Errorf("publication %s exists but does not publish the inserts of %s.%s: drop it (the cdc drop command) or name another (FERRY_CDC_PUBLICATION)",
 				s.publication, s.nspname, s.relname)
 		}
 		_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{s.publication}.Sanitize()+

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -66,10 +67,37 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %w", Redact(cfg.URL), err)
+		return nil, &unreachable{url: Redact(cfg.URL), err: err}
 	}
 	return pool, nil
 }
+
+// unreachable is Open's error when the server does not answer. pgx's own
+// text for a failed connect lists every attempt on lines of its own (with
+// sslmode=prefer, the same refusal twice: with TLS and without) behind
+// "failed to connect to `user=… database=…`:"; this says each distinct
+// reason once, on one line, and keeps pgx's error for errors.As.
+type unreachable struct {
+	url string
+	err error
+}
+
+func (e *unreachable) Error() string {
+	reason := e.err.Error()
+	var ce *pgxconn.ConnectError
+	if errors.As(e.err, &ce) && ce.Unwrap() != nil {
+		reason = ce.Unwrap().Error()
+	}
+	var parts []string
+	for _, p := range strings.Split(reason, "\n") {
+		if p = strings.TrimSpace(p); p != "" && !slices.Contains(parts, p) {
+			parts = append(parts, p)
+		}
+	}
+	return fmt.Sprintf("cannot reach PostgreSQL at %s: %s", e.url, strings.Join(parts, "; "))
+}
+
+func (e *unreachable) Unwrap() error { return e.err }
 
 // SQLDB returns a database/sql handle over pool (for watermill-sql and
 // goose), sharing its connections and settings.

@@ -36,9 +36,11 @@ func (s *PostgresServer) URL(database string) string {
 
 // StartPostgres initialises a cluster in a temporary directory with the
 // machine's PostgreSQL (initdb, trust authentication, wal_level=logical)
-// and starts it on a free loopback port. As root it runs the server as the
-// postgres user, which PostgreSQL requires. Stop removes everything.
-func StartPostgres(ctx context.Context) (*PostgresServer, error) {
+// and starts it on a free loopback port; settings ("wal_level=replica")
+// are passed as -c options after Ferry's, so they win. As root it runs the
+// server as the postgres user, which PostgreSQL requires. Stop removes
+// everything.
+func StartPostgres(ctx context.Context, settings ...string) (*PostgresServer, error) {
 	bin, err := postgresBin()
 	if err != nil {
 		return nil, err
@@ -74,6 +76,9 @@ func StartPostgres(ctx context.Context) (*PostgresServer, error) {
 	s.Port = ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_connections=200", s.Port, dir)
+	for _, set := range settings {
+		opts += " -c " + set
+	}
 	if out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-l", filepath.Join(dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
 		logs, _ := os.ReadFile(filepath.Join(dir, "server.log"))
 		_ = os.RemoveAll(dir)
@@ -82,12 +87,12 @@ func StartPostgres(ctx context.Context) (*PostgresServer, error) {
 	return s, nil
 }
 
-// OwnPostgres starts a PostgreSQL server of the test's own (StartPostgres),
-// stopped and removed when the test ends.
-func OwnPostgres(t testing.TB) *PostgresServer {
+// OwnPostgres starts a PostgreSQL server of the test's own (StartPostgres,
+// with settings), stopped and removed when the test ends.
+func OwnPostgres(t testing.TB, settings ...string) *PostgresServer {
 	t.Helper()
 	skipShort(t)
-	s, err := StartPostgres(context.Background())
+	s, err := StartPostgres(context.Background(), settings...)
 	if err != nil {
 		t.Fatalf("this test runs a PostgreSQL server of its own: %v", err)
 	}
