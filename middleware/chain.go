@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // Names of the links of the default chain, for Chain.InsertBefore/InsertAfter.
@@ -149,10 +151,20 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The application's logger rides in the message's context from here
+	// on (pipeline.Logger): a link or handler of the application logs in
+	// the application's format, with the message's fields.
+	correlation := func(h message.HandlerFunc) message.HandlerFunc {
+		inner := Correlation(h)
+		return func(msg *message.Message) ([]*message.Message, error) {
+			msg.SetContext(pipeline.ContextWithLogger(msg.Context(), logger))
+			return inner(msg)
+		}
+	}
 	chain := Chain{
 		// Outermost, so that everything below, the poison queue included,
 		// logs and forwards the same correlation id.
-		{LinkCorrelation, Correlation},
+		{LinkCorrelation, correlation},
 		// Outside both retries: only the error left after the last attempt
 		// is poisoned (inside Retry it would poison on the first failure).
 		// It acks a message only once the poison store has it.

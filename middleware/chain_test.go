@@ -2,7 +2,9 @@ package middleware_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -149,4 +151,48 @@ func defaultChainForExample() middleware.Chain {
 		Idempotency:  guard,
 	})
 	return chain
+}
+
+// A link of the application's, placed after correlation, logs through the
+// application's logger (pipeline.Logger on the message's context): its
+// lines are in the application's format, with the message's fields, not
+// plain text from slog's default logger inside a JSON stream.
+func TestLinksLogThroughTheApplicationsLogger(t *testing.T) {
+	t.Parallel()
+	var logs pipelinetest.SyncBuffer
+	logger := slog.New(pipeline.LogHandler(slog.NewJSONHandler(&logs, nil)))
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/unused")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	guard, err := middleware.NewIdempotency(ledger, nil)
+	require.NoError(t, err)
+	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	chain, err := middleware.DefaultChain(middleware.ChainConfig{
+		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
+		DurableRetry: middleware.DurableRetryConfig{Scheduler: resched},
+		Idempotency:  guard,
+		Logger:       logger,
+	})
+	require.NoError(t, err)
+	chain, err = chain.InsertAfter(middleware.LinkCorrelation, middleware.Link{Name: "audit", Middleware: func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			pipeline.Logger(msg.Context()).InfoContext(msg.Context(), "audit link saw a message")
+			return nil, nil // stops here: the rest of the chain needs a database
+		}
+	}})
+	require.NoError(t, err)
+	var h message.HandlerFunc = func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	mws := chain.Middlewares()
+	for i := len(mws) - 1; i >= 0; i-- {
+		h = mws[i](h)
+	}
+	_, err = h(message.NewMessage("m-7", nil))
+	require.NoError(t, err)
+	var line map[string]any
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(logs.String())), &line), logs.String())
+	require.Equal(t, "audit link saw a message", line["msg"])
+	require.Equal(t, "m-7", line["message_id"], "with the message's fields")
 }

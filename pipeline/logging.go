@@ -46,3 +46,23 @@ func (l logHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 
 func (l logHandler) WithGroup(name string) slog.Handler { return logHandler{l.Handler.WithGroup(name)} }
+
+type loggerKey struct{}
+
+// ContextWithLogger returns ctx carrying logger. The consumer chain puts
+// the application's logger there (the correlation link), so a middleware
+// link or handler of the application logs through it, with the message's
+// fields, in the application's format: Logger(msg.Context()).
+func ContextWithLogger(ctx context.Context, logger *slog.Logger) context.Context {
+	return context.WithValue(ctx, loggerKey{}, logger)
+}
+
+// Logger returns the logger ContextWithLogger put in ctx, or slog.Default.
+func Logger(ctx context.Context) *slog.Logger {
+	if ctx != nil {
+		if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok && l != nil {
+			return l
+		}
+	}
+	return slog.Default()
+}
