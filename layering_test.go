@@ -13,7 +13,8 @@ import (
 // The dependency arrows point one way; this test is the depguard of the
 // layout: the core speaks Watermill and the standard library, handlers know
 // no driver, the library imports no example and no rig (examples/,
-// internal/), and only the CLI, binaries, examples and rigs import app.
+// internal/), and only the CLI, ferrytest (the one public test package),
+// binaries, examples and rigs import app.
 func TestLayering(t *testing.T) {
 	const mod = "github.com/ferry-dev/ferry"
 	imports := map[string][]string{} // package dir -> imports of its non-test files
@@ -56,16 +57,20 @@ func TestLayering(t *testing.T) {
 		}, "middleware takes its stores through interfaces"},
 	}
 	// The importable library holds no example and no test rig: only the
-	// binary's tree and the examples may import them.
+	// binary's tree and the examples may import them. Other internal/
+	// packages are the library's own helpers, not part of its API.
 	library := func(dir string) bool {
 		return !strings.HasPrefix(dir, "cmd/") && !strings.HasPrefix(dir, "examples/") && !strings.HasPrefix(dir, "internal/")
 	}
 	for dir, imps := range imports {
 		for _, imp := range imps {
-			if imp == mod+"/app" && library(dir) && dir != "cli" {
-				t.Errorf("%s imports app: only cli, binaries, examples and rigs may (app is the composition root)", dir)
+			if imp == mod+"/app" && library(dir) && dir != "cli" && dir != "ferrytest" {
+				t.Errorf("%s imports app: only cli, ferrytest (which starts a user's app in a test), binaries, examples and rigs may (app is the composition root)", dir)
 			}
-			if library(dir) && (strings.HasPrefix(imp, mod+"/examples/") || strings.HasPrefix(imp, mod+"/internal/")) {
+			if dir != "ferrytest" && !strings.HasPrefix(dir, "internal/") && !strings.HasPrefix(dir, "cmd/") && !strings.HasPrefix(dir, "examples/") && imp == mod+"/ferrytest" {
+				t.Errorf("%s imports ferrytest: the test package is for tests and rigs", dir)
+			}
+			if library(dir) && (strings.HasPrefix(imp, mod+"/examples/") || rig(imp)) {
 				t.Errorf("%s imports %s: the library holds no example and no test rig", dir, imp)
 			}
 			if strings.HasPrefix(dir, "examples/") && strings.HasPrefix(imp, mod+"/internal/") {
@@ -94,7 +99,7 @@ func TestAppIsTheRuntimeOnly(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	for _, pkg := range strings.Fields(string(out)) {
-		if strings.Contains(pkg, "ferry-dev/ferry/examples") || strings.Contains(pkg, "ferry-dev/ferry/internal") {
+		if strings.Contains(pkg, "ferry-dev/ferry/examples") || rig(pkg) {
 			t.Errorf("app or cli depends on %s", pkg)
 		}
 	}
@@ -107,4 +112,16 @@ func TestAppIsTheRuntimeOnly(t *testing.T) {
 			t.Errorf("go doc ./app mentions %q: the runtime carries no example or rig", word)
 		}
 	}
+}
+
+// rig reports whether an import path is one of the test and benchmark rigs
+// under internal/ (as opposed to the library's own internal helpers).
+func rig(imp string) bool {
+	const mod = "github.com/ferry-dev/ferry/internal/"
+	for _, r := range []string{"bench", "chaos", "demo", "pipelinetest", "wait"} {
+		if imp == mod+r || strings.HasPrefix(imp, mod+r+"/") {
+			return true
+		}
+	}
+	return false
 }

@@ -24,7 +24,7 @@ import (
 	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ferry-dev/ferry/cutoff"
+	"github.com/ferry-dev/ferry/adoption/cutoff"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
@@ -127,6 +127,23 @@ type App struct {
 	publisher       *wamqp.Publisher
 	batchPublisher  *rabbit.BatchPublisher
 	poisonPublisher message.Publisher
+
+	// addrs are the bound addresses of the running servers, by name.
+	addrs sync.Map
+}
+
+// APIAddr is the address the HTTP API listens on once Run has bound it
+// ("" before, or without one): with FERRY_HTTP_ADDR at port 0, the port
+// the system chose.
+func (a *App) APIAddr() string { return a.addr("HTTP API") }
+
+// AdminAddr is the admin server's bound address, as APIAddr.
+func (a *App) AdminAddr() string { return a.addr("admin") }
+
+func (a *App) addr(name string) string {
+	v, _ := a.addrs.Load(name)
+	s, _ := v.(string)
+	return s
 }
 
 // OrderedTopics is the sorted set of topics consumed in per-aggregate order:
@@ -601,6 +618,7 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 	g.Go(func() error { a.Metrics.RunRefresher(ctx, a.Pool, a.cfg.MetricsRefresh, a.logger); return nil })
 	for _, s := range servers {
 		s.run(ctx, g, a.cfg.ShutdownTimeout)
+		a.addrs.Store(s.name, s.ln.Addr().String())
 		a.logger.Info(s.name+" listening", "addr", s.ln.Addr().String())
 	}
 	if router != nil {

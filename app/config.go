@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferry-dev/ferry/cutoff"
+	"github.com/ferry-dev/ferry/adoption/cutoff"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"

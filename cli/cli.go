@@ -28,7 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/display"
+	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/migrations"
 )
 

@@ -23,8 +23,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ferry-dev/ferry/adoption/backfill"
+	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/backfill"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
@@ -34,7 +35,6 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
-	"github.com/ferry-dev/ferry/shadow"
 	"github.com/ferry-dev/ferry/tools/mcptools"
 )
 
@@ -186,8 +186,6 @@ func openMigrated(ctx context.Context, name string) (app.Config, *pgxpool.Pool, 
 
 // ferryTables are the tables the reading commands need.
 var ferryTables = []string{pgoutbox.DefaultTable, pgpoison.Table, "processed_messages", "ferry_instances", "ferry_audit_log"}
-
-
 
 // openConfigured loads the configuration and connects with it, for the
 // commands that need both.

@@ -3,7 +3,7 @@ package cli
 import (
 	"strings"
 
-	"github.com/ferry-dev/ferry/display"
+	"github.com/ferry-dev/ferry/internal/display"
 )
 
 // Widths of table cells; JSON output is never cut or escaped beyond JSON's

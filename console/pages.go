@@ -16,7 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ferry-dev/ferry/display"
+	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"

@@ -1,8 +1,13 @@
-// Package ferrytest helps the tests of a service built on Ferry, in the
-// spirit of River's rivertest: assert that a transaction published an event,
-// wait until the outbox is drained and every event handled, and run one
-// route's handler on a message in a unit test. Schemas and broker namespaces
-// of their own come from pipeline/pipelinetest.
+// Package ferrytest is the test package of a service built on Ferry, in
+// the spirit of River's rivertest: start the service's app in a schema and
+// a broker namespace of its own (App), get a migrated schema or a broker
+// configuration for lower-level tests (Postgres, Schema, Rabbit), assert
+// that a transaction published an event, wait until the outbox is drained
+// and every event handled, and run one route's handler on a message in a
+// unit test. The servers are FERRY_TEST_DATABASE_URL and
+// FERRY_TEST_AMQP_URL (defaults: the local PostgreSQL's database test and
+// the local RabbitMQ); an unreachable one fails the test, saying so, and
+// only `go test -short` skips such tests.
 package ferrytest
 
 import (

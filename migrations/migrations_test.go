@@ -6,9 +6,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 func TestUpDownUp(t *testing.T) {

@@ -18,8 +18,8 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/cli"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 func TestHelpListsEveryCommand(t *testing.T) {

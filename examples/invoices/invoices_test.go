@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,23 +22,66 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
+
+// A service's own test, as its team writes it: ferrytest.App starts the
+// service (its route table, link and migrations) in a schema and a broker
+// namespace of its own, and removes both at the end.
+func TestInvoicesWithTheAppHelper(t *testing.T) {
+	t.Parallel()
+	// snippet:begin app-test
+	a := ferrytest.App(t, invoices.Options())
+	ctx := context.Background()
+	good, err := invoices.Issue(ctx, a.Pool, a.Outbox, "acme", "bob", 1200)
+	require.NoError(t, err)
+	orphan, err := invoices.Issue(ctx, a.Pool, a.Outbox, "", "eve", 300)
+	require.NoError(t, err)
+
+	ferrytest.RequireHandled(t, a.Pool, a.Routes, 30*time.Second)
+	var sent, orphanSent bool
+	require.NoError(t, a.Pool.QueryRow(ctx, `SELECT sent_at IS NOT NULL FROM invoices WHERE id = $1`, good).Scan(&sent))
+	require.NoError(t, a.Pool.QueryRow(ctx, `SELECT sent_at IS NOT NULL FROM invoices WHERE id = $1`, orphan).Scan(&orphanSent))
+	require.True(t, sent)
+	require.False(t, orphanSent)
+	poisoned, err := a.Poison.List(ctx, "", 0)
+	require.NoError(t, err)
+	require.Len(t, poisoned, 1)
+	require.Contains(t, poisoned[0].Reason, pipeline.MetaTenantID)
+	// snippet:end app-test
+}
+
+// syncBuffer is a buffer exec's copier writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
 
 // The user's application end to end, as its team would run it: build its
 // binary, migrate with it (Ferry's tables and the service's own), run it,
 // issue invoices through the library, and read the outcome with its own
 // operations commands.
 func TestInvoicesServiceEndToEnd(t *testing.T) {
-	rcfg := pipelinetest.Rabbit(t)
-	schema := pipelinetest.UniqueName("ferry_invoices_")
-	admin := pipelinetest.Pool(t, "", "ferry-test-invoices-admin")
+	rcfg := ferrytest.Rabbit(t)
+	schema := ferrytest.UniqueName("ferry_invoices_")
+	admin := ferrytest.Pool(t, "", "ferry-test-invoices-admin")
 	t.Cleanup(func() { _ = pgconn.DropSchema(context.Background(), admin, schema) })
 	// Record what the service will declare, so the test removes it all.
 	topo, err := rabbit.NewTopology(rcfg)
 	require.NoError(t, err)
-	pipelinetest.TeardownTopology(t, topo)
+	ferrytest.TeardownTopology(t, topo)
 	conn, err := amqp.Dial(rcfg.URL)
 	require.NoError(t, err)
 	defer conn.Close()
@@ -52,7 +96,7 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "building the service: %s", out)
 	env := append(os.Environ(),
-		"FERRY_DATABASE_URL="+pipelinetest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
+		"FERRY_DATABASE_URL="+ferrytest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
 		"FERRY_AMQP_URL="+rcfg.URL, "FERRY_AMQP_NAMESPACE="+rcfg.Namespace,
 		"FERRY_ADMIN_ADDR=off", "FERRY_RELAY_POLL_INTERVAL=50ms", "FERRY_LOG_FORMAT=json",
 		"FERRY_RETRY_INITIAL_INTERVAL=5ms", "FERRY_RETRY_MAX_INTERVAL=10ms")
@@ -81,7 +125,7 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 
 	run := exec.Command(bin, "run")
 	run.Env = env
-	var logs pipelinetest.SyncBuffer // written by exec's copier while the test reads it
+	var logs syncBuffer // written by exec's copier while the test reads it
 	run.Stdout, run.Stderr = &logs, &logs
 	require.NoError(t, run.Start())
 	stopped := false
@@ -92,7 +136,7 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 		}
 	}()
 
-	pool := pipelinetest.Pool(t, schema, "ferry-test-invoices")
+	pool := ferrytest.Pool(t, schema, "ferry-test-invoices")
 	outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
 	require.NoError(t, err)
 	ctx := context.Background()

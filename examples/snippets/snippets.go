@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
@@ -25,7 +26,6 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
-	"github.com/ferry-dev/ferry/shadow"
 )
 
 // InvoiceIssued is the event the snippets publish.

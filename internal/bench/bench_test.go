@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 )
 
 // The benchmark command, at toy sizes: every scenario runs, prints one JSON

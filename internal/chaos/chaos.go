@@ -23,10 +23,10 @@ import (
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
 	"github.com/ferry-dev/ferry/examples/orders/sandbox"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 // providerGarbage is a provider's answer in Latin-1 with a NUL.

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 )
 
 // The short chaos run (CI): 2,000 orders through create_order while relay

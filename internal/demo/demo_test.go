@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 func TestDemo(t *testing.T) {

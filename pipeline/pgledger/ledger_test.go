@@ -12,9 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 func TestOnceRunsConcurrentDeliveriesOnce(t *testing.T) {

@@ -11,10 +11,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 

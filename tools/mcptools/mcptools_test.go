@@ -11,7 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/tools"
 	"github.com/ferry-dev/ferry/tools/mcptools"
 )

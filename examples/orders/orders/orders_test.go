@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/examples/orders/orders"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 	"github.com/ferry-dev/ferry/tools"
 )
 

@@ -10,11 +10,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
-	"github.com/ferry-dev/ferry/shadow"
 )
 
 // Shadow intents (by topic configuration or by their own mark) never reach

@@ -17,11 +17,11 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgbudget"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 type job struct {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/tools"
 	"github.com/ferry-dev/ferry/tools/mcptools"
 )

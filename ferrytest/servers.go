@@ -1,35 +1,23 @@
-// Package pipelinetest holds test helpers for code built on Ferry, in the
-// spirit of river's rivertest: each test gets its own PostgreSQL schema
-// (migrated) and its own RabbitMQ namespace, against the real servers, and
-// both are removed when the test ends.
-//
-// The servers are found through FERRY_TEST_DATABASE_URL (default
-// postgres://postgres@127.0.0.1:5432/test?sslmode=disable) and
-// FERRY_TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/). When one
-// is unreachable the test fails with a message saying so; only with
-// `go test -short` are such tests skipped.
-package pipelinetest
+package ferrytest
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net/url"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
-// Default server addresses of the test helpers.
+// Default server addresses of the test helpers; FERRY_TEST_DATABASE_URL
+// and FERRY_TEST_AMQP_URL name others.
 const (
 	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
@@ -59,19 +47,20 @@ func UniqueName(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-func skipShort(t testing.TB) {
+// SkipShort skips the test under `go test -short`: it needs the servers.
+func SkipShort(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
 	}
 }
 
-// Schema creates a fresh schema, migrated with Ferry's migrations and then the
-// application's own sets (extra), and returns its name; it is
-// dropped when the test ends.
+// Schema creates a fresh schema, migrated with Ferry's migrations and then
+// the application's own sets (extra), and returns its name; it is dropped
+// when the test ends. An unreachable server fails the test, saying so.
 func Schema(t testing.TB, extra ...migrations.Set) string {
 	t.Helper()
-	skipShort(t)
+	SkipShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgconn.Open(ctx, pgconn.Config{URL: DatabaseURL(), ApplicationName: "ferry-test-admin"})
@@ -96,7 +85,7 @@ func Schema(t testing.TB, extra ...migrations.Set) string {
 			t.Errorf("dropping test schema: %v", err)
 		}
 	})
-	pool := open(t, schema, "ferry-test-migrate")
+	pool := openPool(t, schema, "ferry-test-migrate")
 	defer pool.Close()
 	db := pgconn.SQLDB(pool)
 	defer db.Close()
@@ -108,7 +97,7 @@ func Schema(t testing.TB, extra ...migrations.Set) string {
 	return schema
 }
 
-func open(t testing.TB, schema, appName string) *pgxpool.Pool {
+func openPool(t testing.TB, schema, appName string) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -120,11 +109,10 @@ func open(t testing.TB, schema, appName string) *pgxpool.Pool {
 }
 
 // Pool returns a pool on schema (see Schema), closed when the test ends.
-// appName shows in pg_stat_activity, which lets a test terminate exactly
-// the connections of one component.
+// appName shows in pg_stat_activity.
 func Pool(t testing.TB, schema, appName string) *pgxpool.Pool {
 	t.Helper()
-	pool := open(t, schema, appName)
+	pool := openPool(t, schema, appName)
 	t.Cleanup(pool.Close)
 	return pool
 }
@@ -136,12 +124,12 @@ func Postgres(t testing.TB, extra ...migrations.Set) *pgxpool.Pool {
 	return Pool(t, Schema(t, extra...), "ferry-test")
 }
 
-// Rabbit returns a RabbitMQ configuration with a namespace of its own, after
-// checking that the broker answers. Tear down what the test declares with
-// Topology.Teardown (TeardownTopology does it at cleanup).
+// Rabbit returns a RabbitMQ configuration with a namespace of its own (a
+// prefix of every exchange and queue name), after checking that the broker
+// answers. TeardownTopology deletes what the test declares.
 func Rabbit(t testing.TB) rabbit.Config {
 	t.Helper()
-	skipShort(t)
+	SkipShort(t)
 	conn, err := amqp.DialConfig(AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	if err != nil {
 		t.Fatalf("RabbitMQ is needed for this test: cannot reach %s: %v (start it: rabbitmq-server -detached)", AMQPURL(), err)
@@ -150,7 +138,8 @@ func Rabbit(t testing.TB) rabbit.Config {
 	return rabbit.Config{URL: AMQPURL(), Namespace: UniqueName("ferrytest.") + "."}
 }
 
-// TeardownTopology deletes, when the test ends, every exchange and queue topo declared.
+// TeardownTopology deletes, when the test ends, every exchange and queue
+// topo declared.
 func TeardownTopology(t testing.TB, topo *rabbit.Topology) {
 	t.Helper()
 	t.Cleanup(func() {
@@ -186,48 +175,4 @@ func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// Outbox returns an outbox publisher on the default table, failing the
-// test if it cannot be built.
-func Outbox(t testing.TB) *pgoutbox.Outbox {
-	t.Helper()
-	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ob
-}
-
-// RequireLogicalWAL fails the test at once, in one line that says how to
-// fix it, when the shared PostgreSQL server is not set up for logical
-// decoding (the CDC relay's tests and runs need wal_level=logical): without
-// the check such a test fails minutes later, its reason in a child's log.
-func RequireLogicalWAL(t testing.TB) {
-	t.Helper()
-	skipShort(t)
-	conn, err := pgx.Connect(context.Background(), DatabaseURL())
-	if err != nil {
-		t.Fatalf("PostgreSQL is needed for this test: %v", err)
-	}
-	defer conn.Close(context.Background())
-	var level string
-	if err := conn.QueryRow(context.Background(), `SHOW wal_level`).Scan(&level); err != nil {
-		t.Fatalf("reading wal_level: %v", err)
-	}
-	if level != "logical" {
-		t.Fatalf("this test needs wal_level=logical (it is %s): psql -h 127.0.0.1 -U postgres -c \"ALTER SYSTEM SET wal_level = logical\", then restart PostgreSQL (.ci/run does both)", level)
-	}
-}
-
-// AMQPURLWithVhost is AMQPURL with its virtual host replaced by vhost,
-// whatever vhost AMQPURL names.
-func AMQPURLWithVhost(t testing.TB, vhost string) string {
-	t.Helper()
-	u, err := url.Parse(AMQPURL())
-	if err != nil {
-		t.Fatalf("FERRY_TEST_AMQP_URL: %v", err)
-	}
-	u.Path, u.RawPath = "/"+vhost, ""
-	return u.String()
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/ferry-dev/ferry/display"
+	"github.com/ferry-dev/ferry/internal/display"
 )
 
 func TestEscape(t *testing.T) {

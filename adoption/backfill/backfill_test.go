@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ferry-dev/ferry/backfill"
+	"github.com/ferry-dev/ferry/adoption/backfill"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pipelinetest"
 )
 
 // users are the legacy rows: 25 sign-ups, 5 of them already welcomed.

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/ferry-dev/ferry/cutoff"
+	"github.com/ferry-dev/ferry/adoption/cutoff"
 )
 
 func TestOutboxedRoutesByDate(t *testing.T) {
