@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -280,4 +281,69 @@ func mustURL(t *testing.T, s string) *url.URL {
 	u, err := url.Parse(s)
 	require.NoError(t, err)
 	return u
+}
+
+// Paging: newest first, the older and newer links keep the filter and
+// reach every page (the link was written with an escaped "=" and led back
+// to page 1 without the filter), with the total under the filter.
+func TestPagingReachesEveryPageWithTheFilter(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+		SELECT 'p' || g, 'mail.send', CASE WHEN g % 2 = 0 THEN 'paged.even' ELSE 'paged.odd' END, '{}', 'boom ' || g FROM generate_series(1, 240) g`)
+	require.NoError(t, err)
+	var ids []int64
+	rows, err := pool.Query(context.Background(), `SELECT id FROM poison_messages WHERE handler = 'paged.even' ORDER BY id DESC`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		require.NoError(t, rows.Scan(&id))
+		ids = append(ids, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, ids, 120)
+
+	shown := func(body string) []int64 {
+		var out []int64
+		for _, part := range strings.Split(body, `class="detail">#`)[1:] {
+			n, err := strconv.ParseInt(part[:strings.Index(part, "<")], 10, 64)
+			require.NoError(t, err)
+			out = append(out, n)
+		}
+		return out
+	}
+	href := func(body, id string) string {
+		i := strings.Index(body, `id="`+id+`"`)
+		if i < 0 {
+			return ""
+		}
+		start := strings.LastIndex(body[:i], `href="`) + len(`href="`)
+		return html.UnescapeString(body[start : start+strings.Index(body[start:], `"`)])
+	}
+	code, body := get(t, srv.Client(), srv.URL+"/console/poison?handler=paged.even")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "(120 under the filter)")
+	require.Equal(t, ids[:50], shown(body), "newest first")
+	require.Empty(t, href(body, "newer"))
+	var seen []int64
+	seen = append(seen, shown(body)...)
+	for page := 2; ; page++ {
+		next := href(body, "next")
+		if next == "" {
+			break
+		}
+		require.Contains(t, next, "handler=paged.even", "the filter is kept")
+		require.NotContains(t, next, "%3d")
+		code, body = get(t, srv.Client(), srv.URL+next)
+		require.Equal(t, 200, code, next)
+		seen = append(seen, shown(body)...)
+		if page == 3 {
+			require.Len(t, shown(body), 20, "page 3 holds the last 20")
+			newer := href(body, "newer")
+			require.NotEmpty(t, newer)
+			_, back := get(t, srv.Client(), srv.URL+newer)
+			require.Equal(t, ids[50:100], shown(back), "newer goes back to page 2")
+		}
+	}
+	require.Equal(t, ids, seen, "every message once, in order")
 }

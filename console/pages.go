@@ -90,7 +90,7 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 	if err != nil {
 		return o, err
 	}
-	if err := c.pool.QueryRow(ctx, `SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM dispatched_at - created_at))
+	if err := c.pool.QueryRow(ctx, `SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM dispatched_at - COALESCE(due_at, created_at)))
 		FROM `+t+` WHERE dispatched_at > now() - $1 * interval '1 second' AND NOT shadowed`, latencyWindow.Seconds()).Scan(&o.P95); err != nil {
 		return o, fmt.Errorf("dispatch latency: %w", err)
 	}
@@ -212,6 +212,42 @@ func nextPage(q url.Values, lastID int64) string {
 	return nq.Encode()
 }
 
+// pageBounds reads a newest-first page's bounds: before (older than an
+// id) or after (newer than an id).
+func pageBounds(q url.Values) (before, after int64, err error) {
+	for name, dst := range map[string]*int64{"before": &before, "after": &after} {
+		if v := q.Get(name); v != "" {
+			n, perr := strconv.ParseInt(v, 10, 64)
+			if perr != nil || n <= 0 {
+				return 0, 0, fmt.Errorf("%s must be a poison id", name)
+			}
+			*dst = n
+		}
+	}
+	if before > 0 && after > 0 {
+		return 0, 0, errors.New("give before or after, not both")
+	}
+	return before, after, nil
+}
+
+// pageLink is the href of the older (from the page's last record) or
+// newer (from its first) page, with the filter kept; "" when there is
+// none. Built whole here: html/template would escape the "=" of a query
+// written into an attribute after "?", and the link would lose its page
+// and its filter.
+func pageLink(path string, q url.Values, exists bool, key string, recs []pgpoison.Record, last bool) template.URL {
+	if !exists || len(recs) == 0 {
+		return ""
+	}
+	id := recs[0].ID
+	if last {
+		id = recs[len(recs)-1].ID
+	}
+	nq := filterValues(q)
+	nq.Set(key, strconv.FormatInt(id, 10))
+	return template.URL(path + "?" + nq.Encode())
+}
+
 func filterQuery(v url.Values) string { return filterValues(v).Encode() }
 
 func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
@@ -229,8 +265,14 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	var recs []pgpoison.Record
-	if err := c.store.Each(r.Context(), f, func(rec pgpoison.Record) error { recs = append(recs, rec); return nil }); err != nil {
+	before, after, err := pageBounds(q)
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		c.render(w, r, "poison", map[string]any{"Error": err.Error(), "Q": q})
+		return
+	}
+	page, err := c.store.PageOf(r.Context(), groupFilter, before, after, pageSize)
+	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
@@ -239,11 +281,9 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	next := ""
-	if len(recs) == pageSize {
-		next = nextPage(q, recs[len(recs)-1].ID)
-	}
-	c.render(w, r, "poison", map[string]any{"Q": q, "Groups": groups, "Records": recs, "Total": total, "Next": next,
+	c.render(w, r, "poison", map[string]any{"Q": q, "Groups": groups, "Records": page.Records, "Total": total,
+		"Older": pageLink(c.cfg.Prefix+"/poison", q, page.Older, "before", page.Records, true),
+		"Newer": pageLink(c.cfg.Prefix+"/poison", q, page.Newer, "after", page.Records, false),
 		"FilterQuery": filterQuery(q), "FilterFields": filterFields(q), "Flash": c.flash(q)})
 }
 
@@ -362,9 +402,9 @@ func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	next := ""
+	var next template.URL
 	if len(list) == pageSize {
-		next = nextPage(q, list[len(list)-1].ID)
+		next = template.URL(c.cfg.Prefix + "/failing?" + nextPage(q, list[len(list)-1].ID))
 	}
 	c.render(w, r, "failing", map[string]any{"Groups": groups, "Rows": list, "Q": q, "Next": next})
 }

@@ -94,7 +94,7 @@ func New() *Metrics {
 			Name: "ferry_legacy_effects_24h", Help: "Effects the legacy code recorded in the last 24 hours (shadow mode), by topic.",
 		}, []string{"topic"}),
 		dispatchLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "outbox_dispatch_latency_seconds", Help: "From outbox row creation to the broker's confirm.",
+			Name: "outbox_dispatch_latency_seconds", Help: "From when the outbox row became due (its creation, or the time a delay asked for) to the broker's confirm.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600},
 		}, []string{"topic"}),
 		attempts: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -161,8 +161,14 @@ func (m *Metrics) ObserveRelay(outcomes []pgoutbox.Outcome) {
 		}
 		m.dispatched.WithLabelValues(o.Topic).Inc()
 		m.attempts.Observe(float64(o.Attempt))
-		if !o.CreatedAt.IsZero() && !o.At.IsZero() {
-			m.dispatchLatency.WithLabelValues(o.Topic).Observe(o.At.Sub(o.CreatedAt).Seconds())
+		// From when the row became due: a delay that was asked for (a
+		// scheduled event, a durable retry) is not the relay being slow.
+		from := o.DueAt
+		if from.IsZero() {
+			from = o.CreatedAt
+		}
+		if !from.IsZero() && !o.At.IsZero() {
+			m.dispatchLatency.WithLabelValues(o.Topic).Observe(max(o.At.Sub(from), 0).Seconds())
 		}
 	}
 }

@@ -92,6 +92,10 @@ type Outcome struct {
 	Topic       string
 	AggregateID string
 	CreatedAt   time.Time
+	// DueAt is when the row first became due: its creation, or the time a
+	// delay asked for (a scheduled event, a durable retry), before any
+	// relay backoff. Dispatch latency counts from it.
+	DueAt time.Time
 	// Attempt is this publish's attempt number (1 for the first).
 	Attempt int
 	// Msg is the message as published.
@@ -201,7 +205,7 @@ func ClaimSQL(table string, ordered bool) (string, error) {
 // about to send.
 func claimSQL(table string, ordered bool, minAge time.Duration) string {
 	q := `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
-		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at,
+		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true' OR o.payload->>'` + pipeline.MetaShadow + `' = 'true', false)
 		FROM ` + table + ` o
 		WHERE o.dispatched_at IS NULL AND o.available_at <= now()`
@@ -237,14 +241,14 @@ func lockSQL(table string, ordered bool) string {
 	}
 	return `WITH l AS (
 		SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
-		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')) AS payload, o.headers, o.attempts, o.created_at,
+		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')) AS payload, o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at) AS due_at,
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true' OR o.payload->>'` + pipeline.MetaShadow + `' = 'true', false) AS shadow,
 		       o.dispatched_at IS NOT NULL AS done, o.available_at <= now() AS due
 		FROM ` + table + ` o
 		WHERE o.id = ANY($1::bigint[])
 		FOR UPDATE OF o SKIP LOCKED)
 	SELECT a.id, a.topic, a.aggregate_id, l.id IS NOT NULL,
-	       l.message_uuid, l.payload, l.headers, l.attempts, l.created_at, l.shadow, l.done, l.due,
+	       l.message_uuid, l.payload, l.headers, l.attempts, l.created_at, l.due_at, l.shadow, l.done, l.due,
 	       CASE WHEN l.id IS NULL THEN NULL ELSE ` + behind + ` END
 	FROM ` + table + ` a LEFT JOIN l ON l.id = a.id
 	WHERE a.id = ANY($1::bigint[])
@@ -475,6 +479,9 @@ type claimedRow struct {
 	headers     map[string]any
 	attempts    int
 	createdAt   time.Time
+	// dueAt is when the row first became due (due_at; its creation on rows
+	// written before the column).
+	dueAt time.Time
 	// shadowMarked: shadow_mode "true" in the headers, or true at the top
 	// of a JSON payload (the article puts it in the event).
 	shadowMarked bool
@@ -503,7 +510,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 	}
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
 		var c claimedRow
-		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.shadowMarked)
+		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.dueAt, &c.shadowMarked)
 		return c, err
 	})
 	if err != nil {
@@ -576,13 +583,13 @@ func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err
 		var c lockedRow
 		// The row's columns are NULL where another relay holds the row.
 		var attempts *int32
-		var createdAt *time.Time
+		var createdAt, dueAt *time.Time
 		var shadow, done, due, behind *bool
-		if err := row.Scan(&c.id, &c.topic, &c.aggregateID, &c.locked, &c.uuid, &c.payload, &c.headers, &attempts, &createdAt, &shadow, &done, &due, &behind); err != nil {
+		if err := row.Scan(&c.id, &c.topic, &c.aggregateID, &c.locked, &c.uuid, &c.payload, &c.headers, &attempts, &createdAt, &dueAt, &shadow, &done, &due, &behind); err != nil {
 			return c, err
 		}
 		if c.locked {
-			c.attempts, c.createdAt = int(*attempts), *createdAt
+			c.attempts, c.createdAt, c.dueAt = int(*attempts), *createdAt, *dueAt
 			c.shadowMarked, c.done, c.due, c.behind = *shadow, *done, *due, *behind
 		}
 		return c, nil
@@ -652,7 +659,7 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 	for _, c := range claimed {
 		if r.shadow(c) {
 			shadowIDs = append(shadowIDs, c.id)
-			shadowOutcomes = append(shadowOutcomes, Outcome{ID: c.id, Topic: c.topic, AggregateID: c.aggregateID, CreatedAt: c.createdAt,
+			shadowOutcomes = append(shadowOutcomes, Outcome{ID: c.id, Topic: c.topic, AggregateID: c.aggregateID, CreatedAt: c.createdAt, DueAt: c.dueAt,
 				Attempt: c.attempts + 1, Shadowed: true, At: time.Now()})
 			continue
 		}
@@ -794,7 +801,7 @@ func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
 		msg.Metadata.Set(pipeline.MetaOutboxAttempt, strconv.Itoa(row.attempts+1))
 		msg.SetContext(ctx)
 		batch[i] = pipeline.Outgoing{Topic: row.topic, Msg: msg}
-		outcomes[i] = Outcome{ID: row.id, Topic: row.topic, AggregateID: row.aggregateID, CreatedAt: row.createdAt, Attempt: row.attempts + 1, Msg: msg}
+		outcomes[i] = Outcome{ID: row.id, Topic: row.topic, AggregateID: row.aggregateID, CreatedAt: row.createdAt, DueAt: row.dueAt, Attempt: row.attempts + 1, Msg: msg}
 	}
 	ends := make([]func(error), len(rows))
 	for i, o := range batch {

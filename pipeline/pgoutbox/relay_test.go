@@ -444,3 +444,38 @@ func TestOrderedBacklogDrainsWithoutWaitingForThePoll(t *testing.T) {
 	pipelinetest.RequireDrained(t, pool, 20*time.Second)
 	require.Len(t, rec.published, 2*perAggregate)
 }
+
+// Dispatch latency counts from when a row became due, not from its
+// creation: a delay that was asked for (a scheduled event, a durable
+// retry's backoff) is not the relay being slow. A row in the relay's own
+// backoff keeps its first due time, so that wait does count.
+func TestDispatchLatencyCountsFromDue(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "mail.send")
+	publish(t, pool, "mail.send", pipeline.WithDelay(event(t, "later", "welcome"), time.Hour), event(t, "now", "hi"))
+	_, err := pool.Exec(context.Background(), `UPDATE outbox SET available_at = now() - interval '1 second', due_at = now() - interval '1 second',
+		created_at = now() - interval '1 hour 1 second' WHERE aggregate_id = 'later'`) // as if an hour had passed
+	require.NoError(t, err)
+	var outcomes []pgoutbox.Outcome
+	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{Observer: func(o []pgoutbox.Outcome) { outcomes = append(outcomes, o...) }})
+	_, err = relay.RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.Len(t, outcomes, 2)
+	for _, o := range outcomes {
+		require.Less(t, o.At.Sub(o.DueAt), 30*time.Second, "%s: counted from due", o.Msg.Metadata.Get(pipeline.MetaAggregateID))
+	}
+
+	var due, avail, created time.Time
+	publish(t, pool, "mail.send", event(t, "failing", "x"))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at, created_at FROM outbox WHERE aggregate_id = 'failing'`).Scan(&due, &avail, &created))
+	require.Equal(t, avail, due, "due as written")
+	failing := newRelay(t, pool, &recorder{Publisher: b.pub, before: func(*message.Message) error { return errors.New("no") }},
+		pgoutbox.RelayConfig{Backoff: pipeline.Backoff{Initial: time.Hour, Max: time.Hour, Jitter: -1}})
+	_, err = failing.RelayBatch(context.Background())
+	require.NoError(t, err)
+	var due2, avail2 time.Time
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at FROM outbox WHERE aggregate_id = 'failing'`).Scan(&due2, &avail2))
+	require.Equal(t, due, due2, "the relay's backoff moves available_at, not due_at")
+	require.True(t, avail2.After(avail.Add(50*time.Minute)))
+}

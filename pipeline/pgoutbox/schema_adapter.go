@@ -79,7 +79,7 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 		sb   strings.Builder
 		args = make([]any, 0, len(msgs)*8)
 	)
-	fmt.Fprintf(&sb, "INSERT INTO %s (message_uuid, aggregate_id, topic, payload, payload_raw, headers, available_at) VALUES ", table)
+	fmt.Fprintf(&sb, "INSERT INTO %s (message_uuid, aggregate_id, topic, payload, payload_raw, headers, available_at, due_at) VALUES ", table)
 	for i, msg := range msgs {
 		rowTopic := topic
 		if t := msg.Metadata.Get(pipeline.MetaTopic); t != "" {
@@ -96,7 +96,8 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 			sb.WriteString(", ")
 		}
 		n := len(args)
-		fmt.Fprintf(&sb, "($%d, $%d, $%d, $%d::jsonb, $%d::bytea, $%d::jsonb, COALESCE($%d::timestamptz, now() + $%d::bigint * interval '1 microsecond'))",
+		// due_at is available_at as written: the relay's backoff moves only the latter.
+		fmt.Fprintf(&sb, "($%[1]d, $%[2]d, $%[3]d, $%[4]d::jsonb, $%[5]d::bytea, $%[6]d::jsonb, COALESCE($%[7]d::timestamptz, now() + $%[8]d::bigint * interval '1 microsecond'), COALESCE($%[7]d::timestamptz, now() + $%[8]d::bigint * interval '1 microsecond'))",
 			n+1, n+2, n+3, n+4, n+5, n+6, n+7, n+8)
 		payload := msg.Payload
 		if payload == nil {

@@ -274,6 +274,57 @@ func (s *Store) Each(ctx context.Context, f Filter, fn func(Record) error) error
 	}
 }
 
+// Page is one page of poisoned messages, newest first, for a reader who
+// pages back and forth (the console).
+type Page struct {
+	Records []Record
+	// Older and Newer say whether messages under the filter lie beyond
+	// the page: older ones (ids below its last) and newer ones (above its
+	// first).
+	Older, Newer bool
+}
+
+// PageOf returns up to limit messages f chooses (its AfterID and Limit
+// ignored), newest first: the newest when before and after are 0, those
+// just older than id before, or those just newer than id after.
+func (s *Store) PageOf(ctx context.Context, f Filter, before, after int64, limit int) (Page, error) {
+	var p Page
+	if limit <= 0 || before < 0 || after < 0 || (before > 0 && after > 0) {
+		return p, errors.New("pgpoison: PageOf needs a positive limit and at most one of before and after")
+	}
+	where, args := f.where(3)
+	q := `SELECT ` + columns + ` FROM ` + Table + ` WHERE ($1 = 0 OR id < $1) AND ` + where + ` ORDER BY id DESC LIMIT $2`
+	bound := before
+	if after > 0 {
+		q = `SELECT ` + columns + ` FROM ` + Table + ` WHERE id > $1 AND ` + where + ` ORDER BY id LIMIT $2`
+		bound = after
+	}
+	rows, err := s.pool.Query(ctx, q, append([]any{bound, limit + 1}, args...)...)
+	if err != nil {
+		return p, fmt.Errorf("listing poisoned messages: %w", err)
+	}
+	recs, err := scanRecords(rows)
+	if err != nil {
+		return p, fmt.Errorf("reading poisoned messages: %w", err)
+	}
+	more := len(recs) > limit
+	if more {
+		recs = recs[:limit]
+	}
+	if after > 0 {
+		slices.Reverse(recs)
+		p.Newer, p.Older = more, true
+	} else {
+		p.Older, p.Newer = more, before > 0
+	}
+	p.Records = recs
+	if len(recs) == 0 {
+		// Past either end: say whether anything lies the other way.
+		p.Older, p.Newer = after > 0, before > 0
+	}
+	return p, nil
+}
+
 // Count counts the poisoned messages f chooses (its AfterID and Limit
 // ignored).
 func (s *Store) Count(ctx context.Context, f Filter) (int, error) {

@@ -143,7 +143,7 @@ func Backlog(ctx context.Context, pool *pgxpool.Pool, table string) ([]TopicBack
 		return nil, err
 	}
 	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()),
-		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE available_at <= now())), 0)::float8, max(attempts)
+		coalesce(extract(epoch FROM now() - min(COALESCE(due_at, created_at)) FILTER (WHERE available_at <= now())), 0)::float8, max(attempts)
 		FROM `+t+` WHERE dispatched_at IS NULL GROUP BY topic ORDER BY topic`)
 	if err != nil {
 		return nil, fmt.Errorf("reading the outbox backlog: %w", err)
