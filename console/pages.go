@@ -282,8 +282,8 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, "poison", map[string]any{"Q": q, "Groups": groups, "Records": page.Records, "Total": total,
-		"Older": pageLink(c.cfg.Prefix+"/poison", q, page.Older, "before", page.Records, true),
-		"Newer": pageLink(c.cfg.Prefix+"/poison", q, page.Newer, "after", page.Records, false),
+		"Older":       pageLink(c.cfg.Prefix+"/poison", q, page.Older, "before", page.Records, true),
+		"Newer":       pageLink(c.cfg.Prefix+"/poison", q, page.Newer, "after", page.Records, false),
 		"FilterQuery": filterQuery(q), "FilterFields": filterFields(q), "Flash": c.flash(q)})
 }
 
