@@ -67,7 +67,7 @@ func TestPagesEscapeAndBoundHostileContent(t *testing.T) {
 	}
 	code, body := get(t, c, srv.URL+"/console/poison")
 	require.Equal(t, 200, code)
-	require.Contains(t, body, "payment provider answered &lt;n&gt; from &lt;ip&gt;", "grouped by fingerprint")
+	require.Contains(t, body, "payment provider answered 503 from &lt;ip&gt;", "grouped by fingerprint")
 	require.Contains(t, body, `<td class="n">3</td>`)
 	require.NotContains(t, body, "<script>alert(1)</script>")
 	require.Contains(t, body, "&lt;script&gt;alert(1)&lt;/script&gt;")

@@ -2,6 +2,7 @@ package pgpoison_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -185,4 +186,36 @@ func TestStoreTakesAnyTextCleaned(t *testing.T) {
 	res, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, false)
 	require.NoError(t, err)
 	require.Len(t, res.Requeued, 3, "skipped: %+v", res.Skipped)
+}
+
+// Fingerprints keep what tells failures apart (a provider's decline code,
+// an HTTP status, an AMQP reply code) and normalise what does not (ids,
+// counts, addresses).
+func TestFingerprintsSeparateWhatDiffers(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	reasons := []string{
+		`gave up after 5 attempts: charging order 12: payment provider answered 402: {"error":{"code":"card_declined","decline_code":"stolen_card"}}`,
+		`gave up after 3 attempts: charging order 99: payment provider answered 402: {"error":{"code":"card_declined","decline_code":"stolen_card"}}`,
+		`gave up after 5 attempts: charging order 7: payment provider answered 402: {"error":{"code":"card_declined","decline_code":"insufficient_funds"}}`,
+		`charging order 1: payment provider answered 503 from 10.0.0.1`,
+		`charging order 2: payment provider answered 503 from 10.0.0.2`,
+		`charging order 3: payment provider answered 429 from 10.0.0.3`,
+		`publishing message 5: Exception (403) Reason: "ACCESS_REFUSED - operation not permitted"`,
+		`publishing message 6: Exception (406) Reason: "PRECONDITION_FAILED - inequivalent arg"`,
+	}
+	for i, r := range reasons {
+		_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ($1, 't', 'h', '{}', $2)`, fmt.Sprint(i), r)
+		require.NoError(t, err)
+	}
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	groups, err := store.Groups(context.Background(), pgpoison.Filter{}, 50)
+	require.NoError(t, err)
+	counts := map[int]int{}
+	for _, g := range groups {
+		counts[g.Count]++
+	}
+	require.Len(t, groups, 6, "stolen_card, insufficient_funds, 503, 429, 403, 406: %+v", groups)
+	require.Equal(t, map[int]int{2: 2, 1: 4}, counts, "the two stolen_card declines and the two 503s group together")
 }
