@@ -436,6 +436,11 @@ func attention(rep statusReport) []string {
 	if rep.PoisonTotal > 0 {
 		out = append(out, fmt.Sprintf("%d message(s) in the poison store (%s poison list)", rep.PoisonTotal, binaryName))
 	}
+	if rep.RetryingTotal > 0 {
+		g := rep.Retrying[0]
+		out = append(out, fmt.Sprintf("%d message(s) retrying (most: %d for %s, failing since %s: %s)", rep.RetryingTotal, g.Count,
+			g.Handler, g.FirstFailed.UTC().Format(time.RFC3339), cell(g.Example, maxReasonCell)))
+	}
 	if rep.RelaysAlive == 0 {
 		out = append(out, "no live relay: nothing is being dispatched")
 	}
@@ -472,6 +477,14 @@ func printStatus(w io.Writer, rep statusReport) error {
 	for _, f := range rep.Failing {
 		fmt.Fprintf(tw, "  #%d\t%s\t%s\tattempts %d\tnext %s\t%s\n", f.ID, cell(f.Topic, maxIDCell), cell(f.AggregateID, maxIDCell), f.Attempts,
 			f.AvailableAt.Format(time.RFC3339), cell(f.LastError, maxReasonCell))
+	}
+	fmt.Fprintf(tw, "durable retries: %d message(s) waiting for their handler\n", rep.RetryingTotal)
+	if len(rep.Retrying) > 0 {
+		fmt.Fprintln(tw, "  HANDLER\tCOUNT\tNEXT ATTEMPT\tNEXT TRY\tFAILING SINCE\tLAST ERROR")
+		for _, g := range rep.Retrying {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\t%s\t%s\n", cell(g.Handler, maxIDCell), g.Count, g.MaxAttempt,
+				g.NextTry.UTC().Format(time.RFC3339), g.FirstFailed.UTC().Format(time.RFC3339), cell(g.Example, maxReasonCell))
+		}
 	}
 	fmt.Fprintf(tw, "poison store: %d message(s)\n", rep.PoisonTotal)
 	topics := make([]string, 0, len(rep.Poison))

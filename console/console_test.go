@@ -347,3 +347,74 @@ func TestPagingReachesEveryPageWithTheFilter(t *testing.T) {
 	}
 	require.Equal(t, ids, seen, "every message once, in order")
 }
+
+// Durable retries show in the console, by handler and reason, on their
+// own page and on the overview; "retry now" and "discard" act on a group
+// after the count is confirmed, and are audited. Failing outbox rows take
+// the same actions.
+func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, headers, available_at)
+		SELECT 'r' || g, 'o' || g, 'ferry.retry', '{}', jsonb_build_object('ferry_retry_queue', 'notifications.mail', 'ferry_attempt', '2',
+			'ferry_last_error', 'mailing order ' || g || ': SMTP 451 try later'), now() + interval '10 minutes' FROM generate_series(1, 4) g;
+		INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+		SELECT 'f' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 2) g`)
+	require.NoError(t, err)
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
+	require.NoError(t, err)
+	lr.Body.Close()
+
+	_, overview := get(t, browser, srv.URL+"/console/")
+	require.Contains(t, overview, `id="retrying-total" class="bad">4</b>`)
+	_, page := get(t, browser, srv.URL+"/console/retrying")
+	require.Contains(t, page, "notifications.mail")
+	require.Contains(t, page, "SMTP 451 try later")
+	csrf := between(page, `name="csrf" value="`, `"`)
+	fingerprint := html.UnescapeString(between(page, `name="fingerprint" value="`, `"`))
+	require.NotEmpty(t, fingerprint)
+
+	post := func(form url.Values) (*http.Response, string) {
+		resp, err := browser.PostForm(srv.URL+"/console/outbox-actions", form)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	form := url.Values{"csrf": {csrf}, "kind": {"retrying"}, "action": {"retry-now"}, "scope": {"group"}, "handler": {"notifications.mail"}, "fingerprint": {fingerprint}}
+	resp, body := post(form)
+	require.Equal(t, 200, resp.StatusCode)
+	require.Contains(t, body, `<b id="count">4</b>`)
+	var due int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
+	require.Zero(t, due, "the count changes nothing")
+	form.Set("confirm", between(body, `name="confirm" value="`, `"`))
+	resp, _ = post(form)
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
+	require.Equal(t, 4, due, "due at once")
+
+	_, failing := get(t, browser, srv.URL+"/console/failing")
+	ffp := html.UnescapeString(between(failing[strings.Index(failing, `value="failing"`):], `name="fingerprint" value="`, `"`))
+	dform := url.Values{"csrf": {csrf}, "kind": {"failing"}, "action": {"discard"}, "scope": {"group"}, "fingerprint": {ffp}}
+	resp, body = post(dform)
+	require.Contains(t, body, `<b id="count">2</b>`, body)
+	dform.Set("confirm", between(body, `name="confirm" value="`, `"`))
+	resp, _ = post(dform)
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'stripe.charge'`).Scan(&left))
+	require.Zero(t, left)
+	var actions []string
+	rows, err := pool.Query(ctx, `SELECT action || ' ' || count FROM ferry_audit_log ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var a string
+		require.NoError(t, rows.Scan(&a))
+		actions = append(actions, a)
+	}
+	require.Equal(t, []string{"outbox.retrying.retry-now 4", "outbox.failing.discard 2"}, actions)
+}

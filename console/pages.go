@@ -406,7 +406,7 @@ func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
 	if len(list) == pageSize {
 		next = template.URL(c.cfg.Prefix + "/failing?" + nextPage(q, list[len(list)-1].ID))
 	}
-	c.render(w, r, "failing", map[string]any{"Groups": groups, "Rows": list, "Q": q, "Next": next})
+	c.render(w, r, "failing", map[string]any{"Groups": groups, "Rows": list, "Q": q, "Next": next, "Flash": c.flash(q)})
 }
 
 func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {
@@ -546,4 +546,81 @@ func scopeText(scope string, sel pgpoison.Selector) string {
 		return "group " + sel.Filter.Fingerprint
 	}
 	return "filter " + sel.Filter.String()
+}
+
+// retryingPage shows the durable retries waiting for their handler, by
+// handler and error fingerprint, with "retry now" and "discard".
+func (c *Console) retryingPage(w http.ResponseWriter, r *http.Request) {
+	groups, total, err := pgstatus.Retrying(r.Context(), c.pool, c.cfg.OutboxTable, 100)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	c.render(w, r, "retrying", map[string]any{"Groups": groups, "Total": total, "Flash": c.flash(r.URL.Query())})
+}
+
+// outboxAction is "retry now" (due at once) or "discard" (deleted) on
+// pending outbox rows: durable retries (kind retrying: a handler and an
+// error fingerprint) or rows the relay keeps failing to publish (kind
+// failing: a fingerprint). Like the poison store's actions it shows the
+// count first, takes a confirmation only from that step, acts in one
+// transaction and records the audit entry.
+func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
+	form := r.PostForm
+	for _, k := range []string{"kind", "action", "scope", "confirm", "handler", "fingerprint"} {
+		if len(form[k]) > 1 {
+			c.fail(w, r, http.StatusBadRequest, "the form names "+k+" more than once")
+			return
+		}
+	}
+	kind, act := form.Get("kind"), form.Get("action")
+	if (kind != "retrying" && kind != "failing") || (act != "retry-now" && act != "discard") || form.Get("scope") != "group" {
+		c.fail(w, r, http.StatusBadRequest, "kind must be retrying or failing, action retry-now or discard, scope group")
+		return
+	}
+	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	fingerprint, handler := form.Get("fingerprint"), form.Get("handler")
+	where := `dispatched_at IS NULL AND topic <> $1 AND attempts > 0 AND last_error IS NOT NULL AND ferry_fingerprint(last_error) = $2`
+	args := []any{pipeline.RetryTopic, fingerprint}
+	scope := "failing rows with fingerprint " + fingerprint
+	if kind == "retrying" {
+		where = `dispatched_at IS NULL AND topic = $1 AND ferry_fingerprint(headers->>'` + pipeline.MetaLastError + `') = $2 AND coalesce(headers->>'` + pipeline.MetaRetryQueue + `', '') = $3`
+		args = append(args, handler)
+		scope = "retries of " + handler + " with fingerprint " + fingerprint
+	}
+	var n int
+	if err := c.pool.QueryRow(r.Context(), `SELECT count(*) FROM `+t+` WHERE `+where, args...).Scan(&n); err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	confirmToken := c.mac("outbox\x00" + kind + "\x00" + act + "\x00" + scope)
+	if got := form.Get("confirm"); got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(confirmToken)) != 1 {
+		fields := [][2]string{{"fingerprint", fingerprint}}
+		if kind == "retrying" {
+			fields = append(fields, [2]string{"handler", handler})
+		}
+		c.render(w, r, "outbox-confirm", map[string]any{"Kind": kind, "Action": act, "Scope": "group", "Count": n, "Fields": fields, "Confirm": confirmToken})
+		return
+	}
+	stmt := `UPDATE ` + t + ` SET available_at = now() WHERE ` + where
+	if act == "discard" {
+		stmt = `DELETE FROM ` + t + ` WHERE ` + where
+	}
+	tag, err := c.pool.Exec(r.Context(), stmt, args...)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	done := int(tag.RowsAffected())
+	if err := pgaudit.Record(r.Context(), c.pool, pgaudit.Entry{Actor: "console " + r.RemoteAddr, Action: "outbox." + kind + "." + act,
+		Scope: scope, Count: done, Detail: map[string]any{"asked": n}}); err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	flash := fmt.Sprintf("%s: %d row(s)", act, done)
+	http.Redirect(w, r, c.cfg.Prefix+"/"+kind+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
 }

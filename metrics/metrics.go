@@ -53,6 +53,7 @@ type Metrics struct {
 	cdcSlotActive    prometheus.Gauge
 	cdcStreaming     prometheus.Gauge
 	pending          *prometheus.GaugeVec
+	retrying         *prometheus.GaugeVec
 	pendingDue       *prometheus.GaugeVec
 	oldestPendingAge prometheus.Gauge
 	maxAttempts      prometheus.Gauge
@@ -72,6 +73,9 @@ type Metrics struct {
 func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
+		retrying: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_retrying_messages", Help: "Durable retries waiting in the outbox for their handler, by handler.",
+		}, []string{"handler"}),
 		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "outbox_pending_total", Help: "Undispatched outbox rows, delayed and backed-off ones included.",
 		}, []string{"topic"}),
@@ -136,7 +140,7 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.Registry.MustRegister(m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+	m.Registry.MustRegister(m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -204,6 +208,14 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	m.poison.Reset()
 	for topic, n := range poison {
 		m.poison.WithLabelValues(topic).Set(float64(n))
+	}
+	retrying, _, err := pgstatus.Retrying(ctx, pool, m.OutboxTable, 1000)
+	if err != nil {
+		return err
+	}
+	m.retrying.Reset()
+	for _, g := range retrying {
+		m.retrying.WithLabelValues(g.Handler).Add(float64(g.Count))
 	}
 	legacy, err := pool.Query(ctx, `SELECT topic, count(*) FROM ferry_legacy_effects WHERE recorded_at > now() - interval '24 hours' GROUP BY topic`)
 	if err != nil {

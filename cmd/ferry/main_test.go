@@ -517,3 +517,44 @@ func TestConfigurationReference(t *testing.T) {
 		require.Contains(t, string(got), "| `"+ev.Name+"` |")
 	}
 }
+
+// Durable retries are where messages wait while a dependency is down:
+// status names them by handler with their next try, since when they fail
+// and why, and calls for a human.
+func TestStatusShowsDurableRetries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; skipped with -short")
+	}
+	schema := pipelinetest.Schema(t)
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
+	t.Setenv("FERRY_AMQP_URL", pipelinetest.AMQPURL())
+	pool := pipelinetest.Pool(t, schema, "ferry-test-cli-retry")
+	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, headers, available_at)
+		SELECT 'm' || g, 'o' || g, 'ferry.retry', '{}', jsonb_build_object('ferry_retry_queue', 'notifications.mail', 'ferry_attempt', '3',
+			'ferry_last_error', 'mailing order ' || g || ': SMTP RCPT TO: 451 try again later', 'ferry_first_failed_at', '2026-12-03T10:00:00Z'),
+			now() + interval '1 minute' FROM generate_series(1, 35) g`)
+	require.NoError(t, err)
+	var out, errOut strings.Builder
+	require.Equal(t, 3, run([]string{"status"}, &out, &errOut), errOut.String())
+	require.Contains(t, out.String(), "durable retries: 35 message(s) waiting for their handler")
+	require.Contains(t, out.String(), "notifications.mail")
+	require.Contains(t, out.String(), "451 try again later")
+	attention := out.String()[strings.Index(out.String(), "needs attention:"):]
+	require.Contains(t, attention, "35 message(s) retrying (most: 35 for notifications.mail, failing since 2026-12-03T10:00:00Z")
+
+	out.Reset()
+	require.Equal(t, 0, run([]string{"status", "--json", "--exit-code=false"}, &out, &errOut))
+	var rep struct {
+		RetryingTotal int `json:"retrying_total"`
+		Retrying      []struct {
+			Handler    string `json:"handler"`
+			Count      int    `json:"count"`
+			MaxAttempt int    `json:"max_next_attempt"`
+		} `json:"retrying"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out.String()), &rep))
+	require.Equal(t, 35, rep.RetryingTotal)
+	require.Len(t, rep.Retrying, 1, "one handler, one fingerprint (the order numbers normalised)")
+	require.Equal(t, 3, rep.Retrying[0].MaxAttempt)
+}

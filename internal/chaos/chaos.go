@@ -32,6 +32,10 @@ import (
 // providerGarbage is a provider's answer in Latin-1 with a NUL.
 var providerGarbage = []byte("Zahlung abgelehnt: Kunde ung\xfcltig\x00 (Gateway \xe9chou\xe9)")
 
+// outageBacklog is how many charges the database outage waits to have
+// queued before it starts: it must meet consumers with work to do.
+const outageBacklog = 100
+
 // chaosDatabase is the database of a run on its own server.
 const chaosDatabase = "chaos"
 
@@ -449,30 +453,38 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	// The database outage, once, a third of the way through the orders:
 	// the driver (the application) stands still while its database is
 	// gone; relays and consumers keep trying, and must poison nothing.
-	if outage != nil {
+	outageDone := make(chan struct{})
+	if outage == nil {
+		close(outageDone)
+	} else {
 		faultsWG.Go(func() {
+			defer close(outageDone)
 			select {
-			case <-faultCtx.Done():
+			case <-ctx.Done():
 				return
 			case <-time.After(time.Duration(run.Orders/3) * time.Second / time.Duration(run.Rate)):
 			}
 			// Under load: a slow provider first, so that charges wait in
 			// the broker when the database goes, and consumers meet the
-			// outage mid-message.
-			provider.SetDelay(100 * time.Millisecond)
+			// outage mid-message. The outage starts once enough wait,
+			// however fast the driver places orders on this machine.
+			provider.SetDelay(300 * time.Millisecond)
 			defer provider.SetDelay(0)
 			provider.FailNextWithGarbage(5, providerGarbage)
 			faultMu.Lock()
 			rep.Faults["provider_non_utf8"]++
 			faultMu.Unlock()
-			select {
-			case <-faultCtx.Done():
-				return
-			case <-time.After(3 * time.Second):
+			backlog := 0
+			for wait := time.Now().Add(30 * time.Second); time.Now().Before(wait) && backlog < outageBacklog; {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				var placed int
+				_ = driver.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&placed)
+				backlog = placed - provider.Requests()
 			}
-			var backlog int
-			_ = driver.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&backlog)
-			backlog -= provider.Requests()
 			gate.Lock()
 			defer gate.Unlock()
 			began := time.Now()
@@ -531,6 +543,12 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		}
 	}
 	rep.ProducingSeconds = time.Since(start).Seconds()
+	// The outage happens while orders wait, even if the driver placed its
+	// last one first.
+	select {
+	case <-outageDone:
+	case <-ctx.Done():
+	}
 	stopFaults()
 	faultsWG.Wait()
 	if faultErr != nil {

@@ -1,7 +1,8 @@
 // Package pgstatus answers "is the pipeline healthy, and if not, why":
 // the outbox backlog per topic, its oldest due row, the rows that keep
-// failing with their last error, the poison store's depth, and which relay
-// and consumer processes are alive (their heartbeats in ferry_instances).
+// failing with their last error, the durable retries waiting for their
+// handler (with why), the poison store's depth, and which relay and
+// consumer processes are alive (their heartbeats in ferry_instances).
 package pgstatus
 
 import (
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
@@ -49,6 +51,19 @@ type FailingRow struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
+// RetryGroup is the durable retries waiting for one handler with one
+// error fingerprint: messages a handler failed, rescheduled through the
+// outbox (topic ferry.retry) to be delivered to it again.
+type RetryGroup struct {
+	Handler     string    `json:"handler"`
+	Fingerprint string    `json:"fingerprint"`
+	Count       int       `json:"count"`
+	MaxAttempt  int       `json:"max_next_attempt"`
+	NextTry     time.Time `json:"next_try"`
+	FirstFailed time.Time `json:"first_failed_at"`
+	Example     string    `json:"example_error"`
+}
+
 // Instance is one Ferry process.
 type Instance struct {
 	ID          string    `json:"instance_id"`
@@ -69,11 +84,15 @@ type Report struct {
 	OldestDueAgeS     float64        `json:"oldest_due_age_seconds"`
 	AttemptsThreshold int            `json:"attempts_threshold"`
 	Failing           []FailingRow   `json:"failing"`
-	Poison            map[string]int `json:"poison"`
-	PoisonTotal       int            `json:"poison_total"`
-	Instances         []Instance     `json:"instances"`
-	RelaysAlive       int            `json:"relays_alive"`
-	ConsumersAlive    int            `json:"consumers_alive"`
+	// Retrying are the durable retries waiting, grouped by handler and
+	// error fingerprint (at most 20 groups), and how many in all.
+	Retrying       []RetryGroup   `json:"retrying"`
+	RetryingTotal  int            `json:"retrying_total"`
+	Poison         map[string]int `json:"poison"`
+	PoisonTotal    int            `json:"poison_total"`
+	Instances      []Instance     `json:"instances"`
+	RelaysAlive    int            `json:"relays_alive"`
+	ConsumersAlive int            `json:"consumers_alive"`
 }
 
 // Collect builds the report for the outbox table (see pgoutbox.QuoteTable;
@@ -106,6 +125,9 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 	if err != nil {
 		return rep, err
 	}
+	if rep.Retrying, rep.RetryingTotal, err = Retrying(ctx, pool, table, 20); err != nil {
+		return rep, err
+	}
 	if rep.Poison, err = pgpoison.Depth(ctx, pool); err != nil {
 		return rep, err
 	}
@@ -133,6 +155,36 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		}
 	}
 	return rep, nil
+}
+
+// Retrying returns the durable retries waiting in the outbox, grouped by
+// handler and error fingerprint (most first, at most limit groups), and
+// their total.
+func Retrying(ctx context.Context, pool *pgxpool.Pool, table string, limit int) ([]RetryGroup, int, error) {
+	t, err := pgoutbox.QuoteTable(table)
+	if err != nil {
+		return nil, 0, err
+	}
+	rows, err := pool.Query(ctx, `SELECT coalesce(headers->>'`+pipeline.MetaRetryQueue+`', ''), ferry_fingerprint(headers->>'`+pipeline.MetaLastError+`'), count(*),
+		max(CASE WHEN headers->>'`+pipeline.MetaAttempt+`' ~ '^[0-9]{1,9}$' THEN (headers->>'`+pipeline.MetaAttempt+`')::int ELSE 0 END),
+		min(available_at), min(coalesce(CASE WHEN headers->>'`+pipeline.MetaFirstFailedAt+`' ~ '^\d{4}-' THEN (headers->>'`+pipeline.MetaFirstFailedAt+`')::timestamptz END, created_at)),
+		coalesce((array_agg(headers->>'`+pipeline.MetaLastError+`' ORDER BY id DESC))[1], ''), sum(count(*)) OVER ()
+		FROM `+t+` WHERE topic = $1 AND dispatched_at IS NULL GROUP BY 1, 2 ORDER BY 3 DESC, 1 LIMIT $2`, pipeline.RetryTopic, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading durable retries: %w", err)
+	}
+	total := 0
+	groups, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RetryGroup, error) {
+		var g RetryGroup
+		var all int64
+		err := row.Scan(&g.Handler, &g.Fingerprint, &g.Count, &g.MaxAttempt, &g.NextTry, &g.FirstFailed, &g.Example, &all)
+		total = int(all)
+		return g, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading durable retries: %w", err)
+	}
+	return groups, total, nil
 }
 
 // Backlog is the outbox's undispatched rows per topic, read over the
