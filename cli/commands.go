@@ -26,6 +26,7 @@ import (
 	"github.com/ferry-dev/ferry/adoption/backfill"
 	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
@@ -550,7 +551,7 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 			group       bool
 		)
 		fs.BoolVar(&asJSON, "json", false, "print JSON (exact, unescaped and uncut)")
-		fs.StringVar(&filter, "filter", "", "narrow by handler=H,aggregate=A,text=T,fingerprint=F,since=24h|RFC3339,until=… (comma-separated; as the console's filters)")
+		fs.StringVar(&filter, "filter", "", "narrow by handler=H,aggregate=A,text=T,fingerprint=F,correlation=C,message=M,since=24h|RFC3339,until=… (comma-separated; as the console's filters)")
 		fs.Int64Var(&sel.AfterID, "after-id", 0, "start after this poison id (the next page)")
 		if sub == "list" {
 			fs.StringVar(&sel.Topic, "topic", "", "only this original topic")
@@ -660,6 +661,10 @@ func ParseFilter(v string) (pgpoison.Filter, error) {
 			f.Text = val
 		case "fingerprint":
 			f.Fingerprint = val
+		case "correlation":
+			f.CorrelationID = val
+		case "message":
+			f.MessageID = val
 		case "since", "until":
 			t, err := timeOrAgo(val)
 			if err != nil {
@@ -671,7 +676,7 @@ func ParseFilter(v string) (pgpoison.Filter, error) {
 				f.Until = t
 			}
 		default:
-			return f, fmt.Errorf("unknown key %q (handler, aggregate, text, fingerprint, since, until)", k)
+			return f, fmt.Errorf("unknown key %q (handler, aggregate, text, fingerprint, correlation, message, since, until)", k)
 		}
 	}
 	return f, nil
@@ -757,23 +762,58 @@ func listPoison(ctx context.Context, w io.Writer, store *pgpoison.Store, f pgpoi
 		bw.WriteString("]\n")
 		return err
 	}
+	total, err := store.Count(ctx, f)
+	if err != nil {
+		return err
+	}
 	tw := poisonTable(bw)
-	err := store.Each(ctx, f, func(r pgpoison.Record) error {
+	widths := listWidths()
+	var last int64
+	err = store.Each(ctx, f, func(r pgpoison.Record) error {
 		n++
-		poisonRow(tw, r)
+		last = r.ID
+		poisonRow(tw, r, widths)
 		if n%100 == 0 {
 			return tw.Flush() // column widths per 100 rows; memory stays flat
 		}
 		return nil
 	})
 	if n == 0 {
-		fmt.Fprintln(bw, "(no poisoned messages)")
+		fmt.Fprintf(bw, "(no poisoned messages%s)\n", map[bool]string{true: " under this filter", false: ""}[f.String() != ""])
 		return err
 	}
 	if ferr := tw.Flush(); err == nil {
 		err = ferr
 	}
+	// The total under the filter, and how to read on: the page ends at
+	// --limit, and --after-id starts the next one.
+	if f.AfterID > 0 {
+		fmt.Fprintf(bw, "%d shown, after id %d, of %d under the filter", n, f.AfterID, total)
+	} else {
+		fmt.Fprintf(bw, "%d shown of %d under the filter", n, total)
+	}
+	if f.Limit > 0 && n == f.Limit {
+		fmt.Fprintf(bw, "; next page: the same command with --after-id %d", last)
+	}
+	fmt.Fprintln(bw)
 	return err
+}
+
+// cellWidths are the widths a poison table's cells are cut to.
+type cellWidths struct{ id, reason int }
+
+// listWidths fits the table to the terminal when COLUMNS says how wide it
+// is (shells set it): the id columns shrink to an eighth of it, the reason
+// takes what is left; without it, the defaults.
+func listWidths() cellWidths {
+	w := cellWidths{id: maxIDCell, reason: maxReasonCell}
+	cols, err := strconv.Atoi(os.Getenv("COLUMNS"))
+	if err != nil || cols <= 0 {
+		return w
+	}
+	w.id = min(max(cols/8, 8), maxIDCell)
+	w.reason = min(max(cols-3*w.id-60, 20), maxReasonCell)
+	return w
 }
 
 // streamActions prints each requeued or discarded message as it is done,
@@ -812,7 +852,7 @@ func streamActions(w io.Writer, asJSON bool, verb string, run func(func(pgpoison
 				return nil
 			}
 			n++
-			poisonRow(tw, a.Record)
+			poisonRow(tw, a.Record, listWidths())
 			if n%100 == 0 {
 				return tw.Flush()
 			}
@@ -868,10 +908,10 @@ func poisonTable(w io.Writer) *tabwriter.Writer {
 	return tw
 }
 
-func poisonRow(tw io.Writer, r pgpoison.Record) {
-	fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s ago\t%s ago\t%s\n", r.ID, cell(r.Topic, maxIDCell), cell(r.Handler, maxIDCell),
-		cell(r.MessageID, maxIDCell), r.Attempts, time.Since(r.FirstFailedAt).Round(time.Second), time.Since(r.PoisonedAt).Round(time.Second),
-		cell(r.Reason, maxReasonCell))
+func poisonRow(tw io.Writer, r pgpoison.Record, w cellWidths) {
+	fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s ago\t%s ago\t%s\n", r.ID, cell(r.Topic, w.id), cell(r.Handler, w.id),
+		cell(r.MessageID, w.id), r.Attempts, display.Age(time.Since(r.FirstFailedAt)), display.Age(time.Since(r.PoisonedAt)),
+		cell(r.Reason, w.reason))
 }
 
 func poisonShowFlags(fs *flag.FlagSet, env *Env) RunFunc {

@@ -41,7 +41,7 @@ func (c *Console) funcs() template.FuncMap {
 			if t.IsZero() {
 				return "—"
 			}
-			return time.Since(t).Round(time.Second).String() + " ago"
+			return display.Age(time.Since(t)) + " ago"
 		},
 		"secs": func(s float64) string {
 			return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
@@ -145,7 +145,7 @@ func (c *Console) internal(w http.ResponseWriter, r *http.Request, err error) {
 // filterFrom reads the poison filter from a query or a form.
 func filterFrom(v url.Values) (pgpoison.Filter, error) {
 	f := pgpoison.Filter{Topic: v.Get("topic"), Handler: v.Get("handler"), AggregateID: v.Get("aggregate"),
-		Text: v.Get("q"), Fingerprint: v.Get("fingerprint"), Limit: pageSize}
+		Text: v.Get("q"), Fingerprint: v.Get("fingerprint"), CorrelationID: v.Get("correlation"), MessageID: v.Get("message"), Limit: pageSize}
 	var errs []error
 	if s := v.Get("after"); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
@@ -181,7 +181,7 @@ func filterFrom(v url.Values) (pgpoison.Filter, error) {
 // on into its forms and links. Anything else in a crafted link (an action,
 // a scope, a confirmation) is dropped, so a click on one button cannot
 // carry another's meaning.
-var filterKeys = []string{"topic", "handler", "aggregate", "q", "fingerprint", "since", "until"}
+var filterKeys = []string{"topic", "handler", "aggregate", "q", "fingerprint", "correlation", "message", "since", "until"}
 
 // filterValues is the filter part of v, one value per key.
 func filterValues(v url.Values) url.Values {
@@ -353,7 +353,7 @@ type failingRow struct {
 
 // failingColumns are the outbox's columns for the console's filters.
 var failingColumns = pgpoison.Columns{Topic: "topic", AggregateID: "aggregate_id", Text: "last_error",
-	Fingerprint: "ferry_fingerprint(last_error)", Time: "created_at"}
+	Fingerprint: "ferry_fingerprint(last_error)", Time: "created_at", CorrelationID: "headers->>'correlation_id'", MessageID: "message_uuid"}
 
 // failingWhere is the failing-rows filter as SQL over the outbox,
 // arguments from $first.

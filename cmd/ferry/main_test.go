@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -557,4 +558,59 @@ func TestStatusShowsDurableRetries(t *testing.T) {
 	require.Equal(t, 35, rep.RetryingTotal)
 	require.Len(t, rep.Retrying, 1, "one handler, one fingerprint (the order numbers normalised)")
 	require.Equal(t, 3, rep.Retrying[0].MaxAttempt)
+}
+
+// poison list says how many there are under the filter and how to read
+// on; it filters by correlation and message id; it fits COLUMNS; its JSON
+// has the payload and the error history as JSON values.
+func TestPoisonListTotalsFiltersWidthAndJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; skipped with -short")
+	}
+	schema := pipelinetest.Schema(t)
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
+	pool := pipelinetest.Pool(t, schema, "ferry-test-cli-list")
+	_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason, correlation_id, headers)
+		SELECT 'm' || g, 'mail.send', 'notifications.mail', convert_to('{"n":' || g || '}', 'UTF8'), repeat('long reason ', 30), 'corr-' || (g % 2),
+			'{"ferry_error_history":"[{\"attempt\":1,\"at\":\"t\",\"error\":\"first\"}]"}' FROM generate_series(1, 7) g`)
+	require.NoError(t, err)
+	cmd := func(args ...string) (int, string) {
+		var out, errOut strings.Builder
+		code := run(args, &out, &errOut)
+		return code, out.String() + errOut.String()
+	}
+	code, out := cmd("poison", "list", "--limit", "3")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "3 shown of 7 under the filter; next page: the same command with --after-id 3")
+	code, out = cmd("poison", "list", "--limit", "3", "--after-id", "6")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "1 shown, after id 6, of 7 under the filter")
+	require.NotContains(t, out, "next page")
+
+	code, out = cmd("poison", "list", "--filter", "correlation=corr-1")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "4 shown of 4 under the filter")
+	code, out = cmd("poison", "list", "--filter", "message=m5")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "1 shown of 1")
+
+	t.Setenv("COLUMNS", "100")
+	code, out = cmd("poison", "list", "--limit", "2")
+	require.Equal(t, 0, code)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		require.LessOrEqual(t, utf8.RuneCountInString(line), 100, "fits COLUMNS: %q", line)
+	}
+
+	code, out = cmd("poison", "list", "--limit", "1", "--json")
+	require.Equal(t, 0, code, out)
+	var recs []struct {
+		Payload map[string]int             `json:"payload"`
+		Headers map[string]json.RawMessage `json:"headers"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &recs), out)
+	require.Equal(t, 1, recs[0].Payload["n"], "the payload is JSON, not a string holding JSON")
+	var history []map[string]any
+	require.NoError(t, json.Unmarshal(recs[0].Headers["ferry_error_history"], &history), "the error history is a JSON array")
+	require.Equal(t, "first", history[0]["error"])
 }

@@ -10,6 +10,7 @@ package display
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -68,4 +69,24 @@ func Escape(s string, max int, keepLines bool) string {
 // included) become one space, and the ends are trimmed.
 func Cell(s string, max int) string {
 	return Escape(strings.Join(strings.Fields(s), " "), max, false)
+}
+
+// Age says how long d is the way a person reads it: "45s", "5m 3s",
+// "3h 12m", "6d 22h", at most two units, rounded down ("166h36m12s" is
+// "6d 22h"). A negative d is "0s".
+func Age(d time.Duration) string {
+	if d < time.Second {
+		return "0s"
+	}
+	s := int64(d / time.Second)
+	days, hours, mins, secs := s/86400, s%86400/3600, s%3600/60, s%60
+	switch {
+	case days > 0:
+		return fmt.Sprintf("%dd %dh", days, hours)
+	case hours > 0:
+		return fmt.Sprintf("%dh %dm", hours, mins)
+	case mins > 0:
+		return fmt.Sprintf("%dm %ds", mins, secs)
+	}
+	return fmt.Sprintf("%ds", secs)
 }

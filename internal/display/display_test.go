@@ -3,6 +3,7 @@ package display_test
 import (
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ferry-dev/ferry/internal/display"
@@ -33,5 +34,16 @@ func TestEscape(t *testing.T) {
 	}
 	if got := display.Escape("exactly10!", 10, false); got != "exactly10!" {
 		t.Errorf("a text of exactly max runes is not cut: %q", got)
+	}
+}
+
+func TestAge(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "0s", -time.Minute: "0s", 45 * time.Second: "45s", 5*time.Minute + 3*time.Second: "5m 3s",
+		3*time.Hour + 12*time.Minute + 9*time.Second: "3h 12m", 166*time.Hour + 36*time.Minute + 12*time.Second: "6d 22h",
+	} {
+		if got := display.Age(d); got != want {
+			t.Errorf("Age(%s) = %q, want %q", d, got, want)
+		}
 	}
 }

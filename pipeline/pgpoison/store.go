@@ -2,6 +2,7 @@ package pgpoison
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -38,6 +39,35 @@ type Record struct {
 	CorrelationID string            `json:"correlation_id"`
 	// Fingerprint is the reason's group (see Filter.Fingerprint).
 	Fingerprint string `json:"fingerprint"`
+}
+
+// jsonValueHeaders are headers whose value is JSON: --json output and the
+// API show them as JSON, not as strings holding JSON.
+var jsonValueHeaders = []string{pipeline.MetaErrorHistory}
+
+// MarshalJSON writes r with its payload as a JSON value when it is JSON
+// (as text otherwise), and the headers that hold JSON (the error history)
+// as JSON values: a reader of `poison list --json` gets data, not strings
+// to decode again.
+func (r Record) MarshalJSON() ([]byte, error) {
+	type plain Record
+	out := struct {
+		plain
+		Payload any            `json:"payload"`
+		Headers map[string]any `json:"headers"`
+	}{plain: plain(r), Payload: r.PayloadText}
+	if json.Valid(r.Payload) {
+		out.Payload = json.RawMessage(r.Payload)
+	}
+	out.Headers = make(map[string]any, len(r.Headers))
+	for k, v := range r.Headers {
+		if slices.Contains(jsonValueHeaders, k) && json.Valid([]byte(v)) {
+			out.Headers[k] = json.RawMessage(v)
+		} else {
+			out.Headers[k] = v
+		}
+	}
+	return json.Marshal(out)
 }
 
 // Selector chooses poisoned messages: exactly one of IDs, Topic, a Filter
@@ -97,6 +127,10 @@ type Filter struct {
 	// Fingerprint keeps one group: the reason with ids, numbers and
 	// addresses normalised away (ferry_fingerprint, migration 00013).
 	Fingerprint string
+	// CorrelationID keeps the messages of one request's chain.
+	CorrelationID string
+	// MessageID keeps one message (all its poisonings).
+	MessageID string
 	// Since and Until bound the time the messages were poisoned.
 	Since, Until time.Time
 	// AfterID starts after this poison id.
@@ -108,7 +142,8 @@ type Filter struct {
 // String is the filter's criteria, for messages and the audit log.
 func (f Filter) String() string {
 	var parts []string
-	for _, kv := range [][2]string{{"topic", f.Topic}, {"handler", f.Handler}, {"aggregate", f.AggregateID}, {"text", f.Text}, {"fingerprint", f.Fingerprint}} {
+	for _, kv := range [][2]string{{"topic", f.Topic}, {"handler", f.Handler}, {"aggregate", f.AggregateID}, {"text", f.Text}, {"fingerprint", f.Fingerprint},
+		{"correlation", f.CorrelationID}, {"message", f.MessageID}} {
 		if kv[1] != "" {
 			parts = append(parts, kv[0]+"="+kv[1])
 		}
@@ -133,12 +168,12 @@ func (f Filter) narrows() bool {
 // Columns name what a Filter's criteria compare in a table: an empty name
 // leaves that criterion out (the outbox has no handler).
 type Columns struct {
-	Topic, Handler, AggregateID, Text, Fingerprint, Time string
+	Topic, Handler, AggregateID, Text, Fingerprint, Time, CorrelationID, MessageID string
 }
 
 // PoisonColumns are the poison store's.
 var PoisonColumns = Columns{Topic: "topic", Handler: "handler", AggregateID: "aggregate_id", Text: "reason",
-	Fingerprint: "fingerprint", Time: "poisoned_at"}
+	Fingerprint: "fingerprint", Time: "poisoned_at", CorrelationID: "correlation_id", MessageID: "message_id"}
 
 // SQL is f's criteria as a SQL condition over a table with the columns
 // c, its arguments numbered from $first. Only column names and placeholders
@@ -168,6 +203,12 @@ func (f Filter) SQL(first int, c Columns) (string, []any) {
 	}
 	if f.Fingerprint != "" {
 		add(c.Fingerprint, "{c} = {p}", f.Fingerprint)
+	}
+	if f.CorrelationID != "" {
+		add(c.CorrelationID, "{c} = {p}", f.CorrelationID)
+	}
+	if f.MessageID != "" {
+		add(c.MessageID, "{c} = {p}", f.MessageID)
 	}
 	if !f.Since.IsZero() {
 		add(c.Time, "{c} >= {p}", f.Since)
