@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -33,6 +35,7 @@ const DefaultRefreshInterval = 15 * time.Second
 // Metrics holds Ferry's collectors on a registry of their own.
 type Metrics struct {
 	Registry *prometheus.Registry
+	own      []prometheus.Collector
 	// OutboxTable is the outbox table the gauges read (see
 	// pgoutbox.QuoteTable). Default "outbox".
 	OutboxTable string
@@ -140,11 +143,42 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.Registry.MustRegister(m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+	m.own = []prometheus.Collector{m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.refreshErrors,
-		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming}
+	m.Registry.MustRegister(m.own...)
+	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// descName reads a metric's name out of its description: prometheus.Desc
+// keeps it unexported and prints it as fqName: "…".
+var descName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// Names returns the names of Ferry's own metrics, with the _bucket, _sum
+// and _count series of its histograms: what a dashboard or an alert rule
+// may query (Watermill's router metrics and the Go runtime's come beside
+// them).
+func (m *Metrics) Names() []string {
+	var names []string
+	for _, c := range m.own {
+		ch := make(chan *prometheus.Desc, 4)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			match := descName.FindStringSubmatch(d.String())
+			if match == nil {
+				continue
+			}
+			switch c.(type) {
+			case prometheus.Histogram, *prometheus.HistogramVec:
+				names = append(names, match[1]+"_bucket", match[1]+"_sum", match[1]+"_count")
+			default:
+				names = append(names, match[1])
+			}
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Handler serves the registry in Prometheus' exposition format.

@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/metrics"
 )
 
 type composeFile struct {
@@ -118,9 +119,18 @@ func TestGrafanaDashboardUsesFerrysMetrics(t *testing.T) {
 	raw, err := os.ReadFile("../../deploy/grafana/dashboards/ferry.json")
 	require.NoError(t, err)
 	var dash struct {
-		UID    string `json:"uid"`
+		UID        string `json:"uid"`
+		Templating struct {
+			List []struct {
+				Name string `json:"name"`
+				Type string `json:"type"`
+			} `json:"list"`
+		} `json:"templating"`
 		Panels []struct {
-			Title   string `json:"title"`
+			Title      string `json:"title"`
+			Datasource struct {
+				UID string `json:"uid"`
+			} `json:"datasource"`
 			Targets []struct {
 				Expr string `json:"expr"`
 			} `json:"targets"`
@@ -128,14 +138,26 @@ func TestGrafanaDashboardUsesFerrysMetrics(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(raw, &dash))
 	require.NotEmpty(t, dash.UID)
-	exported := []string{
-		"outbox_pending_total", "outbox_pending_due_total", "outbox_oldest_pending_age_seconds", "outbox_pending_max_attempts",
-		"outbox_dispatch_latency_seconds_bucket", "outbox_attempts_bucket", "outbox_dispatched_total",
-		"outbox_relay_publish_errors_total", "ferry_consumer_messages_total", "ferry_poison_messages",
-		"handler_execution_time_seconds_bucket", "outbox_shadow_events_total", "ferry_legacy_effects_24h",
-		"ferry_cdc_retained_wal_bytes", "ferry_cdc_slot_lag_bytes", "ferry_cdc_slot_lag_seconds", "ferry_cdc_slot_active",
+	vars := map[string]string{}
+	for _, v := range dash.Templating.List {
+		vars[v.Name] = v.Type
 	}
-	metric := regexp.MustCompile(`\b(outbox_[a-z_]+|ferry_[a-z_]+|handler_execution_[a-z_]+)\b`)
+	require.Equal(t, map[string]string{"datasource": "datasource", "instance": "query", "topic": "query"}, vars,
+		"a data source variable (no hard-coded uid), and instance and topic variables")
+	for _, p := range dash.Panels {
+		require.Equal(t, "${datasource}", p.Datasource.UID, p.Title)
+		for _, tg := range p.Targets {
+			// Every process reports the same store-wide gauges: a sum
+			// across instances counts them once per process.
+			for _, gauge := range []string{"ferry_poison_messages", "outbox_pending", "ferry_retrying_messages", "outbox_oldest_pending"} {
+				require.False(t, strings.Contains(tg.Expr, gauge) && strings.Contains(tg.Expr, "sum"), "%s: %s is the same in every process: max, never sum", p.Title, gauge)
+			}
+		}
+	}
+	// What the binary exports: Ferry's own metrics, and the one Watermill
+	// router metric the dashboard charts (components/metrics).
+	exported := append(metrics.New().Names(), "handler_execution_time_seconds_bucket")
+	metric := regexp.MustCompile(`\b(outbox_[a-z_0-9]+|ferry_[a-z_0-9]+|handler_execution_[a-z_]+)\b`)
 	charted := map[string]bool{}
 	for _, p := range dash.Panels {
 		require.NotEmpty(t, p.Targets, p.Title)
@@ -146,7 +168,7 @@ func TestGrafanaDashboardUsesFerrysMetrics(t *testing.T) {
 			}
 		}
 	}
-	for _, must := range []string{"outbox_pending_total", "outbox_dispatch_latency_seconds_bucket", "outbox_attempts_bucket", "outbox_dispatched_total", "ferry_poison_messages"} {
+	for _, must := range []string{"outbox_pending_total", "outbox_dispatch_latency_seconds_bucket", "outbox_attempts_bucket", "outbox_dispatched_total", "ferry_poison_messages", "ferry_retrying_messages"} {
 		require.True(t, charted[must], "the dashboard must chart %s", must)
 	}
 }
