@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -57,6 +58,7 @@ type Metrics struct {
 	cdcStreaming     prometheus.Gauge
 	pending          *prometheus.GaugeVec
 	retrying         *prometheus.GaugeVec
+	instances        *prometheus.GaugeVec
 	pendingDue       *prometheus.GaugeVec
 	oldestPendingAge prometheus.Gauge
 	maxAttempts      prometheus.Gauge
@@ -76,6 +78,9 @@ type Metrics struct {
 func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
+		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_instances", Help: "Ferry processes registered in ferry_instances, by component (relay, consumers) and state: alive (a recent heartbeat) or stale (none for 15s: died without deregistering).",
+		}, []string{"component", "state"}),
 		retrying: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_retrying_messages", Help: "Durable retries waiting in the outbox for their handler, by handler.",
 		}, []string{"handler"}),
@@ -143,7 +148,7 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.own = []prometheus.Collector{m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+	m.own = []prometheus.Collector{m.instances, m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming}
 	m.Registry.MustRegister(m.own...)
@@ -250,6 +255,26 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	m.retrying.Reset()
 	for _, g := range retrying {
 		m.retrying.WithLabelValues(g.Handler).Add(float64(g.Count))
+	}
+	instances, err := pgstatus.Instances(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, c := range []string{"relay", "consumers"} {
+		for _, st := range []string{"alive", "stale"} {
+			m.instances.WithLabelValues(c, st).Set(0)
+		}
+	}
+	for _, in := range instances {
+		state := "stale"
+		if in.Alive {
+			state = "alive"
+		}
+		for _, c := range []string{"relay", "consumers"} {
+			if strings.Contains(in.Components, c) {
+				m.instances.WithLabelValues(c, state).Inc()
+			}
+		}
 	}
 	legacy, err := pool.Query(ctx, `SELECT topic, count(*) FROM ferry_legacy_effects WHERE recorded_at > now() - interval '24 hours' GROUP BY topic`)
 	if err != nil {

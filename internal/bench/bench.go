@@ -1136,9 +1136,10 @@ func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchC
 				headers    map[string]any
 				attempts   int
 				created    time.Time
+				due        time.Time
 				shadow     bool
 			)
-			if err := rows.Scan(&id, &uuid, &agg, &topic, &payload, &headers, &attempts, &created, &shadow); err != nil {
+			if err := rows.Scan(&id, &uuid, &agg, &topic, &payload, &headers, &attempts, &created, &due, &shadow); err != nil {
 				rows.Close()
 				_ = tx.Rollback(ctx)
 				return nil, err

@@ -134,13 +134,7 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 	for _, n := range rep.Poison {
 		rep.PoisonTotal += n
 	}
-	irows, err := pool.Query(ctx, `SELECT instance_id, components, hostname, pid, version, started_at, heartbeat_at,
-		heartbeat_at > now() - $1 * interval '1 microsecond' FROM ferry_instances ORDER BY started_at`, AliveWithin.Microseconds())
-	if err != nil {
-		return rep, fmt.Errorf("reading instances: %w", err)
-	}
-	rep.Instances, err = pgx.CollectRows(irows, pgx.RowToStructByPos[Instance])
-	if err != nil {
+	if rep.Instances, err = Instances(ctx, pool); err != nil {
 		return rep, err
 	}
 	for _, in := range rep.Instances {
@@ -155,6 +149,17 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		}
 	}
 	return rep, nil
+}
+
+// Instances returns the Ferry processes registered in ferry_instances,
+// oldest first, each alive when its heartbeat is recent (AliveWithin).
+func Instances(ctx context.Context, pool *pgxpool.Pool) ([]Instance, error) {
+	rows, err := pool.Query(ctx, `SELECT instance_id, components, hostname, pid, version, started_at, heartbeat_at,
+		heartbeat_at > now() - $1 * interval '1 microsecond' FROM ferry_instances ORDER BY started_at`, AliveWithin.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("reading instances: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Instance])
 }
 
 // Retrying returns the durable retries waiting in the outbox, grouped by
@@ -234,11 +239,19 @@ func NewHeartbeat(ctx context.Context, pool *pgxpool.Pool, id string, components
 	return h, nil
 }
 
+// StaleRetention is how long the row of a process that died without
+// deregistering stays in ferry_instances (shown as DEAD by status, counted
+// as stale by the metrics and alerted on) before a live process removes it.
+const StaleRetention = time.Hour
+
 // beat upserts, so that a row pruned by hand (or lost with a restored
-// database) comes back on the next beat.
+// database) comes back on the next beat, and removes the rows of processes
+// dead for longer than StaleRetention.
 func (h *Heartbeat) beat(ctx context.Context) error {
-	_, err := h.pool.Exec(ctx, upsertInstance, h.id, h.components, h.host, os.Getpid(), h.version)
-	return err
+	b := &pgx.Batch{}
+	b.Queue(upsertInstance, h.id, h.components, h.host, os.Getpid(), h.version)
+	b.Queue(`DELETE FROM ferry_instances WHERE heartbeat_at < now() - $1 * interval '1 microsecond'`, StaleRetention.Microseconds())
+	return h.pool.SendBatch(ctx, b).Close()
 }
 
 // Run beats every interval until ctx ends, then deletes the row: a clean

@@ -120,7 +120,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	run("filter screenshot", shot("console-poison.png"))
-	require.Contains(t, groups, "provider answered <n> from <ip>")
+	require.Contains(t, groups, "provider answered 503 from <ip>", "the status code stays in the fingerprint, the address goes")
 
 	var payload string
 	run("detail", chromedp.Click("a.detail", chromedp.NodeVisible), chromedp.WaitVisible("#payload"), chromedp.Text("#payload", &payload))
