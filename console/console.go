@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -92,6 +93,7 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	mux.Handle("GET "+p+"/static/", http.StripPrefix(p+"/static/", http.FileServerFS(static)))
 	mux.HandleFunc("GET "+p+"/login", c.loginForm)
 	mux.HandleFunc("POST "+p+"/login", c.login)
+	mux.HandleFunc("POST "+p+"/logout", c.act(c.logout))
 	mux.HandleFunc("GET "+p+"/{$}", c.read(c.overviewPage))
 	mux.HandleFunc("GET "+p+"/overview", c.read(c.overviewPartial))
 	mux.HandleFunc("GET "+p+"/poison", c.read(c.poisonPage))
@@ -194,20 +196,39 @@ func (c *Console) act(h http.HandlerFunc) http.HandlerFunc {
 }
 
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == ""})
+	c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == "", "Next": c.next(r.URL.Query().Get("next"))})
+}
+
+// next is where to go after logging in: a page of the console (the one
+// the operator was on), never another site.
+func (c *Console) next(v string) string {
+	u, err := url.Parse(v)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || strings.HasPrefix(v, "//") || strings.Contains(v, "\\") ||
+		!(u.Path == c.cfg.Prefix || strings.HasPrefix(u.Path, c.cfg.Prefix+"/")) || strings.HasSuffix(u.Path, "/login") {
+		return c.cfg.Prefix + "/poison"
+	}
+	return u.RequestURI()
+}
+
+// logout ends the session: the cookie is cleared (and the server refuses
+// it anyway once it expires).
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: c.cfg.Prefix, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: -1})
+	http.Redirect(w, r, c.cfg.Prefix+"/", http.StatusSeeOther)
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	if c.cfg.Token == "" || r.ParseForm() != nil || subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(c.cfg.Token)) != 1 {
 		w.WriteHeader(http.StatusUnauthorized)
-		c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == "", "Wrong": true})
+		c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == "", "Wrong": true, "Next": c.next(r.PostForm.Get("next"))})
 		return
 	}
 	exp := strconv.FormatInt(time.Now().Add(SessionLifetime).Unix(), 10)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: exp + "." + c.mac("session\x00"+exp), Path: c.cfg.Prefix, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(SessionLifetime.Seconds())})
-	http.Redirect(w, r, c.cfg.Prefix+"/poison", http.StatusSeeOther)
+	http.Redirect(w, r, c.next(r.PostForm.Get("next")), http.StatusSeeOther)
 }
 
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
@@ -227,6 +248,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, da
 		data["CSRF"] = c.mac("csrf")
 	}
 	data["Page"] = name
+	data["Here"] = r.URL.RequestURI()
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := c.tmpl.ExecuteTemplate(w, name, data); err != nil {
 		c.cfg.Logger.ErrorContext(r.Context(), "console: rendering failed", "page", name, "error", err)

@@ -418,3 +418,55 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	}
 	require.Equal(t, []string{"outbox.retrying.retry-now 4", "outbox.failing.discard 2"}, actions)
 }
+
+// A group action under a filter acts within it (the confirm count is the
+// page's, not the whole group's); logging in goes back to the page the
+// operator was on (never to another site); logging out ends the session.
+func TestGroupActionsKeepTheFilterAndLoginReturns(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	ctx := context.Background()
+	// One fingerprint, two handlers: 3 for payments.charge (setup), 2 more here.
+	_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+		SELECT 'x' || g, 'stripe.charge', 'refunds.charge', '{}', 'gave up after 5 attempts: charging order ' || g || ': payment provider answered 503 from 10.0.0.' || g FROM generate_series(7, 8) g`)
+	require.NoError(t, err)
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+	_, page := get(t, browser, srv.URL+"/console/poison?handler=refunds.charge")
+	next := html.UnescapeString(between(page, `/console/login?next=`, `"`))
+	require.Equal(t, "%2fconsole%2fpoison%3fhandler%3drefunds.charge", strings.ToLower(next))
+	unescaped, err := url.QueryUnescape(next)
+	require.NoError(t, err)
+	resp, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}, "next": {unescaped}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, "/console/poison?handler=refunds.charge", resp.Header.Get("Location"), "back to where the operator was")
+	for _, evil := range []string{"https://evil.example/", "//evil.example/x", "/other/path", "/console/login"} {
+		resp, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}, "next": {evil}})
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, "/console/poison", resp.Header.Get("Location"), evil)
+	}
+
+	_, page = get(t, browser, srv.URL+"/console/poison?handler=refunds.charge")
+	require.Contains(t, page, `id="select-all"`)
+	require.Less(t, strings.Index(page, `class="actionbar"`), strings.Index(page, `id="records"`), "the action bar comes before the list")
+	groupForm := page[strings.Index(page, `value="group"`):]
+	groupForm = groupForm[:strings.Index(groupForm, "</form>")]
+	require.Contains(t, groupForm, `name="handler" value="refunds.charge"`, "the group action carries the filter")
+	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "scope": {"group"}, "action": {"discard"},
+		"fingerprint": {html.UnescapeString(between(groupForm, `name="fingerprint" value="`, `"`))}, "handler": {"refunds.charge"}}
+	resp, err = browser.PostForm(srv.URL+"/console/actions", form)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), `<b id="count">2</b>`, "the page showed 2 under the filter; the group has 5")
+
+	resp, err = browser.PostForm(srv.URL+"/console/logout", url.Values{"csrf": {form.Get("csrf")}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	_, page = get(t, browser, srv.URL+"/console/poison")
+	require.Contains(t, page, "log in to act", "logged out")
+}
