@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
@@ -43,8 +44,10 @@ import (
 )
 
 // ErrMigrationsPending is returned by New when the schema is behind the
-// binary and Options.Migrate is off: run `ferry migrate up` first.
-var ErrMigrationsPending = errors.New("database migrations are pending: run the migrate up command of your binary (or start with --migrate, or Options.Migrate)")
+// binary and Options.Migrate is off: apply the migrations first (the
+// CLI's `migrate up`, or migrations.Set.Up), or set Options.Migrate (the
+// CLI's --migrate); the CLI's error names its own command.
+var ErrMigrationsPending = errors.New("database migrations are pending")
 
 // Deps is what a route table may use to build its handlers.
 type Deps struct {
@@ -82,7 +85,10 @@ type Options struct {
 	Migrate bool
 	// Logger receives every log line. Default: NewLogger(cfg, os.Stderr).
 	Logger *slog.Logger
-	// TracerProvider receives Ferry's spans. Default: the global one.
+	// TracerProvider receives Ferry's spans. Default: an OTLP exporter when
+	// the standard OTEL_* variables name an endpoint
+	// (OTEL_EXPORTER_OTLP_ENDPOINT, …; see tracing.ExportEnabled), else
+	// the global provider.
 	TracerProvider trace.TracerProvider
 	// Version is reported in ferry status. Default "dev".
 	Version string
@@ -130,6 +136,9 @@ type App struct {
 
 	// addrs are the bound addresses of the running servers, by name.
 	addrs sync.Map
+	// shutdownTracing flushes and stops the OTLP exporter New started
+	// (nil when none).
+	shutdownTracing func(context.Context) error
 }
 
 // APIAddr is the address the HTTP API listens on once Run has bound it
@@ -171,7 +180,20 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			return nil, err
 		}
 	}
-	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, Metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider)}
+	var shutdownTracing func(context.Context) error
+	if opts.TracerProvider == nil && tracing.ExportEnabled() {
+		// The standard OTEL_* variables ask for export: spans go over
+		// OTLP, and the provider is the process's global one, so that
+		// the application's own instrumentation (an HTTP client's spans)
+		// joins the same traces.
+		tp, err := tracing.NewOTLPProvider(ctx, "ferry", opts.Version)
+		if err != nil {
+			return nil, err
+		}
+		otel.SetTracerProvider(tp)
+		opts.TracerProvider, shutdownTracing = tp, tp.Shutdown
+	}
+	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, Metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider), shutdownTracing: shutdownTracing}
 	a.Metrics.OutboxTable = cfg.Relay.Table
 	switch cfg.RelayMode {
 	case RelayModePoll:
@@ -822,6 +844,11 @@ func (a *App) Close() error {
 	}
 	if a.Pool != nil {
 		a.Pool.Close()
+	}
+	if a.shutdownTracing != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, a.shutdownTracing(ctx))
+		cancel()
 	}
 	return errors.Join(errs...)
 }

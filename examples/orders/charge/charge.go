@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/tracing"
 )
 
 // HandlerName is the route name (and queue name) of the charge handler.
@@ -81,7 +82,9 @@ func NewHTTPClient(baseURL string) (*HTTPClient, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("payment provider URL must be an http(s) URL, got %q", baseURL)
 	}
-	return &HTTPClient{BaseURL: baseURL, HTTP: &http.Client{Timeout: DefaultTimeout}}, nil
+	// The request is a client span of the message's trace and carries its
+	// traceparent to the provider.
+	return &HTTPClient{BaseURL: baseURL, HTTP: &http.Client{Timeout: DefaultTimeout, Transport: tracing.Transport(nil)}}, nil
 }
 
 // StatusError is the provider's refusal: its HTTP status and the short

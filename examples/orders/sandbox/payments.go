@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -18,6 +19,8 @@ type Charge struct {
 	Currency       string
 	Customer       string
 	OrderID        string
+	// TraceID is the trace id of the request's traceparent header, if any.
+	TraceID string
 }
 
 // PaymentProvider is a Stripe-like payment API: POST /v1/charges with an
@@ -176,6 +179,7 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 		c = Charge{
 			ID: fmt.Sprintf("ch_%06d", len(p.charges)+1), IdempotencyKey: key,
 			Amount: req.Amount, Currency: req.Currency, Customer: req.Customer, OrderID: req.Metadata["order_id"],
+			TraceID: traceIDOf(r.Header.Get("traceparent")),
 		}
 		p.charges = append(p.charges, c)
 		p.byKey[key] = c
@@ -218,4 +222,13 @@ func writeProviderJSON(w http.ResponseWriter, status int, v any) {
 // data back).
 func providerError(code, message string) map[string]any {
 	return map[string]any{"error": map[string]string{"code": code, "message": message}}
+}
+
+// traceIDOf is the trace id of a W3C traceparent ("00-<trace>-<span>-<flags>").
+func traceIDOf(tp string) string {
+	parts := strings.Split(tp, "-")
+	if len(parts) != 4 || len(parts[1]) != 32 {
+		return ""
+	}
+	return parts[1]
 }

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ferry-dev/ferry/examples/orders/sandbox"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
+)
+
+// otlpReceiver collects the spans OTLP/HTTP exporters send it.
+type otlpReceiver struct {
+	mu    sync.Mutex
+	spans []*tracepb.Span
+	proc  map[string]string // span id -> the exporting process's pid
+}
+
+func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil || r.URL.Path != "/v1/traces" {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	var req coltracepb.ExportTraceServiceRequest
+	if err := proto.Unmarshal(body, &req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, rs := range req.ResourceSpans {
+		pid := ""
+		for _, a := range rs.GetResource().GetAttributes() {
+			if a.Key == "process.pid" {
+				pid = a.GetValue().String()
+			}
+		}
+		for _, ss := range rs.ScopeSpans {
+			for _, s := range ss.Spans {
+				o.spans = append(o.spans, s)
+				o.proc[hex.EncodeToString(s.SpanId)] = pid
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+	_, _ = w.Write(out)
+}
+
+// trace returns the spans of the trace that contains a span named name.
+func (o *otlpReceiver) trace(name string) []*tracepb.Span {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var id []byte
+	for _, s := range o.spans {
+		if s.Name == name {
+			id = s.TraceId
+		}
+	}
+	var out []*tracepb.Span
+	for _, s := range o.spans {
+		if id != nil && string(s.TraceId) == string(id) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// With the standard OTEL_* variables set, `ferry run` exports its spans
+// over OTLP, and one order is one connected trace: the HTTP request, the
+// relay's publish (from the stored trace context), the consumer's
+// handler, and its call to the payment provider, which receives the
+// trace's traceparent.
+func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
+	}
+	recv := &otlpReceiver{proc: map[string]string{}}
+	collector := httptest.NewServer(recv)
+	defer collector.Close()
+	world, err := sandbox.StartWorld()
+	require.NoError(t, err)
+	defer world.Close()
+	pipelinetest.Rabbit(t)
+	// A vhost of its own: deleting it removes whatever the process declared.
+	vhost := pipelinetest.UniqueName("ferry_test_otlp_")
+	require.NoError(t, exec.Command("rabbitmqctl", "-q", "add_vhost", vhost).Run())
+	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", vhost).Run() })
+	require.NoError(t, exec.Command("rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*").Run())
+	schema := pipelinetest.Schema(t)
+	bin := filepath.Join(t.TempDir(), "ferry")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "building ferry: %s", out)
+
+	api := "127.0.0.1:" + freeTestPort(t)
+	cmd := exec.Command(bin, "run", "--migrate")
+	cmd.Env = append(os.Environ(),
+		"FERRY_DATABASE_URL="+pipelinetest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
+		"FERRY_AMQP_URL="+pipelinetest.AMQPURLWithVhost(t, vhost),
+		"FERRY_HTTP_ADDR="+api, "FERRY_ADMIN_ADDR=off", "FERRY_LOG_LEVEL=warn", "FERRY_RELAY_POLL_INTERVAL=50ms",
+		"FERRY_PAYMENT_URL="+world.Payments.URL(), "FERRY_SMTP_ADDR="+world.SMTP.Addr(),
+		"OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_SERVICE_NAME=ferry-otlp-test")
+	var logs pipelinetest.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(`{"user_id":"tracy","amount":700,"currency":"JPY"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "otlp-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode < 300
+	}, 60*time.Second, 200*time.Millisecond, "the API never took the order: %s", logs.String())
+	require.Eventually(t, func() bool { return len(world.Payments.Charges()) == 1 }, 30*time.Second, 50*time.Millisecond, logs.String())
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), logs.String()) // the exporter flushes at exit
+	stopped = true
+
+	spans := recv.trace("POST /orders")
+	require.NotEmpty(t, spans, "no trace with the request's span: %d spans received", len(recv.spans))
+	kinds := map[tracepb.Span_SpanKind][]string{}
+	ids := map[string]*tracepb.Span{}
+	for _, s := range spans {
+		kinds[s.Kind] = append(kinds[s.Kind], s.Name)
+		ids[hex.EncodeToString(s.SpanId)] = s
+	}
+	require.Contains(t, kinds[tracepb.Span_SPAN_KIND_SERVER], "POST /orders")
+	require.Contains(t, strings.Join(kinds[tracepb.Span_SPAN_KIND_PRODUCER], " "), "publish stripe.charge", "the relay's publish is in the request's trace")
+	require.NotEmpty(t, kinds[tracepb.Span_SPAN_KIND_CONSUMER], "the handler's span is in it")
+	require.NotEmpty(t, kinds[tracepb.Span_SPAN_KIND_CLIENT], "the call to the provider is in it")
+	// Connected: every span but the root has its parent in the trace.
+	for _, s := range spans {
+		if len(s.ParentSpanId) == 0 {
+			require.Equal(t, "POST /orders", s.Name, "the one root is the request")
+			continue
+		}
+		_, ok := ids[hex.EncodeToString(s.ParentSpanId)]
+		require.True(t, ok, "span %q has its parent in the trace", s.Name)
+	}
+	require.Equal(t, hex.EncodeToString(spans[0].TraceId), world.Payments.Charges()[0].TraceID, "the provider got the trace's traceparent")
+}
+
+func freeTestPort(t *testing.T) string {
+	t.Helper()
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
