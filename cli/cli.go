@@ -92,6 +92,10 @@ func New(opts Options) *CLI {
 	if opts.Version == "" {
 		opts.Version = "dev"
 	}
+	// The help starts "<name>: <description>": a description that names
+	// the binary itself ("signups: …", as Go doc comments do) would say it
+	// twice.
+	opts.Description = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(opts.Description), opts.Name+":"))
 	if opts.Description == "" {
 		opts.Description = "a transactional-outbox event pipeline (PostgreSQL → RabbitMQ → idempotent consumers)"
 	}

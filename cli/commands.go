@@ -69,7 +69,7 @@ var (
 		Long: `Logs go to stderr; stdout carries only MCP. The idempotency key of a call
 comes from the request's _meta "dev.ferry/idempotency-key", set by the
 host. The same tools are served over streamable HTTP at /mcp on the API
-server (ferry run), and as plain JSON at POST /tools/{name}.`,
+server (the run command), and as plain JSON at POST /tools/{name}.`,
 		Flags: mcpFlags}
 	cmdShadow = &Command{Name: "shadow", Summary: "shadow mode (adopting Ferry in a running service): compare intents with legacy effects", Sub: []*Command{
 		{Name: "report", Summary: "per topic: shadow intents vs legacy effects, matched, and the aggregates missing on each side; exits 1 on a mismatch",

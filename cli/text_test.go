@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestCellEscapesAndBounds(t *testing.T) {
@@ -28,4 +31,17 @@ func TestCellEscapesAndBounds(t *testing.T) {
 	if got := cell(strings.Repeat("\x1b", 100), 10); utf8.RuneCountInString(got) > 10 {
 		t.Errorf("escapes count toward the width: %q", got)
 	}
+}
+
+// An embedding binary's help names it once, and so do its hints.
+func TestEmbeddedBinaryNamesItself(t *testing.T) {
+	var out, errOut strings.Builder
+	c := New(Options{Name: "signups", Description: "signups: sends welcome mails"})
+	require.Equal(t, 0, c.Run(context.Background(), []string{"help"}, &out, &errOut))
+	require.True(t, strings.HasPrefix(out.String(), "signups: sends welcome mails\n"), out.String())
+	require.NotContains(t, out.String(), "signups: signups")
+	require.NotContains(t, out.String(), "ferry ")
+	out.Reset()
+	require.Equal(t, 0, c.Run(context.Background(), []string{"mcp", "-h"}, &out, &errOut))
+	require.NotContains(t, out.String()+errOut.String(), "ferry run")
 }
