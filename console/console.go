@@ -102,6 +102,7 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	mux.HandleFunc("GET "+p+"/audit", c.read(c.auditPage))
 	mux.HandleFunc("POST "+p+"/actions", c.act(c.action))
 	mux.HandleFunc("GET "+p+"/retrying", c.read(c.retryingPage))
+	mux.HandleFunc("GET "+p+"/failing/{id}", c.read(c.outboxRowPage))
 	mux.HandleFunc("POST "+p+"/outbox-actions", c.act(c.outboxAction))
 	c.mux = mux
 	return c, nil

@@ -470,3 +470,47 @@ func TestGroupActionsKeepTheFilterAndLoginReturns(t *testing.T) {
 	_, page = get(t, browser, srv.URL+"/console/poison")
 	require.Contains(t, page, "log in to act", "logged out")
 }
+
+// A failing outbox row has a page of its own (the whole last error, the
+// payload, the headers) with "retry now" and "discard" for it alone.
+func TestFailingRowDetailAndItsActions(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	ctx := context.Background()
+	var id, other int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, headers, attempts, last_error, available_at)
+		VALUES ('u-1', 'o-1', 'stripe.charge', '{"amount":5}', '{"tenant_id":"acme"}', 4, 'publishing: `+strings.Repeat("x", 300)+` END', now() + interval '1 hour') RETURNING id`).Scan(&id))
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+		VALUES ('o-2', 'stripe.charge', '{}', 4, 'publishing: same', now() + interval '1 hour') RETURNING id`).Scan(&other))
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
+	require.NoError(t, err)
+	lr.Body.Close()
+
+	_, list := get(t, browser, srv.URL+"/console/failing")
+	require.Contains(t, list, `/console/failing/`+itoa(id)+`"`)
+	code, page := get(t, browser, srv.URL+"/console/failing/"+itoa(id))
+	require.Equal(t, 200, code)
+	require.Contains(t, page, " END", "the last error whole")
+	require.Contains(t, page, "&#34;amount&#34;: 5", "the payload, pretty")
+	require.Contains(t, page, "acme")
+	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "kind": {"failing"}, "scope": {"selected"}, "id": {itoa(id)}, "action": {"retry-now"}}
+	resp, err := browser.PostForm(srv.URL+"/console/outbox-actions", form)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), `<b id="count">1</b>`)
+	form.Set("confirm", between(string(body), `name="confirm" value="`, `"`))
+	resp, err = browser.PostForm(srv.URL+"/console/outbox-actions", form)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	var due, otherDue bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM outbox WHERE id = $1`, id).Scan(&due))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM outbox WHERE id = $1`, other).Scan(&otherDue))
+	require.True(t, due, "the row is due now")
+	require.False(t, otherDue, "only the row acted on")
+	code, _ = get(t, browser, srv.URL+"/console/failing/999999")
+	require.Equal(t, http.StatusNotFound, code)
+}

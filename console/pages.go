@@ -573,9 +573,9 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	kind, act := form.Get("kind"), form.Get("action")
-	if (kind != "retrying" && kind != "failing") || (act != "retry-now" && act != "discard") || form.Get("scope") != "group" {
-		c.fail(w, r, http.StatusBadRequest, "kind must be retrying or failing, action retry-now or discard, scope group")
+	kind, act, scopeName := form.Get("kind"), form.Get("action"), form.Get("scope")
+	if (kind != "retrying" && kind != "failing") || (act != "retry-now" && act != "discard") || (scopeName != "group" && scopeName != "selected") {
+		c.fail(w, r, http.StatusBadRequest, "kind must be retrying or failing, action retry-now or discard, scope group or selected")
 		return
 	}
 	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
@@ -592,6 +592,29 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 		args = append(args, handler)
 		scope = "retries of " + handler + " with fingerprint " + fingerprint
 	}
+	var ids []int64
+	if scopeName == "selected" {
+		for _, v := range form["id"] {
+			id, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || id <= 0 {
+				c.fail(w, r, http.StatusBadRequest, "a selected id is not an outbox row id")
+				return
+			}
+			ids = append(ids, id)
+		}
+		if len(ids) == 0 {
+			c.fail(w, r, http.StatusBadRequest, "select at least one row")
+			return
+		}
+		// The kind still bounds the rows: a retry is acted on as a retry,
+		// a failing row as one.
+		cond := `topic <> $1`
+		if kind == "retrying" {
+			cond = `topic = $1`
+		}
+		where, args = `dispatched_at IS NULL AND `+cond+` AND id = ANY($2)`, []any{pipeline.RetryTopic, ids}
+		scope = "rows " + strings.Trim(strings.Join(strings.Fields(fmt.Sprint(ids)), ","), "[]")
+	}
 	var n int
 	if err := c.pool.QueryRow(r.Context(), `SELECT count(*) FROM `+t+` WHERE `+where, args...).Scan(&n); err != nil {
 		c.internal(w, r, err)
@@ -603,7 +626,13 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 		if kind == "retrying" {
 			fields = append(fields, [2]string{"handler", handler})
 		}
-		c.render(w, r, "outbox-confirm", map[string]any{"Kind": kind, "Action": act, "Scope": "group", "Count": n, "Fields": fields, "Confirm": confirmToken})
+		if scopeName == "selected" {
+			fields = fields[:0]
+			for _, id := range ids {
+				fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
+			}
+		}
+		c.render(w, r, "outbox-confirm", map[string]any{"Kind": kind, "Action": act, "Scope": scopeName, "Count": n, "Fields": fields, "Confirm": confirmToken})
 		return
 	}
 	stmt := `UPDATE ` + t + ` SET available_at = now() WHERE ` + where
@@ -623,4 +652,64 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 	}
 	flash := fmt.Sprintf("%s: %d row(s)", act, done)
 	http.Redirect(w, r, c.cfg.Prefix+"/"+kind+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+}
+
+// outboxRow is one outbox row as its detail page shows it.
+type outboxRow struct {
+	ID                     int64
+	MessageID, Topic       string
+	AggregateID, LastError string
+	Payload                string
+	Headers                [][2]string
+	Attempts               int
+	CreatedAt, AvailableAt time.Time
+	Dispatched             bool
+}
+
+// outboxRowPage shows one outbox row whole (a failing row's last error,
+// payload, headers) with "retry now" and "discard" while it is pending.
+func (c *Console) outboxRowPage(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.fail(w, r, http.StatusNotFound, "no such outbox row")
+		return
+	}
+	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	var row outboxRow
+	var uuid *string
+	var payload []byte
+	var headers map[string]string
+	err = c.pool.QueryRow(r.Context(), `SELECT id, message_uuid, topic, aggregate_id, coalesce(last_error, ''),
+		COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers, attempts, created_at, available_at, dispatched_at IS NOT NULL
+		FROM `+t+` WHERE id = $1`, id).Scan(&row.ID, &uuid, &row.Topic, &row.AggregateID, &row.LastError, &payload, &headers,
+		&row.Attempts, &row.CreatedAt, &row.AvailableAt, &row.Dispatched)
+	if errors.Is(err, pgx.ErrNoRows) {
+		c.fail(w, r, http.StatusNotFound, "no such outbox row")
+		return
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	if uuid != nil {
+		row.MessageID = *uuid
+	}
+	if len(payload) > maxDetailBytes {
+		payload = payload[:maxDetailBytes]
+	}
+	var pretty bytes.Buffer
+	if json.Valid(payload) && json.Indent(&pretty, payload, "", "  ") == nil {
+		row.Payload = pretty.String()
+	} else {
+		row.Payload = string(payload)
+	}
+	for k, v := range headers {
+		row.Headers = append(row.Headers, [2]string{k, v})
+	}
+	sort.Slice(row.Headers, func(a, b int) bool { return row.Headers[a][0] < row.Headers[b][0] })
+	c.render(w, r, "outbox-row", map[string]any{"Row": row, "Flash": c.flash(r.URL.Query())})
 }
