@@ -514,3 +514,31 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 	code, _ = get(t, browser, srv.URL+"/console/failing/999999")
 	require.Equal(t, http.StatusNotFound, code)
 }
+
+// A poisoned message's detail page acts on that message alone.
+func TestPoisonDetailActsOnItsMessage(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
+	require.NoError(t, err)
+	lr.Body.Close()
+	_, page := get(t, browser, srv.URL+"/console/poison/2")
+	require.Contains(t, page, `id="detail-discard"`)
+	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "scope": {"selected"}, "id": {"2"}, "action": {"discard"}}
+	resp, err := browser.PostForm(srv.URL+"/console/actions", form)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), `<b id="count">1</b>`)
+	form.Set("confirm", between(string(body), `name="confirm" value="`, `"`))
+	resp, err = browser.PostForm(srv.URL+"/console/actions", form)
+	require.NoError(t, err)
+	resp.Body.Close()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages WHERE id = 2`).Scan(&n))
+	require.Zero(t, n)
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
+	require.Equal(t, 4, n, "the others stay")
+}
