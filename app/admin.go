@@ -61,6 +61,7 @@ func (a *App) Console() (*console.Console, error) {
 	cfg := console.Config{Token: a.cfg.AdminToken, OutboxTable: a.cfg.Relay.Table, Logger: a.logger}
 	if a.pubConn != nil {
 		cfg.Unrouted = a.UnroutedDepth
+		cfg.Queues = a.QueueStats
 	}
 	return console.New(a.Pool, a.Poison, cfg)
 }

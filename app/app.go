@@ -311,6 +311,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		a.Metrics.CDC = a.CDC.Stats
 	}
 	a.Metrics.Unrouted = a.UnroutedDepth
+	a.Metrics.Queues = a.QueueStats
 	return a, nil
 }
 
@@ -398,6 +399,35 @@ func (a *App) UnroutedDepth(context.Context) (int, error) {
 		return 0, errors.New("app: no broker connection (built WithoutBroker)")
 	}
 	return rabbit.QueueDepth(a.pubConn.Connection(), a.Topology.QueueName(rabbit.UnroutedName))
+}
+
+// QueueStats inspects the queues of the route table (each partition of an
+// ordered route, the one queue of another): messages ready and consumers.
+// A queue with messages and no consumer is where messages wait unseen.
+func (a *App) QueueStats(context.Context) ([]rabbit.QueueStat, error) {
+	if a.pubConn == nil {
+		return nil, errors.New("app: no broker connection (built WithoutBroker)")
+	}
+	var out []rabbit.QueueStat
+	seen := map[string]bool{}
+	for _, r := range a.Routes {
+		for _, sub := range a.Topology.Subscriptions(r.Name, r.Topic) {
+			if seen[sub.Queue] {
+				continue
+			}
+			seen[sub.Queue] = true
+			st, err := rabbit.QueueStats(a.pubConn.Connection(), sub.Queue)
+			var ae *amqp.Error
+			switch {
+			case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+				continue // not declared yet: no consumer has started
+			case err != nil:
+				return out, err
+			}
+			out = append(out, st)
+		}
+	}
+	return out, nil
 }
 
 // Publisher is watermill-amqp's confirmed publisher on Ferry's topology

@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
 //go:embed templates/*.html
@@ -54,6 +55,9 @@ type Config struct {
 	OutboxTable string
 	// Unrouted, if set, reads the broker's unrouted queue depth.
 	Unrouted func(context.Context) (int, error)
+	// Queues, if set, inspects the route table's queues (ready messages
+	// and consumers of each).
+	Queues func(context.Context) ([]rabbit.QueueStat, error)
 	// Logger receives the console's log lines. Default: discard.
 	Logger *slog.Logger
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
 // Bounds of what a page shows: hostile or huge content stays readable.
@@ -70,6 +71,8 @@ type overview struct {
 	PoisonByHdl []countRow
 	Unrouted    *int
 	UnroutedErr string
+	Queues      []rabbit.QueueStat
+	QueuesErr   string
 	Failing     int
 }
 
@@ -108,6 +111,11 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 			return o, err
 		}
 		o.PoisonByHdl = append(o.PoisonByHdl, cr)
+	}
+	if c.cfg.Queues != nil {
+		if o.Queues, err = c.cfg.Queues(ctx); err != nil {
+			o.QueuesErr = "unknown (broker not reachable)"
+		}
 	}
 	if c.cfg.Unrouted != nil {
 		if n, err := c.cfg.Unrouted(ctx); err != nil {

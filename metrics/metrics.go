@@ -26,6 +26,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
 // DefaultRefreshInterval is how often the outbox gauges are recomputed: a
@@ -43,6 +44,9 @@ type Metrics struct {
 	// Unrouted, if set, returns the depth of the broker's unrouted queue
 	// (messages no binding took), for the ferry_unrouted_messages gauge.
 	Unrouted func(context.Context) (int, error)
+	// Queues, if set, inspects the route table's queues (ready messages
+	// and consumers of each).
+	Queues func(context.Context) ([]rabbit.QueueStat, error)
 	// CDCSlot, if set, is the CDC relay's replication slot, read for the
 	// ferry_cdc_slot_* and ferry_cdc_retained_wal_bytes gauges.
 	CDCSlot string
@@ -59,6 +63,8 @@ type Metrics struct {
 	pending          *prometheus.GaugeVec
 	retrying         *prometheus.GaugeVec
 	instances        *prometheus.GaugeVec
+	queueReady       *prometheus.GaugeVec
+	queueConsumers   *prometheus.GaugeVec
 	pendingDue       *prometheus.GaugeVec
 	oldestPendingAge prometheus.Gauge
 	maxAttempts      prometheus.Gauge
@@ -78,6 +84,12 @@ type Metrics struct {
 func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
+		queueReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_queue_messages", Help: "Messages ready in a consumer queue of the route table (delivered and unacked ones not counted).",
+		}, []string{"queue"}),
+		queueConsumers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_queue_consumers", Help: "Consumers of a queue of the route table (0 with messages ready: nobody takes them).",
+		}, []string{"queue"}),
 		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_instances", Help: "Ferry processes registered in ferry_instances, by component (relay, consumers) and state: alive (a recent heartbeat) or stale (none for 15s: died without deregistering).",
 		}, []string{"component", "state"}),
@@ -148,7 +160,7 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.own = []prometheus.Collector{m.instances, m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+	m.own = []prometheus.Collector{m.queueReady, m.queueConsumers, m.instances, m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming}
 	m.Registry.MustRegister(m.own...)
@@ -293,6 +305,18 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	legacy.Close()
 	if err := legacy.Err(); err != nil {
 		return err
+	}
+	if m.Queues != nil {
+		stats, err := m.Queues(ctx)
+		if err != nil {
+			return fmt.Errorf("inspecting the consumer queues: %w", err)
+		}
+		m.queueReady.Reset()
+		m.queueConsumers.Reset()
+		for _, st := range stats {
+			m.queueReady.WithLabelValues(st.Queue).Set(float64(st.Ready))
+			m.queueConsumers.WithLabelValues(st.Queue).Set(float64(st.Consumers))
+		}
 	}
 	if m.Unrouted != nil {
 		n, err := m.Unrouted(ctx)

@@ -300,16 +300,31 @@ func (t *Topology) Declare(conn *amqp.Connection, bindings ...Binding) error {
 
 // QueueDepth returns how many messages wait in a queue (by its full name).
 func QueueDepth(conn *amqp.Connection, queue string) (int, error) {
+	st, err := QueueStats(conn, queue)
+	return st.Ready, err
+}
+
+// QueueStat is what a passive declare tells of a queue: the messages
+// ready for delivery (not those delivered and unacked) and its consumers.
+type QueueStat struct {
+	Queue     string `json:"queue"`
+	Ready     int    `json:"ready"`
+	Consumers int    `json:"consumers"`
+}
+
+// QueueStats inspects queue with a passive declare, on a channel of its
+// own (a missing queue closes the channel).
+func QueueStats(conn *amqp.Connection, queue string) (QueueStat, error) {
 	ch, err := conn.Channel()
 	if err != nil {
-		return 0, fmt.Errorf("opening channel: %w", err)
+		return QueueStat{Queue: queue}, fmt.Errorf("opening channel: %w", err)
 	}
 	defer ch.Close()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
-		return 0, fmt.Errorf("inspecting queue %q: %w", queue, err)
+		return QueueStat{Queue: queue}, fmt.Errorf("inspecting queue %q: %w", queue, err)
 	}
-	return q.Messages, nil
+	return QueueStat{Queue: queue, Ready: q.Messages, Consumers: q.Consumers}, nil
 }
 
 // Purge empties every queue this Topology declared. It is for demos that

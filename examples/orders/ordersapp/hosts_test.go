@@ -4,12 +4,15 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 )
 
@@ -116,4 +119,50 @@ func TestAllowedHostsAndTheTokenCoverEveryRoute(t *testing.T) {
 
 	_, err = app.ConfigFromLookup(lookup("http://shop.example:8080"))
 	require.ErrorContains(t, err, "FERRY_HTTP_ALLOWED_HOSTS")
+}
+
+// Where messages wait at the broker: with the relay running and no
+// consumer, the route table's queues fill; the metrics and the console
+// show each queue with its ready messages and no consumer.
+func TestQueuesWithoutConsumersAreShown(t *testing.T) {
+	t.Parallel()
+	h := start(t, app.Options{}, app.Components{Relay: true})
+	ctx := context.Background()
+	for i := range 3 {
+		_, err := h.orders.CreateOrder(ctx, orders.Input{UserID: "qwait", Amount: 100, Currency: "JPY", IdempotencyKey: "q-" + string(rune('a'+i))})
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		stats, err := h.app.QueueStats(ctx)
+		if err != nil {
+			return false
+		}
+		ready := 0
+		for _, st := range stats {
+			if st.Consumers == 0 {
+				ready += st.Ready
+			}
+		}
+		return ready >= 6 // three charges and three mails
+	}, 20*time.Second, 50*time.Millisecond)
+
+	require.NoError(t, h.app.Metrics.Refresh(ctx, h.app.Pool))
+	srv := httptest.NewServer(h.app.Metrics.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Regexp(t, `ferry_queue_messages\{queue="[^"]*notifications\.mail"\} 3`, string(body))
+	require.Regexp(t, `ferry_queue_consumers\{queue="[^"]*notifications\.mail"\} 0`, string(body))
+
+	con, err := h.app.Console()
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/console/", nil)
+	req.RemoteAddr = "127.0.0.1:1234"
+	con.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Contains(t, rec.Body.String(), `id="queues"`)
+	require.Contains(t, rec.Body.String(), "no consumer")
 }
