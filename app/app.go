@@ -517,6 +517,9 @@ func (a *App) NewRouter() (*message.Router, io.Closer, error) {
 func (a *App) Chain() (middleware.Chain, error) {
 	durable := a.cfg.DurableRetry
 	durable.Scheduler = a.Rescheduler
+	if durable.Holds == nil {
+		durable.Holds = pgstatus.PartitionHolds{Pool: a.Pool}
+	}
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
 		Poison:       middleware.PoisonConfig{Publisher: a.poisonPublisher},
 		DurableRetry: durable,

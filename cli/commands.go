@@ -442,6 +442,10 @@ func attention(rep statusReport) []string {
 		out = append(out, fmt.Sprintf("%d message(s) retrying (most: %d for %s, failing since %s: %s)", rep.RetryingTotal, g.Count,
 			g.Handler, g.FirstFailed.UTC().Format(time.RFC3339), cell(g.Example, maxReasonCell)))
 	}
+	for _, h := range rep.Held {
+		out = append(out, fmt.Sprintf("ordered partition %s held since %s behind message %s (next attempt %d): %s; the later events of its aggregates wait",
+			h.Consumer, h.Since.UTC().Format(time.RFC3339), h.MessageID, h.Attempt, cell(h.LastError, maxReasonCell)))
+	}
 	if rep.RelaysAlive == 0 {
 		out = append(out, "no live relay: nothing is being dispatched")
 	}
@@ -485,6 +489,13 @@ func printStatus(w io.Writer, rep statusReport) error {
 		for _, g := range rep.Retrying {
 			fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\t%s\t%s\n", cell(g.Handler, maxIDCell), g.Count, g.MaxAttempt,
 				g.NextTry.UTC().Format(time.RFC3339), g.FirstFailed.UTC().Format(time.RFC3339), cell(g.Example, maxReasonCell))
+		}
+	}
+	if len(rep.Held) > 0 {
+		fmt.Fprintf(tw, "held ordered partitions: %d\n", len(rep.Held))
+		fmt.Fprintln(tw, "  PARTITION\tHELD SINCE\tBEHIND MESSAGE\tNEXT ATTEMPT\tLAST ERROR")
+		for _, h := range rep.Held {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\n", cell(h.Consumer, maxIDCell), h.Since.UTC().Format(time.RFC3339), cell(h.MessageID, maxIDCell), h.Attempt, cell(h.LastError, maxReasonCell))
 		}
 	}
 	fmt.Fprintf(tw, "poison store: %d message(s)\n", rep.PoisonTotal)

@@ -63,6 +63,7 @@ type Metrics struct {
 	pending          *prometheus.GaugeVec
 	retrying         *prometheus.GaugeVec
 	instances        *prometheus.GaugeVec
+	held             *prometheus.GaugeVec
 	queueReady       *prometheus.GaugeVec
 	queueConsumers   *prometheus.GaugeVec
 	pendingDue       *prometheus.GaugeVec
@@ -90,6 +91,9 @@ func New() *Metrics {
 		queueConsumers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_queue_consumers", Help: "Consumers of a queue of the route table (0 with messages ready: nobody takes them).",
 		}, []string{"queue"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_partition_held_seconds", Help: "How long an ordered partition has waited behind a head message that keeps failing, by partition (absent when none waits).",
+		}, []string{"consumer"}),
 		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_instances", Help: "Ferry processes registered in ferry_instances, by component (relay, consumers) and state: alive (a recent heartbeat) or stale (none for 15s: died without deregistering).",
 		}, []string{"component", "state"}),
@@ -160,7 +164,7 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.own = []prometheus.Collector{m.queueReady, m.queueConsumers, m.instances, m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+	m.own = []prometheus.Collector{m.held, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming}
 	m.Registry.MustRegister(m.own...)
@@ -267,6 +271,14 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	m.retrying.Reset()
 	for _, g := range retrying {
 		m.retrying.WithLabelValues(g.Handler).Add(float64(g.Count))
+	}
+	held, err := pgstatus.HeldPartitions(ctx, pool)
+	if err != nil {
+		return err
+	}
+	m.held.Reset()
+	for _, h := range held {
+		m.held.WithLabelValues(h.Consumer).Set(time.Since(h.Since).Seconds())
 	}
 	instances, err := pgstatus.Instances(ctx, pool)
 	if err != nil {

@@ -40,6 +40,17 @@ type DurableRetryConfig struct {
 	Backoff pipeline.Backoff
 	// Recorder, if set, is told of every retry scheduled and deferral.
 	Recorder Recorder
+	// Holds, if set, is told when an ordered partition is held behind a
+	// failing head and when it is released, so that the wait is visible
+	// outside the process (pgstatus.PartitionHolds records it).
+	Holds PartitionHolds
+}
+
+// PartitionHolds records the ordered partitions held behind a failing
+// head message. Its errors are logged, never fail a delivery.
+type PartitionHolds interface {
+	Held(ctx context.Context, consumer, messageID string, attempt int, since time.Time, lastError string) error
+	Released(ctx context.Context, consumer string) error
 }
 
 // transient are metadata keys that describe one delivery, not the message.
@@ -155,6 +166,22 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 	ctx := msg.Context()
 	handler := message.HandlerNameFromCtx(ctx)
 	attempt := pipeline.DeliveryAttempt(msg)
+	var since time.Time
+	record := func(f func(context.Context) error) {
+		if c.Holds == nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := f(rctx); err != nil {
+			logger.WarnContext(ctx, "cannot record the partition's hold", "handler", handler, "error", pipeline.CleanText(err.Error(), 300))
+		}
+	}
+	defer func() {
+		if !since.IsZero() {
+			record(func(rctx context.Context) error { return c.Holds.Released(rctx, handler) })
+		}
+	}()
 	for {
 		produced, err := h(msg)
 		if err == nil || errors.Is(err, context.Canceled) {
@@ -166,6 +193,12 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		}
 		attempt = next
 		msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
+		if since.IsZero() {
+			since = time.Now()
+		}
+		record(func(rctx context.Context) error {
+			return c.Holds.Held(rctx, handler, pipeline.MessageID(msg), attempt, since, pipeline.CleanText(err.Error(), maxLastErrorLength))
+		})
 		c.recordRetry(handler, deferred)
 		logger.WarnContext(ctx, "handler of an ordered topic failed; holding the partition until the retry",
 			"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.CleanText(err.Error(), maxLastErrorLength))

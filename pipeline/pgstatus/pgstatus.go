@@ -86,13 +86,15 @@ type Report struct {
 	Failing           []FailingRow   `json:"failing"`
 	// Retrying are the durable retries waiting, grouped by handler and
 	// error fingerprint (at most 20 groups), and how many in all.
-	Retrying       []RetryGroup   `json:"retrying"`
-	RetryingTotal  int            `json:"retrying_total"`
-	Poison         map[string]int `json:"poison"`
-	PoisonTotal    int            `json:"poison_total"`
-	Instances      []Instance     `json:"instances"`
-	RelaysAlive    int            `json:"relays_alive"`
-	ConsumersAlive int            `json:"consumers_alive"`
+	Retrying      []RetryGroup `json:"retrying"`
+	RetryingTotal int          `json:"retrying_total"`
+	// Held are the ordered partitions waiting behind a failing head.
+	Held           []HeldPartition `json:"held_partitions"`
+	Poison         map[string]int  `json:"poison"`
+	PoisonTotal    int             `json:"poison_total"`
+	Instances      []Instance      `json:"instances"`
+	RelaysAlive    int             `json:"relays_alive"`
+	ConsumersAlive int             `json:"consumers_alive"`
 }
 
 // Collect builds the report for the outbox table (see pgoutbox.QuoteTable;
@@ -128,6 +130,9 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 	if rep.Retrying, rep.RetryingTotal, err = Retrying(ctx, pool, table, 20); err != nil {
 		return rep, err
 	}
+	if rep.Held, err = HeldPartitions(ctx, pool); err != nil {
+		return rep, err
+	}
 	if rep.Poison, err = pgpoison.Depth(ctx, pool); err != nil {
 		return rep, err
 	}
@@ -160,6 +165,48 @@ func Instances(ctx context.Context, pool *pgxpool.Pool) ([]Instance, error) {
 		return nil, fmt.Errorf("reading instances: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Instance])
+}
+
+// HeldPartition is an ordered partition waiting behind a head message
+// that keeps failing (ferry_held_partitions, migration 00016).
+type HeldPartition struct {
+	Consumer  string    `json:"consumer"`
+	MessageID string    `json:"message_id"`
+	Since     time.Time `json:"since"`
+	Attempt   int       `json:"next_attempt"`
+	LastError string    `json:"last_error"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// PartitionHolds records held partitions in ferry_held_partitions for the
+// durable retry link (middleware.PartitionHolds).
+type PartitionHolds struct{ Pool *pgxpool.Pool }
+
+// Held records (or refreshes) consumer's hold; since stays that of the
+// first failure of the same head.
+func (p PartitionHolds) Held(ctx context.Context, consumer, messageID string, attempt int, since time.Time, lastError string) error {
+	_, err := p.Pool.Exec(ctx, `INSERT INTO ferry_held_partitions (consumer, message_id, since, attempt, last_error) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (consumer) DO UPDATE SET message_id = $2, since = CASE WHEN ferry_held_partitions.message_id = $2 THEN ferry_held_partitions.since ELSE $3 END,
+		attempt = $4, last_error = $5, updated_at = now()`,
+		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512), since, attempt, pipeline.CleanText(lastError, 1024))
+	return err
+}
+
+// Released removes consumer's hold.
+func (p PartitionHolds) Released(ctx context.Context, consumer string) error {
+	_, err := p.Pool.Exec(ctx, `DELETE FROM ferry_held_partitions WHERE consumer = $1`, pipeline.CleanText(consumer, 200))
+	return err
+}
+
+// HeldPartitions returns the partitions held now, the longest held first;
+// a hold not refreshed for StaleRetention (its consumer died) is left out.
+func HeldPartitions(ctx context.Context, pool *pgxpool.Pool) ([]HeldPartition, error) {
+	rows, err := pool.Query(ctx, `SELECT consumer, message_id, since, attempt, last_error, updated_at FROM ferry_held_partitions
+		WHERE updated_at > now() - $1 * interval '1 microsecond' ORDER BY since, consumer`, StaleRetention.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("reading held partitions: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[HeldPartition])
 }
 
 // Retrying returns the durable retries waiting in the outbox, grouped by

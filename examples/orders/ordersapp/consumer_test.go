@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgbudget"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
 type job struct {
@@ -312,4 +314,55 @@ func TestSameIDDifferentContentIsPoisonedNotDropped(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.app.AdminHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	require.Contains(t, rec.Body.String(), `ferry_consumer_messages_total{handler="mail.like",outcome="id_conflict"} 1`)
+}
+
+// A held ordered partition is visible outside its process: the consumer
+// records which partition waits, since when, behind which message and why
+// (status lists it under what needs a human, the metrics and the console
+// show it), and removes the record once the head is handled.
+func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
+	t.Parallel()
+	cfg, provider, sink := testConfig(t)
+	cfg.DurableRetry.MaxAttempts = 1000 // held for as long as the test says
+	var failing atomic.Bool
+	failing.Store(true)
+	h := startWith(t, cfg, provider, sink, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "held.worker", Topic: "work.held", Ordered: true,
+			Handler: handlers.Typed(func(ctx context.Context, j *job) error {
+				if failing.Load() {
+					return errors.New("ledger service answered 503")
+				}
+				return nil
+			})}}, nil
+	}}, app.Components{Relay: true, Consumers: true})
+	publishEvent(t, h, "work.held", "acct-H", job{N: 1})
+	ctx := context.Background()
+	var held []pgstatus.HeldPartition
+	eventually(t, "the hold recorded", func() bool {
+		var err error
+		held, err = pgstatus.HeldPartitions(ctx, h.app.Pool)
+		return err == nil && len(held) == 1
+	})
+	require.Contains(t, held[0].Consumer, "held.worker@")
+	require.Contains(t, held[0].LastError, "ledger service answered 503")
+	require.GreaterOrEqual(t, held[0].Attempt, 2)
+
+	rep, err := pgstatus.Collect(ctx, h.app.Pool, "", pgstatus.DefaultAttemptsThreshold)
+	require.NoError(t, err)
+	require.Len(t, rep.Held, 1)
+	require.NoError(t, h.app.Metrics.Refresh(ctx, h.app.Pool))
+	con, err := h.app.Console()
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/console/", nil)
+	req.RemoteAddr = "127.0.0.1:1"
+	con.ServeHTTP(rec, req)
+	require.Contains(t, rec.Body.String(), `id="held"`)
+	require.Contains(t, rec.Body.String(), "ledger service answered 503")
+
+	failing.Store(false)
+	eventually(t, "the hold released", func() bool {
+		held, err := pgstatus.HeldPartitions(ctx, h.app.Pool)
+		return err == nil && len(held) == 0
+	})
 }
