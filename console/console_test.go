@@ -237,11 +237,7 @@ func TestFailingRowsAreGroupedAndFiltered(t *testing.T) {
 func TestCraftedLinksCannotActOrSpeak(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
-	require.NoError(t, err)
-	lr.Body.Close()
+	browser := loggedIn(t, srv)
 
 	_, page := get(t, browser, srv.URL+"/console/poison?topic=stripe.charge&action=discard&scope=filter&confirm=1&id=1&flash=All+good")
 	form := page[strings.Index(page, `id="selection"`):]
@@ -262,7 +258,7 @@ func TestCraftedLinksCannotActOrSpeak(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
 	require.Equal(t, 5, n)
 
-	for _, ck := range jar.Cookies(mustURL(t, srv.URL+"/console/")) {
+	for _, ck := range browser.Jar.Cookies(mustURL(t, srv.URL+"/console/")) {
 		exp, sig, _ := strings.Cut(ck.Value, ".")
 		require.NotEmpty(t, sig)
 		stale := &http.Cookie{Name: ck.Name, Value: "1000000000." + sig}
@@ -362,11 +358,7 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 		INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
 		SELECT 'f' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 2) g`)
 	require.NoError(t, err)
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
-	require.NoError(t, err)
-	lr.Body.Close()
+	browser := loggedIn(t, srv)
 
 	_, overview := get(t, browser, srv.URL+"/console/")
 	require.Contains(t, overview, `id="retrying-total" class="bad">4</b>`)
@@ -430,8 +422,7 @@ func TestGroupActionsKeepTheFilterAndLoginReturns(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
 		SELECT 'x' || g, 'stripe.charge', 'refunds.charge', '{}', 'gave up after 5 attempts: charging order ' || g || ': payment provider answered 503 from 10.0.0.' || g FROM generate_series(7, 8) g`)
 	require.NoError(t, err)
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	browser := newBrowser()
 
 	_, page := get(t, browser, srv.URL+"/console/poison?handler=refunds.charge")
 	next := html.UnescapeString(between(page, `/console/login?next=`, `"`))
@@ -482,11 +473,7 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 		VALUES ('u-1', 'o-1', 'stripe.charge', '{"amount":5}', '{"tenant_id":"acme"}', 4, 'publishing: `+strings.Repeat("x", 300)+` END', now() + interval '1 hour') RETURNING id`).Scan(&id))
 	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
 		VALUES ('o-2', 'stripe.charge', '{}', 4, 'publishing: same', now() + interval '1 hour') RETURNING id`).Scan(&other))
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
-	require.NoError(t, err)
-	lr.Body.Close()
+	browser := loggedIn(t, srv)
 
 	_, list := get(t, browser, srv.URL+"/console/failing")
 	require.Contains(t, list, `/console/failing/`+itoa(id)+`"`)
@@ -519,11 +506,7 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 func TestPoisonDetailActsOnItsMessage(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	lr, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
-	require.NoError(t, err)
-	lr.Body.Close()
+	browser := loggedIn(t, srv)
 	_, page := get(t, browser, srv.URL+"/console/poison/2")
 	require.Contains(t, page, `id="detail-discard"`)
 	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "scope": {"selected"}, "id": {"2"}, "action": {"discard"}}
@@ -541,4 +524,22 @@ func TestPoisonDetailActsOnItsMessage(t *testing.T) {
 	require.Zero(t, n)
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
 	require.Equal(t, 4, n, "the others stay")
+}
+
+// newBrowser is an HTTP client that keeps cookies and does not follow
+// redirects, as a test reads them.
+func newBrowser() *http.Client {
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// loggedIn is newBrowser after logging in with the admin token.
+func loggedIn(t *testing.T, srv *httptest.Server) *http.Client {
+	t.Helper()
+	browser := newBrowser()
+	resp, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	return browser
 }

@@ -21,7 +21,10 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
-func defaultChain(t testing.TB) middleware.Chain {
+func defaultChain(t testing.TB) middleware.Chain { return defaultChainLogging(t, nil) }
+
+// defaultChainLogging is the default chain logging to logger.
+func defaultChainLogging(t testing.TB, logger *slog.Logger) middleware.Chain {
 	// pgxpool.New connects lazily: building the chain needs no server.
 	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/unused")
 	require.NoError(t, err)
@@ -36,6 +39,7 @@ func defaultChain(t testing.TB) middleware.Chain {
 		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
 		DurableRetry: middleware.DurableRetryConfig{Scheduler: resched},
 		Idempotency:  guard,
+		Logger:       logger,
 	})
 	require.NoError(t, err)
 	return chain
@@ -161,23 +165,7 @@ func TestLinksLogThroughTheApplicationsLogger(t *testing.T) {
 	t.Parallel()
 	var logs pipelinetest.SyncBuffer
 	logger := slog.New(pipeline.LogHandler(slog.NewJSONHandler(&logs, nil)))
-	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/unused")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
-	require.NoError(t, err)
-	guard, err := middleware.NewIdempotency(ledger, nil)
-	require.NoError(t, err)
-	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
-	require.NoError(t, err)
-	chain, err := middleware.DefaultChain(middleware.ChainConfig{
-		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},
-		DurableRetry: middleware.DurableRetryConfig{Scheduler: resched},
-		Idempotency:  guard,
-		Logger:       logger,
-	})
-	require.NoError(t, err)
-	chain, err = chain.InsertAfter(middleware.LinkCorrelation, middleware.Link{Name: "audit", Middleware: func(h message.HandlerFunc) message.HandlerFunc {
+	chain, err := defaultChainLogging(t, logger).InsertAfter(middleware.LinkCorrelation, middleware.Link{Name: "audit", Middleware: func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			pipeline.Logger(msg.Context()).InfoContext(msg.Context(), "audit link saw a message")
 			return nil, nil // stops here: the rest of the chain needs a database
