@@ -408,7 +408,14 @@ func (a *App) QueueStats(context.Context) ([]rabbit.QueueStat, error) {
 	if a.pubConn == nil {
 		return nil, errors.New("app: no broker connection (built WithoutBroker)")
 	}
-	var out []rabbit.QueueStat
+	return a.QueueStatsOn(a.pubConn.Connection())
+}
+
+// QueueStatsOn is QueueStats over conn, for an app built WithoutBroker
+// (ferry status reads the queues without declaring anything). A queue not
+// declared yet is left out: no consumer of it has started.
+func (a *App) QueueStatsOn(conn *amqp.Connection) ([]rabbit.QueueStat, error) {
+	out := []rabbit.QueueStat{}
 	seen := map[string]bool{}
 	for _, r := range a.Routes {
 		for _, sub := range a.Topology.Subscriptions(r.Name, r.Topic) {
@@ -416,11 +423,11 @@ func (a *App) QueueStats(context.Context) ([]rabbit.QueueStat, error) {
 				continue
 			}
 			seen[sub.Queue] = true
-			st, err := rabbit.QueueStats(a.pubConn.Connection(), sub.Queue)
+			st, err := rabbit.QueueStats(conn, sub.Queue)
 			var ae *amqp.Error
 			switch {
 			case errors.As(err, &ae) && ae.Code == amqp.NotFound:
-				continue // not declared yet: no consumer has started
+				continue
 			case err != nil:
 				return out, err
 			}

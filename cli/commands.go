@@ -22,10 +22,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/ferry-dev/ferry/adoption/backfill"
 	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/internal/attention"
 	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
@@ -51,7 +53,7 @@ var (
 		{Name: "down", Summary: "roll back the newest applied migration (of the application's sets first)", Flags: migrateFlags("down")},
 		{Name: "status", Summary: "list migrations and whether each is applied", Flags: migrateFlags("status")},
 	}}
-	cmdStatus = &Command{Name: "status", Summary: "pending per topic, oldest pending, rows failing with their last error, poison and unrouted depth, relay/consumer liveness; exits 3 when something needs a human",
+	cmdStatus = &Command{Name: "status", Summary: "pending per topic, oldest pending, rows failing with their last error, retries, held partitions, broker queues, poison and unrouted depth, relay/consumer liveness; exits 3 when something needs a human",
 		Flags: statusFlags}
 	cmdPoison = &Command{Name: "poison", Summary: "inspect and act on the poison store", Sub: []*Command{
 		{Name: "list", Summary: "what is in the poison store, why, since when (paged by id, streamed)", Flags: poisonFlags("list")},
@@ -292,6 +294,12 @@ type statusReport struct {
 	// broker could not be asked (BrokerError says why).
 	Unrouted    *int   `json:"unrouted"`
 	BrokerError string `json:"broker_error,omitempty"`
+	// Queues are the route table's queues (ready messages, consumers);
+	// absent when the binary has no route table or the broker was not
+	// reachable.
+	Queues []rabbit.QueueStat `json:"queues,omitempty"`
+	// QueuesError is why the route table's queues could not be read.
+	QueuesError string `json:"queues_error,omitempty"`
 	// Attention lists what needs a human; empty when all is well.
 	Attention []string `json:"attention"`
 	// Audit is the newest entries of the audit log (ferry audit).
@@ -347,7 +355,7 @@ func droppedWord(dropped bool) string {
 func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	asJSON := fs.Bool("json", false, "print JSON")
 	threshold := fs.Int("attempts", pgstatus.DefaultAttemptsThreshold, "list rows with more relay attempts than this")
-	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when something needs a human (poisoned or unrouted messages, the broker unreachable, no live relay, rows past --attempts); false: exit 0 whenever the report is printed", ExitAttention))
+	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when something needs a human (the broker unreachable, no live relay, a held partition, a queue with messages and no consumer, poisoned, retrying or unrouted messages, rows past --attempts); false: exit 0 whenever the report is printed", ExitAttention))
 	return func(ctx context.Context, _ []string) error {
 		if *threshold < 0 {
 			return usagef("--attempts must not be negative")
@@ -361,15 +369,14 @@ func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		if rep.Report, err = pgstatus.Collect(ctx, pool, pgoutbox.DefaultTable, *threshold); err != nil {
 			return err
 		}
-		if n, err := unroutedDepth(cfg); err != nil {
+		if err := inspectBroker(ctx, cfg, env, &rep); err != nil {
 			rep.BrokerError = pipeline.CleanText(err.Error(), 300)
-		} else {
-			rep.Unrouted = &n
 		}
 		if rep.CDC, err = cdcSlot(ctx, cfg, pool); err != nil {
 			return err
 		}
-		rep.Attention = attention(rep)
+		rep.Attention = attention.List(attention.State{Report: rep.Report, BrokerError: rep.BrokerError, Unrouted: rep.Unrouted,
+			Queues: rep.Queues, CDC: rep.CDC, Command: binaryName})
 		if rep.Audit, err = pgaudit.List(ctx, pool, 20); err != nil {
 			return err
 		}
@@ -405,19 +412,54 @@ func cdcSlot(ctx context.Context, cfg app.Config, pool *pgxpool.Pool) (*pgcdc.Sl
 	return &st, nil
 }
 
-// unroutedDepth asks the broker, briefly, how many messages its unrouted
-// queue holds.
-func unroutedDepth(cfg app.Config) (int, error) {
+// inspectBroker asks the broker, briefly, how many messages its unrouted
+// queue holds and, when the binary has a route table, what each of the
+// route table's queues holds and who consumes it. The route table comes
+// from the application's own options, built without a broker connection:
+// a passive declare reads a queue and never creates one, so status
+// changes nothing on the broker.
+func inspectBroker(ctx context.Context, cfg app.Config, env *Env, rep *statusReport) error {
 	topo, err := rabbit.NewTopology(cfg.AMQP)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	conn, err := amqp.DialConfig(cfg.AMQP.URL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second), Properties: amqp.Table{"connection_name": "ferry-status"}})
 	if err != nil {
-		return 0, fmt.Errorf("cannot reach RabbitMQ: %s", amqpReason(err))
+		return fmt.Errorf("cannot reach RabbitMQ: %s", amqpReason(err))
 	}
 	defer conn.Close()
-	return rabbit.QueueDepth(conn, topo.QueueName(rabbit.UnroutedName))
+	n, err := rabbit.QueueDepth(conn, topo.QueueName(rabbit.UnroutedName))
+	if err != nil {
+		return err
+	}
+	rep.Unrouted = &n
+	if env.Options.App == nil {
+		return nil
+	}
+	// What goes wrong from here is about the queues only: the broker
+	// answered, so it is not reported as unreachable.
+	queues, err := routeQueues(ctx, cfg, env, conn)
+	if err != nil {
+		rep.QueuesError = pipeline.CleanText(err.Error(), 300)
+	}
+	rep.Queues = queues
+	return nil
+}
+
+func routeQueues(ctx context.Context, cfg app.Config, env *Env, conn *amqp.Connection) ([]rabbit.QueueStat, error) {
+	opts, err := env.Options.App()
+	if err != nil {
+		return nil, fmt.Errorf("building the application's options: %w", err)
+	}
+	opts.WithoutBroker, opts.Migrate = true, false
+	opts.Logger = slog.New(slog.DiscardHandler)
+	opts.TracerProvider = noop.NewTracerProvider()
+	a, err := app.New(ctx, cfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("reading the route table: %w", err)
+	}
+	defer a.Close()
+	return a.QueueStatsOn(conn)
 }
 
 // amqpReason keeps credentials out of a dial error's text.
@@ -427,45 +469,6 @@ func amqpReason(err error) string {
 		return ae.Reason
 	}
 	return err.Error()
-}
-
-func attention(rep statusReport) []string {
-	out := []string{}
-	if rep.BrokerError != "" {
-		out = append(out, "RabbitMQ unreachable ("+rep.BrokerError+"): relays cannot dispatch and consumers receive nothing; check FERRY_AMQP_URL and the broker")
-	}
-	if rep.PoisonTotal > 0 {
-		out = append(out, fmt.Sprintf("%d message(s) in the poison store (%s poison list)", rep.PoisonTotal, binaryName))
-	}
-	if rep.RetryingTotal > 0 {
-		g := rep.Retrying[0]
-		out = append(out, fmt.Sprintf("%d message(s) retrying (most: %d for %s, failing since %s: %s)", rep.RetryingTotal, g.Count,
-			g.Handler, g.FirstFailed.UTC().Format(time.RFC3339), cell(g.Example, maxReasonCell)))
-	}
-	for _, h := range rep.Held {
-		out = append(out, fmt.Sprintf("ordered partition %s held since %s behind message %s (next attempt %d): %s; the later events of its aggregates wait",
-			h.Consumer, h.Since.UTC().Format(time.RFC3339), h.MessageID, h.Attempt, cell(h.LastError, maxReasonCell)))
-	}
-	if rep.RelaysAlive == 0 {
-		out = append(out, "no live relay: nothing is being dispatched")
-	}
-	if len(rep.Failing) > 0 {
-		out = append(out, fmt.Sprintf("%d outbox row(s) with more than %d relay attempts", len(rep.Failing), rep.AttemptsThreshold))
-	}
-	if c := rep.CDC; c != nil {
-		switch {
-		case !c.Exists:
-			out = append(out, fmt.Sprintf("CDC relay mode, but replication slot %s does not exist (the CDC relay creates it; the polling safety net relays meanwhile)", c.Name))
-		case c.WALStatus == "lost":
-			out = append(out, fmt.Sprintf("replication slot %s was invalidated (max_slot_wal_keep_size); the CDC relay recreates it, the polling safety net relays what it missed", c.Name))
-		case !c.Active && c.RetainedBytes >= CDCRetainedAttention:
-			out = append(out, fmt.Sprintf("replication slot %s is not streamed and retains %d MiB of WAL: start the CDC relay, or remove the slot (%s cdc drop)", c.Name, c.RetainedBytes>>20, binaryName))
-		}
-	}
-	if rep.Unrouted != nil && *rep.Unrouted > 0 {
-		out = append(out, fmt.Sprintf("%d unrouted message(s) in the broker: published to a topic no route consumes", *rep.Unrouted))
-	}
-	return out
 }
 
 func printStatus(w io.Writer, rep statusReport) error {
@@ -507,6 +510,16 @@ func printStatus(w io.Writer, rep statusReport) error {
 	for _, t := range topics {
 		fmt.Fprintf(tw, "  %s\t%d\n", cell(t, maxIDCell), rep.Poison[t])
 	}
+	if rep.QueuesError != "" {
+		fmt.Fprintf(tw, "broker queues: unknown: %s\n", cell(rep.QueuesError, maxReasonCell))
+	}
+	if len(rep.Queues) > 0 {
+		fmt.Fprintln(tw, "broker queues:")
+		fmt.Fprintln(tw, "  QUEUE\tREADY\tCONSUMERS")
+		for _, q := range rep.Queues {
+			fmt.Fprintf(tw, "  %s\t%d\t%d\n", cell(q.Queue, maxTextCell), q.Ready, q.Consumers)
+		}
+	}
 	if rep.Unrouted != nil {
 		fmt.Fprintf(tw, "unrouted (broker): %d message(s)\n", *rep.Unrouted)
 	} else {
@@ -545,9 +558,8 @@ func printStatus(w io.Writer, rep statusReport) error {
 }
 
 // CDCRetainedAttention is how much WAL an idle CDC slot may retain before
-// `ferry status` calls for a human (the alert FerryCDCRetainedWAL fires at
-// the same size, for 10 minutes).
-const CDCRetainedAttention = 1 << 30
+// status lists it under "needs attention".
+const CDCRetainedAttention = attention.CDCRetained
 
 // DefaultActionLimit caps a requeue or discard unless --limit says
 // otherwise: a mistyped --all does not resend a whole store at once.

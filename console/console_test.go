@@ -362,6 +362,9 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 
 	_, overview := get(t, browser, srv.URL+"/console/")
 	require.Contains(t, overview, `id="retrying-total" class="bad">4</b>`)
+	attention := between(overview, `<ul id="attention">`, `</ul>`)
+	require.Contains(t, attention, "4 message(s) retrying (most: 4 for notifications.mail", "the overview lists what ferry status does")
+	require.Contains(t, attention, "no live relay")
 	_, page := get(t, browser, srv.URL+"/console/retrying")
 	require.Contains(t, page, "notifications.mail")
 	require.Contains(t, page, "SMTP 451 try later")

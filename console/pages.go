@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ferry-dev/ferry/internal/attention"
 	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
@@ -74,6 +75,8 @@ type overview struct {
 	Queues      []rabbit.QueueStat
 	QueuesErr   string
 	Failing     int
+	// Attention is the list `ferry status` prints under "needs attention".
+	Attention []string
 }
 
 type countRow struct {
@@ -117,14 +120,20 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 			o.QueuesErr = "unknown (broker not reachable)"
 		}
 	}
+	var brokerErr string
 	if c.cfg.Unrouted != nil {
 		if n, err := c.cfg.Unrouted(ctx); err != nil {
 			o.UnroutedErr = "unknown (broker not reachable)"
+			brokerErr = pipeline.CleanText(err.Error(), 300)
 		} else {
 			o.Unrouted = &n
 		}
 	}
-	return o, rows.Err()
+	if err := rows.Err(); err != nil {
+		return o, err
+	}
+	o.Attention = attention.List(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues})
+	return o, nil
 }
 
 func (c *Console) overviewPage(w http.ResponseWriter, r *http.Request) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,10 +16,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/cli"
+	"github.com/ferry-dev/ferry/ferrytest"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 )
@@ -613,4 +616,79 @@ func TestPoisonListTotalsFiltersWidthAndJSON(t *testing.T) {
 	var history []map[string]any
 	require.NoError(t, json.Unmarshal(recs[0].Headers["ferry_error_history"], &history), "the error history is a JSON array")
 	require.Equal(t, "first", history[0]["error"])
+}
+
+// The broker's queues are where messages wait when no consumer runs:
+// status reads each queue of the route table (without declaring one),
+// shows what is ready and who consumes it, and calls a queue with
+// messages and no consumer out.
+func TestStatusShowsQueuesWithoutConsumer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
+	}
+	ctx := context.Background()
+	schema := pipelinetest.Schema(t)
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
+	t.Setenv("FERRY_AMQP_URL", pipelinetest.AMQPURL())
+	t.Setenv("FERRY_AMQP_NAMESPACE", pipelinetest.UniqueName("statusq_"))
+
+	cfg, err := cli.LoadConfig()
+	require.NoError(t, err)
+	opts, err := exampleApp()
+	require.NoError(t, err)
+	opts.Migrate, opts.WithoutBroker = true, true
+	migrated, err := app.New(ctx, cfg, opts)
+	require.NoError(t, err)
+	migrated.Close()
+
+	// Before any consumer started, no queue exists: status declares none.
+	var out, errOut strings.Builder
+	require.Equal(t, 0, run([]string{"status", "--json", "--exit-code=false"}, &out, &errOut), errOut.String())
+	var before struct {
+		Queues      []struct{ Queue string } `json:"queues"`
+		QueuesError string                   `json:"queues_error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out.String()), &before))
+	require.Empty(t, before.QueuesError)
+	require.Empty(t, before.Queues)
+
+	// The application declares its topology; a mail waits in its queue.
+	opts.WithoutBroker = false
+	a, err := app.New(ctx, cfg, opts)
+	require.NoError(t, err)
+	ferrytest.TeardownTopology(t, a.Topology)
+	defer a.Close()
+	stats, err := a.QueueStats(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, stats, "the route table's queues are declared")
+	conn, err := amqp.Dial(pipelinetest.AMQPURL())
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.Confirm(false))
+	confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", stats[0].Queue, true, false, amqp.Publishing{Body: []byte(`{}`)})
+	require.NoError(t, err)
+	require.True(t, confirm.Wait())
+
+	out.Reset()
+	require.Equal(t, 3, run([]string{"status"}, &out, &errOut), errOut.String())
+	require.Contains(t, out.String(), "broker queues:")
+	require.Regexp(t, regexp.QuoteMeta(stats[0].Queue)+` +1 +0\n`, out.String())
+	attention := out.String()[strings.Index(out.String(), "needs attention:"):]
+	require.Contains(t, attention, "queue "+stats[0].Queue+": 1 message(s) ready and no consumer")
+
+	out.Reset()
+	require.Equal(t, 0, run([]string{"status", "--json", "--exit-code=false"}, &out, &errOut), errOut.String())
+	var rep struct {
+		Queues []struct {
+			Queue     string `json:"queue"`
+			Ready     int    `json:"ready"`
+			Consumers int    `json:"consumers"`
+		} `json:"queues"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out.String()), &rep))
+	require.Len(t, rep.Queues, len(stats), "status reads the queues the application declared, and no other")
+	require.Equal(t, 1, rep.Queues[0].Ready)
 }
