@@ -164,6 +164,35 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	require.Contains(t, audit, "poison.requeue")
 	require.Contains(t, audit, "group ")
 
+	// Paging under a filter: 120 mails behind the filter, pages of 50; the
+	// third page holds the oldest 20 and the filter is still applied.
+	_, err = h.app.Pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+		SELECT 'bulk-' || g, 'mail.send', 'bulk.mail', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 120) g`)
+	require.NoError(t, err)
+	var pager, handlerField, third string
+	run("page 1 under a filter", chromedp.Navigate(srv.URL+"/console/poison"), chromedp.WaitVisible("#filter"),
+		chromedp.SendKeys("#f-handler", "bulk.mail"), chromedp.Click("#apply-filter"))
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		err := chromedp.Run(ctx, chromedp.Text(".pager", &pager, chromedp.NodeVisible))
+		if err == nil && strings.Contains(pager, "of 120") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the filtered first page never showed (last error %v): %s", err, pager)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	run("page 2", chromedp.Click("#next", chromedp.NodeVisible), chromedp.WaitVisible("#newer"))
+	run("page 3", chromedp.Click("#next", chromedp.NodeVisible), chromedp.WaitNotPresent("#next"),
+		chromedp.Text(".pager", &pager), chromedp.Value("#f-handler", &handlerField), chromedp.Text("#records", &third))
+	require.Contains(t, pager, "20 shown of 120", "page 3 holds the oldest 20")
+	require.Equal(t, "bulk.mail", handlerField, "the filter is kept across pages")
+	require.True(t, strings.HasSuffix(strings.TrimSpace(third), "SMTP 451 for mail 1"), "the oldest last: %s", third)
+	require.Contains(t, third, "SMTP 451 for mail 20\n")
+	require.NotContains(t, third, "SMTP 451 for mail 21\n", "page 2 ended at mail 21")
+	require.NotContains(t, third, "notifications.mail")
+
 	// Readable by everyone: axe-core (vendored, testdata/axe-core) finds no
 	// serious or critical violation on any page, logged in (every form
 	// there), and at 400 px wide no page is wider than the screen.
