@@ -167,7 +167,9 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	// Paging under a filter: 120 mails behind the filter, pages of 50; the
 	// third page holds the oldest 20 and the filter is still applied.
 	_, err = h.app.Pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'bulk-' || g, 'mail.send', 'bulk.mail', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 120) g`)
+		SELECT 'bulk-' || g, 'mail.send', 'bulk.mail', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 120) g;
+		INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+		SELECT 'sms-' || g, 'sms.send', 'bulk.sms', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 30) g`)
 	require.NoError(t, err)
 	var pager, handlerField, third string
 	run("page 1 under a filter", chromedp.Navigate(srv.URL+"/console/poison"), chromedp.WaitVisible("#filter"),
@@ -219,7 +221,24 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 			require.LessOrEqual(t, scrollWidth, width, "%s is wider than a %d px screen: %q", page, width, wide)
 		}
 	}
-	run("narrow screenshot", chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitReady("main"), shot("console-overview-400px.png"))
+	// A group action under a filter acts within it: the group's 150 share a
+	// fingerprint, the filter shows 120 of them, the confirmation counts
+	// 120 and the 30 outside the filter stay.
+	var groupCount, total string
+	run("viewport back", emulation.ClearDeviceMetricsOverride())
+	run("discard group under a filter", chromedp.Navigate(srv.URL+"/console/poison?handler=bulk.mail"), chromedp.WaitVisible("#groups"),
+		chromedp.Text(".pager", &total), chromedp.Click(`#groups button[value="discard"]`, chromedp.NodeVisible),
+		chromedp.WaitVisible("#count"), chromedp.Text("#count", &groupCount))
+	require.Contains(t, total, "of 120")
+	require.Equal(t, "120", strings.TrimSpace(groupCount), "the confirmation counts what the filtered page shows")
+	run("confirm discard", chromedp.Click("#confirm"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash))
+	require.Contains(t, flash, "discarded 120 message(s)")
+	var mails, sms int
+	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE handler = 'bulk.mail'), count(*) FILTER (WHERE handler = 'bulk.sms') FROM poison_messages`).Scan(&mails, &sms))
+	require.Equal(t, 0, mails)
+	require.Equal(t, 30, sms, "outside the filter, untouched")
+
+	run("narrow screenshot", emulation.SetDeviceMetricsOverride(400, 900, 1, true), chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitReady("main"), shot("console-overview-400px.png"))
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Fatal("the browser run timed out")
 	}
