@@ -20,7 +20,7 @@ func NewLogger(cfg Config, w io.Writer) (*slog.Logger, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: readableDurations}
 	format := cfg.LogFormat
 	if format == "auto" {
 		format = "json"
@@ -35,4 +35,14 @@ func NewLogger(cfg Config, w io.Writer) (*slog.Logger, error) {
 		return slog.New(pipeline.LogHandler(slog.NewTextHandler(w, opts))), nil
 	}
 	return slog.New(pipeline.LogHandler(slog.NewJSONHandler(w, opts))), nil
+}
+
+// readableDurations writes a duration as "30s": the JSON handler would
+// write nanoseconds (30000000000), which nobody reads at 3 a.m. and no log
+// query compares with the "30s" of the configuration.
+func readableDurations(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
