@@ -372,34 +372,30 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	fingerprint := html.UnescapeString(between(page, `name="fingerprint" value="`, `"`))
 	require.NotEmpty(t, fingerprint)
 
-	post := func(form url.Values) (*http.Response, string) {
-		resp, err := browser.PostForm(srv.URL+"/console/outbox-actions", form)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp, string(b)
+	post := func(form url.Values) (int, string) {
+		return postForm(t, browser, srv.URL+"/console/outbox-actions", form)
 	}
 	form := url.Values{"csrf": {csrf}, "kind": {"retrying"}, "action": {"retry-now"}, "scope": {"group"}, "handler": {"notifications.mail"}, "fingerprint": {fingerprint}}
-	resp, body := post(form)
-	require.Equal(t, 200, resp.StatusCode)
+	code, body := post(form)
+	require.Equal(t, 200, code)
 	require.Contains(t, body, `<b id="count">4</b>`)
 	var due int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
 	require.Zero(t, due, "the count changes nothing")
 	form.Set("confirm", between(body, `name="confirm" value="`, `"`))
-	resp, _ = post(form)
-	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	code, _ = post(form)
+	require.Equal(t, http.StatusSeeOther, code)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
 	require.Equal(t, 4, due, "due at once")
 
 	_, failing := get(t, browser, srv.URL+"/console/failing")
 	ffp := html.UnescapeString(between(failing[strings.Index(failing, `value="failing"`):], `name="fingerprint" value="`, `"`))
 	dform := url.Values{"csrf": {csrf}, "kind": {"failing"}, "action": {"discard"}, "scope": {"group"}, "fingerprint": {ffp}}
-	resp, body = post(dform)
+	_, body = post(dform)
 	require.Contains(t, body, `<b id="count">2</b>`, body)
 	dform.Set("confirm", between(body, `name="confirm" value="`, `"`))
-	resp, _ = post(dform)
-	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	code, _ = post(dform)
+	require.Equal(t, http.StatusSeeOther, code)
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'stripe.charge'`).Scan(&left))
 	require.Zero(t, left)
@@ -486,16 +482,11 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 	require.Contains(t, page, "&#34;amount&#34;: 5", "the payload, pretty")
 	require.Contains(t, page, "acme")
 	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "kind": {"failing"}, "scope": {"selected"}, "id": {itoa(id)}, "action": {"retry-now"}}
-	resp, err := browser.PostForm(srv.URL+"/console/outbox-actions", form)
-	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.Contains(t, string(body), `<b id="count">1</b>`)
-	form.Set("confirm", between(string(body), `name="confirm" value="`, `"`))
-	resp, err = browser.PostForm(srv.URL+"/console/outbox-actions", form)
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	_, body := postForm(t, browser, srv.URL+"/console/outbox-actions", form)
+	require.Contains(t, body, `<b id="count">1</b>`)
+	form.Set("confirm", between(body, `name="confirm" value="`, `"`))
+	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", form)
+	require.Equal(t, http.StatusSeeOther, code)
 	var due, otherDue bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM outbox WHERE id = $1`, id).Scan(&due))
 	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM outbox WHERE id = $1`, other).Scan(&otherDue))
@@ -513,20 +504,27 @@ func TestPoisonDetailActsOnItsMessage(t *testing.T) {
 	_, page := get(t, browser, srv.URL+"/console/poison/2")
 	require.Contains(t, page, `id="detail-discard"`)
 	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "scope": {"selected"}, "id": {"2"}, "action": {"discard"}}
-	resp, err := browser.PostForm(srv.URL+"/console/actions", form)
-	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.Contains(t, string(body), `<b id="count">1</b>`)
-	form.Set("confirm", between(string(body), `name="confirm" value="`, `"`))
-	resp, err = browser.PostForm(srv.URL+"/console/actions", form)
-	require.NoError(t, err)
-	resp.Body.Close()
+	_, body := postForm(t, browser, srv.URL+"/console/actions", form)
+	require.Contains(t, body, `<b id="count">1</b>`)
+	form.Set("confirm", between(body, `name="confirm" value="`, `"`))
+	postForm(t, browser, srv.URL+"/console/actions", form)
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages WHERE id = 2`).Scan(&n))
 	require.Zero(t, n)
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
 	require.Equal(t, 4, n, "the others stay")
+}
+
+// postForm posts form as the browser c would and returns the status and
+// the page.
+func postForm(t *testing.T, c *http.Client, u string, form url.Values) (int, string) {
+	t.Helper()
+	resp, err := c.PostForm(u, form)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
 }
 
 // newBrowser is an HTTP client that keeps cookies and does not follow
