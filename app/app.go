@@ -666,6 +666,7 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 	g, ctx := errgroup.WithContext(ctx)
 	var waits []<-chan struct{}
 	if hb != nil {
+		hb.Counters = a.Metrics.Counters
 		g.Go(func() error { hb.Run(ctx, pgstatus.DefaultHeartbeatInterval); return nil })
 	}
 	if what.Relay {

@@ -544,3 +544,35 @@ func loggedIn(t *testing.T, srv *httptest.Server) *http.Client {
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	return browser
 }
+
+// The overview draws the last hour from the processes' samples, and says
+// what each chart shows to those who cannot see it.
+func TestOverviewChartsTheLastHour(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	browser := newBrowser()
+	_, body := get(t, browser, srv.URL+"/console/")
+	require.Contains(t, body, `id="no-samples"`, "with no process sampling, the overview says why the charts are empty")
+	require.Contains(t, body, "no data in the last hour", "an empty chart draws no line at zero")
+	require.NotContains(t, between(body, `<div class="charts" id="charts">`, `</div>`), "<polyline")
+
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO ferry_samples (instance_id, at, counters) VALUES
+		('r1', now() - interval '20 minutes', '{"dispatched": 0, "handled": 0, "failed": 0, "pending": 12}'),
+		('r1', now() - interval '19 minutes', '{"dispatched": 1200, "handled": 600, "failed": 60, "pending": 340, "latency_le": {"0.01": 1200, "+Inf": 1200}}')`)
+	require.NoError(t, err)
+	_, body = get(t, browser, srv.URL+"/console/")
+	require.NotContains(t, body, `id="no-samples"`)
+	charts := between(body, `<div class="charts" id="charts">`, `</div>`)
+	for _, want := range []string{
+		`id="chart-depth"`, `aria-label="Outbox depth, last hour: pending latest 340 rows, highest 340 rows"`,
+		`aria-label="Dispatched, last hour: dispatched latest 20.0 /s, highest 20.0 /s"`,
+		`aria-label="Handlers, last hour: handled latest 10.0 /s, highest 10.0 /s; failed latest 1.0 /s, highest 1.0 /s"`,
+		`points="210.2,89.5 215.5,22.0"`, // the depth: 12, then 340 at the top
+	} {
+		require.Contains(t, charts, want)
+	}
+	require.Contains(t, charts, `Dispatch latency p95, last hour: p95 latest 0.0095 s`, "1,200 dispatches under 10 ms: p95 interpolated in the first bucket")
+	_, partial := get(t, browser, srv.URL+"/console/overview")
+	require.Contains(t, partial, `id="chart-handlers"`, "the refreshed part redraws the charts")
+}

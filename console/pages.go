@@ -77,6 +77,10 @@ type overview struct {
 	Failing     int
 	// Attention is the list `ferry status` prints under "needs attention".
 	Attention []string
+	// Charts are the last hour, from the processes' samples; NoSamples
+	// when no process has sampled in that hour.
+	Charts    []chart
+	NoSamples bool
 }
 
 type countRow struct {
@@ -131,6 +135,17 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return o, err
+	}
+	pts, err := pgstatus.History(ctx, c.pool, time.Hour, time.Minute)
+	if err != nil {
+		return o, err
+	}
+	o.Charts = overviewCharts(pts)
+	o.NoSamples = true
+	for _, p := range pts {
+		if p.Samples > 0 {
+			o.NoSamples = false
+		}
 	}
 	o.Attention = attention.List(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues})
 	return o, nil

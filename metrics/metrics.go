@@ -12,7 +12,9 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -79,6 +81,9 @@ type Metrics struct {
 	shadowEvents     *prometheus.CounterVec
 	consumer         *prometheus.CounterVec
 	refreshErrors    prometheus.Counter
+	// refreshed: the outbox gauges hold a reading (Counters reports no
+	// depth before the first).
+	refreshed atomic.Bool
 }
 
 // New creates the collectors, with Go runtime and process collectors.
@@ -232,6 +237,66 @@ func (m *Metrics) ObserveRelay(outcomes []pgoutbox.Outcome) {
 	}
 }
 
+// Counters sums this process's counters for the console's charts
+// (pgstatus.Heartbeat.Counters): dispatches and their latency histogram,
+// handler outcomes, and the outbox depth it last read.
+func (m *Metrics) Counters() pgstatus.Counters {
+	var c pgstatus.Counters
+	families, err := m.Registry.Gather()
+	if err != nil {
+		return c
+	}
+	for _, f := range families {
+		switch f.GetName() {
+		case "outbox_dispatched_total":
+			for _, mt := range f.GetMetric() {
+				c.Dispatched += mt.GetCounter().GetValue()
+			}
+		case "outbox_dispatch_latency_seconds":
+			for _, mt := range f.GetMetric() {
+				h := mt.GetHistogram()
+				if c.LatencyLE == nil {
+					c.LatencyLE = map[string]float64{}
+				}
+				for _, b := range h.GetBucket() {
+					c.LatencyLE[strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)] += float64(b.GetCumulativeCount())
+				}
+				c.LatencyLE["+Inf"] += float64(h.GetSampleCount())
+			}
+		case "ferry_consumer_messages_total":
+			for _, mt := range f.GetMetric() {
+				v := mt.GetCounter().GetValue()
+				for _, l := range mt.GetLabel() {
+					if l.GetName() != "outcome" {
+						continue
+					}
+					switch middleware.Outcome(l.GetValue()) {
+					case middleware.OutcomeHandled, middleware.OutcomeDuplicate:
+						c.Handled += v
+					case middleware.OutcomeDeferred:
+						// waiting behind its partition's head: not a failure of its own
+					default:
+						c.Failed += v
+					}
+				}
+			}
+		case "outbox_pending_total":
+			if m.refreshed.Load() {
+				var p float64
+				for _, mt := range f.GetMetric() {
+					p += mt.GetGauge().GetValue()
+				}
+				c.Pending = &p
+			}
+		}
+	}
+	if c.Pending == nil && m.refreshed.Load() {
+		zero := 0.0 // an empty outbox exports no series
+		c.Pending = &zero
+	}
+	return c
+}
+
 // Record implements middleware.Recorder.
 func (m *Metrics) Record(handler string, outcome middleware.Outcome) {
 	m.consumer.WithLabelValues(handler, string(outcome)).Inc()
@@ -260,6 +325,7 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	m.maxAttempts.Set(float64(maxAttempts))
 	m.oldestPendingAge.Set(oldest)
+	m.refreshed.Store(true)
 	m.poison.Reset()
 	for topic, n := range poison {
 		m.poison.WithLabelValues(topic).Set(float64(n))

@@ -267,6 +267,10 @@ type Heartbeat struct {
 	components string
 	host       string
 	version    string
+	// Counters, if set, is sampled into ferry_samples every
+	// SampleInterval, for the console's charts. Set it before Run.
+	Counters   func() Counters
+	lastSample time.Time
 }
 
 const upsertInstance = `INSERT INTO ferry_instances (instance_id, components, hostname, pid, version)
@@ -309,6 +313,7 @@ func (h *Heartbeat) Run(ctx context.Context, interval time.Duration) {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	h.sample(ctx) // the base the first difference is taken from
 	for {
 		select {
 		case <-ctx.Done():
@@ -318,6 +323,7 @@ func (h *Heartbeat) Run(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			_ = h.beat(ctx) // a missed beat shows as staleness in ferry status; nothing else to do
+			h.sample(ctx)
 		}
 	}
 }

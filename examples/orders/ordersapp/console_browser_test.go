@@ -22,6 +22,7 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
 // The console in a real headless Chromium (Debian's, installed by
@@ -37,9 +38,17 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	}
 	cfg, provider, sink := testConfig(t)
 	cfg.AdminToken = "console-browser-token-0123"
+	// The provider's outage lasts the whole test: the mails' durable
+	// retries keep waiting (slow backoff, never given up) and the ordered
+	// ledger's partition stays held behind its head.
+	cfg.DurableRetry.MaxAttempts = 1000
+	cfg.DurableRetry.Backoff = pipeline.Backoff{Initial: 3 * time.Second, Max: 5 * time.Second}
 	var failing atomic.Bool
 	failing.Store(true)
 	var handled atomic.Int32
+	outage := func(msg *message.Message) error {
+		return fmt.Errorf("provider answered 503 for %s (outage)", pipeline.MessageID(msg))
+	}
 	h := startWith(t, cfg, provider, sink, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
 		return []handlers.Route{{Name: "flaky.charge", Topic: "work.flaky", Handler: func(msg *message.Message) error {
 			if failing.Load() {
@@ -47,10 +56,14 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 			}
 			handled.Add(1)
 			return nil
-		}}}, nil
+		}},
+			{Name: "outage.mail", Topic: "work.outage-mail", Handler: outage},
+			{Name: "outage.ledger", Topic: "work.outage-ledger", Ordered: true, Handler: outage}}, nil
 	}}, app.Components{Relay: true, Consumers: true})
 	for i := range 3 {
 		publishEvent(t, h, "work.flaky", fmt.Sprintf("order-%d", i), map[string]int{"order_id": i})
+		publishEvent(t, h, "work.outage-mail", fmt.Sprintf("order-%d", i), map[string]int{"order_id": i})
+		publishEvent(t, h, "work.outage-ledger", "account-7", map[string]int{"entry": i})
 	}
 	eventually(t, "three poisoned", func() bool { return len(h.poisoned(t)) == 3 })
 	_, err = h.app.Pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES
@@ -105,12 +118,45 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 		chromedp.Text("#poison-total", &poisonTotal), chromedp.Text("#pending", &pending), shot("console-overview.png"))
 	require.Equal(t, "4", strings.TrimSpace(poisonTotal))
 
+	// During the provider's outage the overview says where messages wait:
+	// the mails retrying (with why), the ledger's partition held behind
+	// its head (since when, which message, why), both under "needs
+	// attention".
+	eventually(t, "mails retrying and the ledger's partition held", func() bool {
+		rep, err := pgstatus.Collect(context.Background(), h.app.Pool, "", pgstatus.DefaultAttemptsThreshold)
+		return err == nil && rep.RetryingTotal == 3 && len(rep.Held) == 1
+	})
+	var retrying, held, attention string
+	// A retry in flight (delivered, failing again) is not waiting in the
+	// outbox for a moment every few seconds: look until a page shows all.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := chromedp.Run(ctx, chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitVisible("#attention"),
+			chromedp.Evaluate(`(document.querySelector("#overview-retrying")||{}).innerText||""`, &retrying),
+			chromedp.Evaluate(`(document.querySelector("#held")||{}).innerText||""`, &held),
+			chromedp.Text("#attention", &attention))
+		if err == nil && strings.Contains(retrying, "outage.mail") && strings.Contains(held, "outage.ledger@") && strings.Contains(attention, "3 message(s) retrying") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the overview never showed the outage (last error %v): retrying %q, held %q, attention %q", err, retrying, held, attention)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	run("outage screenshot", shot("console-outage.png"))
+	require.Contains(t, retrying, "outage.mail")
+	require.Contains(t, retrying, "provider answered 503 for")
+	require.Contains(t, held, "outage.ledger@")
+	require.Contains(t, held, "provider answered 503 for")
+	require.Contains(t, attention, "3 message(s) retrying")
+	require.Contains(t, attention, "held")
+
 	var records, groups string
 	run("filter", chromedp.Navigate(srv.URL+"/console/poison"), chromedp.WaitVisible("#filter"),
 		chromedp.SendKeys("#f-handler", "flaky.charge"), chromedp.Click("#apply-filter"))
 	// The filtered page replaces the one clicked on: read until the new
 	// #records is there (a node read mid-swap is gone before its text is).
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		err := chromedp.Run(ctx, chromedp.Text("#records", &records, chromedp.NodeVisible), chromedp.Text("#groups", &groups, chromedp.NodeVisible))
 		if err == nil && strings.Count(records, "flaky.charge") == 3 && !strings.Contains(records, "notifications.mail") {
@@ -163,6 +209,18 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	run("audit", chromedp.Navigate(srv.URL+"/console/audit"), chromedp.WaitVisible("#audit"), chromedp.Text("#audit", &audit))
 	require.Contains(t, audit, "poison.requeue")
 	require.Contains(t, audit, "group ")
+
+	// An action from a message's detail page: discard the hostile one,
+	// after its count.
+	var evilID int64
+	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT id FROM poison_messages WHERE message_id = 'evil'`).Scan(&evilID))
+	run("detail action", chromedp.Navigate(fmt.Sprintf("%s/console/poison/%d", srv.URL, evilID)), chromedp.WaitVisible("#detail-discard"),
+		shot("console-detail.png"), chromedp.Click("#detail-discard"), chromedp.WaitVisible("#count"), chromedp.Text("#count", &count))
+	require.Equal(t, "1", strings.TrimSpace(count))
+	require.Len(t, h.poisoned(t), 1, "the count changed nothing")
+	run("confirm detail action", chromedp.Click("#confirm"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash))
+	require.Contains(t, flash, "discarded 1 message(s)")
+	require.Empty(t, h.poisoned(t))
 
 	// Paging under a filter: 120 mails behind the filter, pages of 50; the
 	// third page holds the oldest 20 and the filter is still applied.
