@@ -602,6 +602,9 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 	if a.opts.WithoutBroker && (what.Relay || what.Consumers) {
 		return errors.New("an app built WithoutBroker runs neither relay nor consumers")
 	}
+	if what == (Components{HTTP: true}) && a.opts.HTTP == nil && a.Tools == nil {
+		return errors.New("this application has no HTTP API and no agent tools to serve (Options.HTTP, Options.Tools)")
+	}
 	var (
 		servers []*server
 		router  *message.Router

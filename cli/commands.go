@@ -48,6 +48,8 @@ var (
 		Flags: serveFlags(app.Components{Relay: true})}
 	cmdConsume = &Command{Name: "consume", Summary: "run only the consumers (every handler of the route table)",
 		Flags: serveFlags(app.Components{Consumers: true})}
+	cmdServe = &Command{Name: "serve", Summary: "run only the application's HTTP API and agent tool endpoints (it writes to the outbox; relays and consumers run elsewhere)",
+		Flags: serveFlags(app.Components{HTTP: true})}
 	cmdMigrate = &Command{Name: "migrate", Summary: "apply, roll back or list database migrations (Ferry's, then the application's)", Sub: []*Command{
 		{Name: "up", Summary: "apply every pending migration", Flags: migrateFlags("up")},
 		{Name: "down", Summary: "roll back the newest applied migration (of the application's sets first)", Flags: migrateFlags("down")},
@@ -110,7 +112,10 @@ func serveFlags(what app.Components) func(*flag.FlagSet, *Env) RunFunc {
 				}
 				set = func(c *app.Config) { c.RelayMode = *mode }
 			}
-			a, logger, err := env.newApp(ctx, *migrate, nil, false, set)
+			// The producers' side needs no broker: orders are taken (into
+			// the outbox) while it is down, as the outbox promises.
+			withoutBroker := !what.Relay && !what.Consumers
+			a, logger, err := env.newApp(ctx, *migrate, nil, withoutBroker, set)
 			if err != nil {
 				return err
 			}

@@ -29,19 +29,19 @@ import (
 func TestHelpListsEveryCommand(t *testing.T) {
 	var out, errOut strings.Builder
 	require.Equal(t, 0, run([]string{"help"}, &out, &errOut))
-	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue", "poison discard",
+	for _, cmd := range []string{"demo", "sandbox", "run", "serve", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue", "poison discard",
 		"prune outbox", "prune ledger", "prune tool-calls", "poison show", "mcp", "shadow report", "backfill", "audit", "cdc drop", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, out.String(), "  "+cmd, "ferry help must document %q", cmd)
 	}
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
-	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
+	for _, cmd := range []string{"demo", "sandbox", "run", "serve", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
 		"poison discard", "poison show", "prune outbox", "prune ledger", "prune tool-calls", "mcp", "shadow report", "backfill", "audit", "cdc drop", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, string(readme), "`ferry "+cmd, "the README must document ferry %s", cmd)
 	}
 	docs, err := os.ReadFile("../../docs/commands.md")
 	require.NoError(t, err)
-	for _, cmd := range []string{"demo", "sandbox", "run", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
+	for _, cmd := range []string{"demo", "sandbox", "run", "serve", "relay", "consume", "bench", "chaos", "status", "poison list", "poison requeue",
 		"poison discard", "poison show", "prune outbox", "prune ledger", "prune tool-calls", "mcp", "shadow report", "backfill", "audit", "cdc drop", "migrate up", "migrate down", "migrate status", "healthcheck", "help", "version"} {
 		require.Contains(t, string(docs), "`ferry "+cmd, "docs/commands.md must document ferry %s", cmd)
 	}
@@ -53,7 +53,7 @@ func TestHelpListsEveryCommand(t *testing.T) {
 // Every command and sub-command answers -h (and --help, and `help <cmd>`)
 // with its own flags and exit status 0.
 func TestEveryCommandHasHelp(t *testing.T) {
-	for _, path := range [][]string{{"run"}, {"relay"}, {"consume"}, {"migrate"}, {"migrate", "up"}, {"migrate", "down"}, {"migrate", "status"},
+	for _, path := range [][]string{{"run"}, {"serve"}, {"relay"}, {"consume"}, {"migrate"}, {"migrate", "up"}, {"migrate", "down"}, {"migrate", "status"},
 		{"status"}, {"poison"}, {"poison", "list"}, {"poison", "show"}, {"poison", "requeue"}, {"poison", "discard"}, {"prune"}, {"prune", "outbox"}, {"prune", "ledger"}, {"prune", "tool-calls"}, {"mcp"}, {"shadow"}, {"shadow", "report"}, {"backfill"}, {"audit"}, {"cdc"}, {"cdc", "drop"},
 		{"healthcheck"}, {"demo"}, {"sandbox"}, {"bench"}, {"chaos"}, {"help"}, {"version"}} {
 		for _, h := range []string{"-h", "--help"} {

@@ -64,6 +64,12 @@ func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(out)
 }
 
+func (o *otlpReceiver) pid(s *tracepb.Span) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.proc[hex.EncodeToString(s.SpanId)]
+}
+
 // trace returns the spans of the trace that contains a span named name.
 func (o *otlpReceiver) trace(name string) []*tracepb.Span {
 	o.mu.Lock()
@@ -83,11 +89,11 @@ func (o *otlpReceiver) trace(name string) []*tracepb.Span {
 	return out
 }
 
-// With the standard OTEL_* variables set, `ferry run` exports its spans
-// over OTLP, and one order is one connected trace: the HTTP request, the
-// relay's publish (from the stored trace context), the consumer's
-// handler, and its call to the payment provider, which receives the
-// trace's traceparent.
+// With the standard OTEL_* variables set, every process exports its spans
+// over OTLP, and one order is one connected trace across `ferry serve`,
+// `ferry relay` and `ferry consume`: the HTTP request, the relay's publish
+// (from the stored trace context), the consumer's handler, and its call
+// to the payment provider, which receives the trace's traceparent.
 func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
@@ -109,24 +115,43 @@ func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	require.NoError(t, err, "building ferry: %s", out)
 
+	// Three processes, as a scaled deployment runs them: the API (which
+	// migrates), the relay and the consumers.
 	api := "127.0.0.1:" + freeTestPort(t)
-	cmd := exec.Command(bin, "run", "--migrate")
-	cmd.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		"FERRY_DATABASE_URL="+pipelinetest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
 		"FERRY_AMQP_URL="+pipelinetest.AMQPURLWithVhost(t, vhost),
 		"FERRY_HTTP_ADDR="+api, "FERRY_ADMIN_ADDR=off", "FERRY_LOG_LEVEL=warn", "FERRY_RELAY_POLL_INTERVAL=50ms",
 		"FERRY_PAYMENT_URL="+world.Payments.URL(), "FERRY_SMTP_ADDR="+world.SMTP.Addr(),
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_SERVICE_NAME=ferry-otlp-test")
 	var logs pipelinetest.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	require.NoError(t, cmd.Start())
-	stopped := false
+	var procs []*exec.Cmd
+	startProc := func(args ...string) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		cmd.Stdout, cmd.Stderr = &logs, &logs
+		require.NoError(t, cmd.Start())
+		procs = append(procs, cmd)
+	}
 	t.Cleanup(func() {
-		if !stopped {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
+		for _, p := range procs {
+			if p.ProcessState == nil {
+				_ = p.Process.Kill()
+				_ = p.Wait()
+			}
 		}
 	})
+	startProc("serve", "--migrate")
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + api + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return true
+	}, 60*time.Second, 100*time.Millisecond, "the API never listened: %s", logs.String())
+	startProc("relay")
+	startProc("consume")
 
 	require.Eventually(t, func() bool {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(`{"user_id":"tracy","amount":700,"currency":"JPY"}`))
@@ -140,9 +165,12 @@ func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
 		return resp.StatusCode < 300
 	}, 60*time.Second, 200*time.Millisecond, "the API never took the order: %s", logs.String())
 	require.Eventually(t, func() bool { return len(world.Payments.Charges()) == 1 }, 30*time.Second, 50*time.Millisecond, logs.String())
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, cmd.Wait(), logs.String()) // the exporter flushes at exit
-	stopped = true
+	for _, p := range procs {
+		require.NoError(t, p.Process.Signal(syscall.SIGTERM))
+	}
+	for _, p := range procs {
+		require.NoError(t, p.Wait(), logs.String()) // the exporter flushes at exit
+	}
 
 	spans := recv.trace("POST /orders")
 	require.NotEmpty(t, spans, "no trace with the request's span: %d spans received", len(recv.spans))
@@ -166,6 +194,19 @@ func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
 		require.True(t, ok, "span %q has its parent in the trace", s.Name)
 	}
 	require.Equal(t, hex.EncodeToString(spans[0].TraceId), world.Payments.Charges()[0].TraceID, "the provider got the trace's traceparent")
+	// Across the three processes: the request's, the publish's and the
+	// handler's spans each come from another one.
+	pidOf := func(kind tracepb.Span_SpanKind) string {
+		for _, s := range spans {
+			if s.Kind == kind {
+				return recv.pid(s)
+			}
+		}
+		return ""
+	}
+	pids := map[string]bool{pidOf(tracepb.Span_SPAN_KIND_SERVER): true, pidOf(tracepb.Span_SPAN_KIND_PRODUCER): true, pidOf(tracepb.Span_SPAN_KIND_CONSUMER): true}
+	delete(pids, "")
+	require.Len(t, pids, 3, "one trace across the API, the relay and the consumer processes")
 }
 
 func freeTestPort(t *testing.T) string {
@@ -175,4 +216,49 @@ func freeTestPort(t *testing.T) string {
 	defer ln.Close()
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	return port
+}
+
+// `ferry serve` is the producers' side: it takes orders into the outbox
+// while the broker is down (nothing listens on FERRY_AMQP_URL's port).
+func TestServeTakesOrdersWithTheBrokerDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; skipped with -short")
+	}
+	schema := pipelinetest.Schema(t)
+	bin := filepath.Join(t.TempDir(), "ferry")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "building ferry: %s", out)
+	api := "127.0.0.1:" + freeTestPort(t)
+	cmd := exec.Command(bin, "serve", "--migrate")
+	cmd.Env = append(os.Environ(), "FERRY_DATABASE_URL="+pipelinetest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
+		"FERRY_AMQP_URL=amqp://guest:guest@127.0.0.1:"+freeTestPort(t)+"/", "FERRY_HTTP_ADDR="+api, "FERRY_ADMIN_ADDR=off", "FERRY_LOG_LEVEL=warn")
+	var logs pipelinetest.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	var status int
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(`{"user_id":"ada","amount":700,"currency":"JPY"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "serve-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		status = resp.StatusCode
+		return true
+	}, 30*time.Second, 100*time.Millisecond, "the API never answered: %s", logs.String())
+	require.Less(t, status, 300, logs.String())
+	pool := pipelinetest.Pool(t, schema, "ferry-test-serve")
+	var pending int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&pending))
+	require.Positive(t, pending, "the order's events wait in the outbox for a relay")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), logs.String())
 }
