@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -261,4 +262,94 @@ func TestServeTakesOrdersWithTheBrokerDown(t *testing.T) {
 	require.Positive(t, pending, "the order's events wait in the outbox for a relay")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), logs.String())
+}
+
+// During an SMTP and a payment provider outage `ferry status` names where
+// messages wait: the mails retrying (with why), the ordered charges'
+// partition held behind its head, the charges queued behind it on the
+// broker; and it exits non-zero. The state is real: `ferry run` against
+// a provider answering 503 and an SMTP port nobody listens on.
+func TestStatusDuringAnOutageNamesWhereMessagesWait(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
+	}
+	world, err := sandbox.StartWorld()
+	require.NoError(t, err)
+	defer world.Close()
+	pipelinetest.Rabbit(t)
+	vhost := pipelinetest.UniqueName("ferry_test_outage_")
+	require.NoError(t, exec.Command("rabbitmqctl", "-q", "add_vhost", vhost).Run())
+	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", vhost).Run() })
+	require.NoError(t, exec.Command("rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*").Run())
+	schema := pipelinetest.Schema(t)
+	bin := filepath.Join(t.TempDir(), "ferry")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "building ferry: %s", out)
+
+	api := "127.0.0.1:" + freeTestPort(t)
+	env := map[string]string{
+		"FERRY_DATABASE_URL": pipelinetest.DatabaseURL(), "FERRY_DATABASE_SCHEMA": schema,
+		"FERRY_AMQP_URL": pipelinetest.AMQPURLWithVhost(t, vhost), "FERRY_ORDERED_TOPICS": "stripe.charge", "FERRY_AMQP_PARTITIONS": "1",
+		"FERRY_DURABLE_RETRY_INITIAL": "1m", "FERRY_PAYMENT_URL": world.Payments.URL(),
+		"FERRY_SMTP_ADDR": "127.0.0.1:" + freeTestPort(t), // the SMTP outage: nothing listens
+	}
+	cmd := exec.Command(bin, "run", "--migrate")
+	cmd.Env = append(os.Environ(), "FERRY_HTTP_ADDR="+api, "FERRY_ADMIN_ADDR=off", "FERRY_LOG_LEVEL=warn", "FERRY_RELAY_POLL_INTERVAL=50ms")
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var logs pipelinetest.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	order := func(key string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(`{"user_id":"ada","amount":700,"currency":"JPY"}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode < 300
+		}, 60*time.Second, 100*time.Millisecond, "the API never took the order: %s", logs.String())
+	}
+	// Two orders charged while the provider is up (every order's mail
+	// retries: the SMTP server is down all along).
+	order("outage-1")
+	order("outage-2")
+	require.Eventually(t, func() bool { return len(world.Payments.Charges()) == 2 }, 30*time.Second, 50*time.Millisecond, logs.String())
+	// Then the provider fails: the next charge holds the one partition,
+	// the two after it wait in the broker's queue.
+	world.Payments.FailNext(1_000_000)
+	for _, k := range []string{"outage-3", "outage-4", "outage-5"} {
+		order(k)
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var status string
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		var out, errOut strings.Builder
+		code := run([]string{"status"}, &out, &errOut)
+		status = out.String() + errOut.String()
+		if code == 3 && strings.Contains(status, "5 message(s) retrying") && strings.Contains(status, "held since") &&
+			regexp.MustCompile(`payments\.charge@0 +2 +1\n`).MatchString(status) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status (exit %d) never named the outage's waits:\n%s\nlogs: %s", code, status, logs.String())
+		}
+	}
+	attention := status[strings.Index(status, "needs attention:"):]
+	require.Contains(t, attention, "5 message(s) retrying (most: 5 for notifications.mail")
+	require.Contains(t, attention, "ordered partition payments.charge@0 held since")
+	require.Contains(t, attention, "503")
 }
