@@ -139,6 +139,8 @@ type App struct {
 	// shutdownTracing flushes and stops the OTLP exporter New started
 	// (nil when none).
 	shutdownTracing func(context.Context) error
+	// waker sends the relays' wake-ups after commits (notify mode).
+	waker *pgoutbox.Waker
 }
 
 // APIAddr is the address the HTTP API listens on once Run has bound it
@@ -238,6 +240,11 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if a.Outbox, err = pgoutbox.New(adapter, a.logger); err != nil {
 		return nil, fmt.Errorf("RelayConfig.Table: %w", err)
 	}
+	if !cfg.Relay.PollOnly {
+		// Wake-ups after the commit, from this process: see pgoutbox.Waker.
+		a.waker = pgoutbox.NewWaker(a.Pool, pgoutbox.WakerConfig{Logger: a.logger})
+		a.Outbox.SetWaker(a.waker)
+	}
 	if a.Ledger, err = pgledger.New(a.Pool, pgledger.Config{}, a.logger); err != nil {
 		return nil, err
 	}
@@ -302,6 +309,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	if a.Relay, err = pgoutbox.NewRelay(a.Pool, a.batchPublisher, cfg.Relay, a.logger); err != nil {
 		return nil, err
+	}
+	if a.waker != nil {
+		a.waker.OnCommit(a.Relay.Wake) // a relay of this process wakes without a round trip
 	}
 	if cfg.RelayMode == RelayModeCDC {
 		if a.CDC, err = pgcdc.NewStreamer(a.Pool, a.Relay, cfg.Relay.Table, cfg.CDC, a.logger); err != nil {
@@ -668,6 +678,9 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 
 	g, ctx := errgroup.WithContext(ctx)
 	var waits []<-chan struct{}
+	if a.waker != nil {
+		g.Go(func() error { return a.waker.Run(ctx) })
+	}
 	if hb != nil {
 		hb.Counters = a.Metrics.Counters
 		g.Go(func() error { hb.Run(ctx, pgstatus.DefaultHeartbeatInterval); return nil })

@@ -178,6 +178,9 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.Rate, "rate", 1000, "end_to_end_latency: producer events/s")
 		fs.DurationVar(&bc.Duration, "duration", 10*time.Second, "end_to_end_latency: length of the steady load")
 		fs.IntVar(&bc.Orders, "orders", 2000, "write_overhead: create_order transactions per variant")
+		writers := fs.String("writers", "4,32", "producer_concurrency: concurrent writer counts")
+		fs.IntVar(&bc.Rounds, "rounds", 2, "producer_concurrency: runs of each variant (rotated)")
+		fs.DurationVar(&bc.ProducerDuration, "producer-duration", 4*time.Second, "producer_concurrency: length of one run")
 		history := fs.String("history", "10000,1000000", "claim_cost_vs_history: dispatched-row counts (add 10000000 for 10M)")
 		fs.IntVar(&bc.ClaimRounds, "claim-rounds", 200, "claim_cost_vs_history: claims timed per history size")
 		cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relays, producer and consumers of the in-process scenarios) to this file, and one per child process of the memory scenario beside it (FILE.relay.PID, FILE.consume.PID), for go tool pprof")
@@ -212,6 +215,9 @@ var cmdBench = &cli.Command{
 			}
 			if bc.Relays, err = intList(*relays); err != nil {
 				return cli.UsageError{Err: fmt.Errorf("--relays: %w", err)}
+			}
+			if bc.Writers, err = intList(*writers); err != nil {
+				return cli.UsageError{Err: fmt.Errorf("--writers: %w", err)}
 			}
 			if bc.History, err = intList(*history); err != nil {
 				return cli.UsageError{Err: fmt.Errorf("--history: %w", err)}

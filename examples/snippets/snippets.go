@@ -64,7 +64,11 @@ func IssueInvoice(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, 
 	if err := outbox.PublishTx(ctx, tx, "invoice.issued", evt); err != nil {
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	outbox.Committed() // wakes the relays now; without it they find the event at their next poll
+	return nil
 }
 
 // snippet:end publish-tx

@@ -51,7 +51,7 @@ const (
 )
 
 // BenchScenarios lists every scenario, in the order they run.
-var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioClaimCost, ScenarioMemory}
+var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -87,6 +87,12 @@ type BenchConfig struct {
 	// end_to_end_latency: "cdc" runs the CDC relay next to the notify
 	// relay, which always runs as the reference. Default: notify only.
 	RelayModes []string
+	// Writers are producer_concurrency's concurrent writer counts. Default 4 and 32.
+	Writers []int
+	// Rounds is how often producer_concurrency runs each variant. Default 2.
+	Rounds int
+	// ProducerDuration is one producer_concurrency run. Default 4s.
+	ProducerDuration time.Duration
 	// Binary is the ferry binary the memory scenario starts its relay and
 	// consumer processes with. Default: this process's own executable.
 	Binary string
@@ -111,6 +117,11 @@ func (b BenchConfig) withDefaults() BenchConfig {
 		b.History = []int{10_000, 1_000_000}
 	}
 	b.ClaimRounds = cmp.Or(b.ClaimRounds, 200)
+	if len(b.Writers) == 0 {
+		b.Writers = []int{4, 32}
+	}
+	b.Rounds = cmp.Or(b.Rounds, 2)
+	b.ProducerDuration = cmp.Or(b.ProducerDuration, 4*time.Second)
 	return b
 }
 
@@ -128,6 +139,14 @@ func (b BenchConfig) validate() error {
 	}
 	if b.Events < 1 || b.BaselineEvents < 1 || b.Rate < 1 || b.Orders < 1 || b.ClaimRounds < 1 || b.Duration <= 0 {
 		errs = append(errs, errors.New("events, baseline events, rate, orders, claim rounds and duration must be positive"))
+	}
+	for _, n := range b.Writers {
+		if n < 1 || n > 256 {
+			errs = append(errs, fmt.Errorf("writer count %d must be in [1, 256]", n))
+		}
+	}
+	if b.Rounds < 1 || b.ProducerDuration <= 0 {
+		errs = append(errs, errors.New("producer rounds and duration must be positive"))
 	}
 	if b.BatchSize < 1 || b.BatchSize > pgoutbox.MaxRelayBatchSize {
 		errs = append(errs, fmt.Errorf("batch size must be in [1, %d]", pgoutbox.MaxRelayBatchSize))
@@ -161,11 +180,12 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		logger = slog.New(slog.DiscardHandler)
 	}
 	runs := map[string]func(context.Context, app.Config, BenchConfig, *slog.Logger) (benchReport, error){
-		ScenarioRelayThroughput: benchRelayThroughput,
-		ScenarioEndToEnd:        benchEndToEnd,
-		ScenarioWriteOverhead:   benchWriteOverhead,
-		ScenarioClaimCost:       benchClaimCost,
-		ScenarioMemory:          benchMemory,
+		ScenarioRelayThroughput:     benchRelayThroughput,
+		ScenarioEndToEnd:            benchEndToEnd,
+		ScenarioWriteOverhead:       benchWriteOverhead,
+		ScenarioClaimCost:           benchClaimCost,
+		ScenarioProducerConcurrency: benchProducerConcurrency,
+		ScenarioMemory:              benchMemory,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {
@@ -933,7 +953,11 @@ func benchPublishOne(ctx context.Context, a *app.App, seq int) error {
 	if err := a.Outbox.PublishTx(ctx, tx, "bench.e2e", msg); err != nil {
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	a.Outbox.Committed()
+	return nil
 }
 
 func benchWriteOverhead(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {

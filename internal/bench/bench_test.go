@@ -36,7 +36,7 @@ func TestBenchSmoke(t *testing.T) {
 	err = bench.Bench(context.Background(), cfg, bench.BenchConfig{
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
 		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
-		CPUProfile: profile,
+		CPUProfile: profile, Writers: []int{2}, Rounds: 1, ProducerDuration: 300 * time.Millisecond,
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -78,6 +78,14 @@ func TestBenchSmoke(t *testing.T) {
 	require.Positive(t, wo["in_tx_ratio_p50"].(float64))
 	require.Contains(t, wo, "in_tx_without_events")
 	require.Positive(t, wo["in_tx_events_ratio_p50"].(float64))
+
+	pc := got[bench.ScenarioProducerConcurrency]
+	w2 := pc["writers_2"].(map[string]any)
+	for _, k := range []string{"no_wakeup_tps", "waker_tps", "trigger_tps"} {
+		require.Positive(t, w2[k].([]any)[0].(float64), k)
+	}
+	require.EqualValues(t, 300, pc["idle_commit_to_publish"].(map[string]any)["count"], "every idle commit reached the broker, woken")
+	require.Positive(t, pc["notifications_received"].(float64), "the waker's and the trigger's notifications arrived")
 
 	cc := got[bench.ScenarioClaimCost]
 	require.Len(t, cc["runs"].([]any), 2)

@@ -633,6 +633,7 @@ func chaosOrder(ctx context.Context, a *app.App, svc *orders.Service, in orders.
 	if err := tx.Commit(); err != nil {
 		return err
 	}
+	a.Outbox.Committed()
 	seq[in.UserID]++
 	return nil
 }

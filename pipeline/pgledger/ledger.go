@@ -144,7 +144,9 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 		}
 		return false, nil
 	}
-	if err := fn(context.WithValue(ctx, txKey{}, tx)); err != nil {
+	// The handler's events wake the relays once this commits (pgoutbox).
+	hctx, afterCommit := pipeline.WithAfterCommit(context.WithValue(ctx, txKey{}, tx))
+	if err := fn(hctx); err != nil {
 		var pgErr *pgxconn.PgError
 		if tx.Conn().IsClosed() || (errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")) {
 			// The ledger transaction's connection broke under the handler,
@@ -158,6 +160,7 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 		return true, pgconn.MarkUnavailable(fmt.Errorf("committing ledger entry for message %s (%s): %w", messageID, consumer, err))
 	}
 	committed = true
+	afterCommit()
 	return true, nil
 }
 

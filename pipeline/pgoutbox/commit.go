@@ -367,5 +367,8 @@ func (o *Outbox) InTx(ctx context.Context, pool *pgxpool.Pool, fn func(ctx conte
 		// COMMIT of an aborted transaction answers ROLLBACK.
 		return fmt.Errorf("committing: the server rolled the transaction back (%s)", tag.String())
 	}
+	if len(queued) > 0 {
+		o.Committed()
+	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
@@ -19,6 +20,23 @@ import (
 type Outbox struct {
 	adapter SchemaAdapter
 	logger  watermill.LoggerAdapter
+	waker   atomic.Pointer[Waker]
+}
+
+// SetWaker makes the outbox wake the relays after each commit of events
+// it knows of: InTx's, and PublishTx's in a context that carries
+// pipeline.WithAfterCommit (the consumers' ledger transactions do). Other
+// commits are found by the relays' polling.
+func (o *Outbox) SetWaker(w *Waker) { o.waker.Store(w) }
+
+// Committed wakes the relays (SetWaker): call it after committing a
+// transaction you published into with PublishTx, when its context did not
+// carry pipeline.WithAfterCommit. Without either, the relays find the
+// events at their next poll (FERRY_RELAY_POLL_INTERVAL).
+func (o *Outbox) Committed() {
+	if w := o.waker.Load(); w != nil {
+		w.Committed()
+	}
 }
 
 // New returns an Outbox writing through adapter. A nil logger discards logs.
@@ -69,6 +87,9 @@ func (o *Outbox) PublishTx(ctx context.Context, tx wsql.ContextExecutor, topic s
 	}
 	if err := pub.Publish(topic, msgs...); err != nil {
 		return fmt.Errorf("publishing %d event(s) to outbox topic %q: %w", len(msgs), topic, err)
+	}
+	if w := o.waker.Load(); w != nil {
+		pipeline.AfterCommit(ctx, w, w.Committed)
 	}
 	return nil
 }

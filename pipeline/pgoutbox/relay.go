@@ -56,8 +56,8 @@ type RelayConfig struct {
 	Backoff pipeline.Backoff
 	// MaxErrorLength truncates last_error. Default 2048 bytes.
 	MaxErrorLength int
-	// PollOnly turns off the LISTEN/NOTIFY wake-up (migration 00004), leaving
-	// only polling. Default false: the relay wakes when events commit.
+	// PollOnly turns off the LISTEN wake-up, leaving only polling. Default
+	// false: the relay wakes when a producer's Waker says events committed.
 	PollOnly bool
 	// Observer, if set, is told the outcome of every committed batch
 	// (metrics, benchmarks). It is called on the relay's goroutine: keep it quick.
@@ -417,8 +417,8 @@ func (r *Relay) untilNextDue(ctx context.Context) time.Duration {
 	return max(min(time.Until(*next), r.cfg.PollInterval), time.Millisecond)
 }
 
-// NotifyChannel is the channel migration 00004's trigger notifies on commit
-// of new outbox rows; the payload is the outbox table's schema.
+// NotifyChannel is the channel a Waker notifies on after commits of new
+// outbox rows; the payload is the outbox table's schema.
 const NotifyChannel = "ferry_outbox"
 
 // listen wakes the relay on every commit of new outbox rows in its schema.

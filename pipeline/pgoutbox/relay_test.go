@@ -404,23 +404,70 @@ func TestFailingHeadHoldsBackOnlyItsOrderedAggregate(t *testing.T) {
 	require.Len(t, rec.published, 4)
 }
 
-func TestRelayWakesOnCommit(t *testing.T) {
+// A producer in another process wakes a sleeping relay once its
+// transaction committed (the Waker's NOTIFY, sent after the commit): with
+// InTx, with PublishTx under pipeline.WithAfterCommit, and with
+// Outbox.Committed. A commit that says nothing is found by the poll only:
+// nothing inside the producing transaction notifies (no trigger, so no
+// instance-wide lock at its commit).
+func TestRelayWakesAfterTheCommit(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	b := newBroker(t, "mail.send")
-	// A poll interval far longer than the test: only NOTIFY can wake it in time.
+	// A poll interval far longer than the test: only a wake-up is in time.
 	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{PollInterval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = relay.Run(ctx) }()
 	defer func() { cancel(); <-done }()
+
+	// The producer: an outbox and a waker of its own, as in another process.
+	ob := pipelinetest.Outbox(t)
+	waker := pgoutbox.NewWaker(pool, pgoutbox.WakerConfig{})
+	ob.SetWaker(waker)
+	wdone := make(chan struct{})
+	go func() { defer close(wdone); _ = waker.Run(ctx) }()
+	defer func() { cancel(); <-wdone }()
 	time.Sleep(300 * time.Millisecond) // the relay has found nothing and sleeps
 
-	start := time.Now()
-	publish(t, pool, "mail.send", event(t, "u", "hello"))
+	// Unannounced: the row waits for the poll.
+	publish(t, pool, "mail.send", event(t, "u", "silent"))
+	time.Sleep(time.Second)
+	require.Zero(t, relay.Stats().Dispatched, "nothing in the transaction woke the relay")
+	require.Zero(t, waker.Sent())
+
+	dispatched := int64(0)
+	waitDispatched := func(what string) {
+		t.Helper()
+		dispatched++
+		start := time.Now()
+		require.Eventually(t, func() bool { return relay.Stats().Dispatched >= dispatched }, 5*time.Second, time.Millisecond, what)
+		require.Less(t, time.Since(start), 2*time.Second, what)
+	}
+	// InTx: the silent row goes with it, woken by the one after.
+	require.NoError(t, ob.InTx(ctx, pool, func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
+		return p.PublishEvents(ctx, pipeline.Outgoing{Topic: "mail.send", Msg: event(t, "u", "in-tx")})
+	}))
+	dispatched++ // the silent one
+	waitDispatched("InTx wakes the relay after its commit")
+
+	// PublishTx in a transaction of the caller's, the commit announced.
+	pctx, committed := pipeline.WithAfterCommit(ctx)
+	tx, err := pool.Begin(pctx)
+	require.NoError(t, err)
+	require.NoError(t, ob.PublishTx(pctx, pgoutbox.PgxTx(tx), "mail.send", event(t, "u", "after-commit")))
+	require.NoError(t, tx.Commit(pctx))
+	committed()
+	waitDispatched("WithAfterCommit wakes the relay")
+
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ob.PublishTx(ctx, pgoutbox.PgxTx(tx), "mail.send", event(t, "u", "committed")))
+	require.NoError(t, tx.Commit(ctx))
+	ob.Committed()
+	waitDispatched("Outbox.Committed wakes the relay")
+	require.GreaterOrEqual(t, waker.Sent(), int64(3))
 	pipelinetest.RequireDrained(t, pool, 5*time.Second)
-	require.Less(t, time.Since(start), 2*time.Second)
-	require.EqualValues(t, 1, relay.Stats().Dispatched)
 }
 
 // A backlog of an ordered aggregate drains at claim speed: a claim holds

@@ -519,7 +519,7 @@ func (s *Store) Requeue(ctx context.Context, sel Selector, dryRun bool) (Requeue
 // everything back, so it reports the same skips. fn is told each action as
 // its page commits (a dry run's as it is tried).
 func (s *Store) RequeueEach(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error) (Summary, error) {
-	return s.act(ctx, sel, dryRun, fn, func(tx pgx.Tx, r Record) (string, error) {
+	return s.act(ctx, sel, dryRun, fn, func(ctx context.Context, tx pgx.Tx, r Record) (string, error) {
 		headers := map[string]string{}
 		for k, v := range r.Headers {
 			if !slices.Contains(bookkeeping, k) {
@@ -547,7 +547,7 @@ func (s *Store) RequeueEach(ctx context.Context, sel Selector, dryRun bool, fn f
 // DiscardEach deletes the selected messages (or, dry, only says which), a
 // page per transaction, telling fn each.
 func (s *Store) DiscardEach(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error) (Summary, error) {
-	return s.act(ctx, sel, dryRun, fn, func(tx pgx.Tx, r Record) (string, error) {
+	return s.act(ctx, sel, dryRun, fn, func(ctx context.Context, tx pgx.Tx, r Record) (string, error) {
 		if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = $1`, r.ID); err != nil {
 			return "", fmt.Errorf("discarding: %w", err)
 		}
@@ -572,7 +572,7 @@ var errDryRun = errors.New("dry run: roll back")
 // act runs do on every selected record, page by page, each record under
 // a savepoint so that one that fails is skipped with its reason instead of
 // aborting the page.
-func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error, do func(pgx.Tx, Record) (string, error)) (Summary, error) {
+func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error, do func(context.Context, pgx.Tx, Record) (string, error)) (Summary, error) {
 	sum := Summary{DryRun: dryRun, LastID: sel.AfterID}
 	if err := sel.Validate(); err != nil {
 		return sum, err
@@ -588,7 +588,9 @@ func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Acti
 		}
 		var actions []Action
 		var last int64
-		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// A page's requeued messages wake the relays once it commits.
+		pctx, committed := pipeline.WithAfterCommit(ctx)
+		err := pgx.BeginFunc(pctx, s.pool, func(tx pgx.Tx) error {
 			f := sel.Filter
 			if sel.Topic != "" {
 				f.Topic = sel.Topic
@@ -611,7 +613,7 @@ func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Acti
 				if err != nil {
 					return err
 				}
-				id, derr := do(sp, r)
+				id, derr := do(pctx, sp, r)
 				if derr != nil {
 					if err := sp.Rollback(ctx); err != nil {
 						return err
@@ -637,6 +639,9 @@ func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Acti
 		})
 		if err != nil && !errors.Is(err, errDryRun) {
 			return sum, err
+		}
+		if err == nil {
+			committed()
 		}
 		for _, a := range actions {
 			found[a.Record.ID] = true

@@ -186,6 +186,9 @@ func (s *Service) CreateOrder(ctx context.Context, in Input) (res Result, err er
 			_ = tx.Rollback() // the error that got us here is the one to report
 		}
 	}()
+	// The relays wake once the order commits: not before (they would
+	// find nothing), not inside (a NOTIFY there serializes commits).
+	ctx, committed := pipeline.WithAfterCommit(ctx)
 	res, err = s.CreateOrderTx(ctx, tx, in)
 	if err != nil {
 		return Result{}, err
@@ -193,6 +196,7 @@ func (s *Service) CreateOrder(ctx context.Context, in Input) (res Result, err er
 	if err := tx.Commit(); err != nil {
 		return Result{}, fmt.Errorf("committing order: %w", err)
 	}
+	committed()
 	s.logger.Info("order placed", "order_id", res.OrderID, "deduped", res.Deduped,
 		"correlation_id", pipeline.CorrelationIDFromContext(ctx))
 	return res, nil
