@@ -522,7 +522,11 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		for _, id := range sel.IDs {
 			fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
 		}
-		c.render(w, r, "confirm", map[string]any{"Action": act, "Scope": scope, "Count": n, "Fields": fields, "Confirm": confirmToken})
+		var in string
+		if scope == "group" {
+			in = within(sel.Filter)
+		}
+		c.render(w, r, "confirm", map[string]any{"Action": act, "Scope": scope, "Within": in, "Count": n, "Fields": fields, "Confirm": confirmToken})
 		return
 	}
 	run := c.store.RequeueEach
@@ -566,6 +570,15 @@ func (c *Console) flash(q url.Values) string {
 	return text
 }
 
+// within is the filter a group action is confined to, "" for none.
+func within(f pgpoison.Filter) string {
+	f.Fingerprint = ""
+	if w := f.String(); w != "all" {
+		return w
+	}
+	return ""
+}
+
 func scopeText(scope string, sel pgpoison.Selector) string {
 	switch scope {
 	case "selected":
@@ -575,6 +588,9 @@ func scopeText(scope string, sel pgpoison.Selector) string {
 		}
 		return "ids " + strings.Join(ids, ",")
 	case "group":
+		if w := within(sel.Filter); w != "" {
+			return "group " + sel.Filter.Fingerprint + " within " + w
+		}
 		return "group " + sel.Filter.Fingerprint
 	}
 	return "filter " + sel.Filter.String()

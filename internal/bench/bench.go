@@ -51,7 +51,8 @@ const (
 )
 
 // BenchScenarios lists every scenario, in the order they run.
-var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory}
+var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory,
+	ScenarioConsumerThroughput, ScenarioEndToEndDrain}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -93,6 +94,13 @@ type BenchConfig struct {
 	Rounds int
 	// ProducerDuration is one producer_concurrency run. Default 4s.
 	ProducerDuration time.Duration
+	// ConsumerEvents is how many messages consumer_throughput drains. Default 20,000.
+	ConsumerEvents int
+	// DrainEvents is how many business transactions end_to_end_drain commits. Default 20,000.
+	DrainEvents int
+	// ConsumerConns is the database pool of the consumer and relay child
+	// processes (FERRY_DATABASE_MAX_CONNS). Default 4.
+	ConsumerConns int
 	// Binary is the ferry binary the memory scenario starts its relay and
 	// consumer processes with. Default: this process's own executable.
 	Binary string
@@ -121,6 +129,9 @@ func (b BenchConfig) withDefaults() BenchConfig {
 		b.Writers = []int{4, 32}
 	}
 	b.Rounds = cmp.Or(b.Rounds, 2)
+	b.ConsumerEvents = cmp.Or(b.ConsumerEvents, 20_000)
+	b.DrainEvents = cmp.Or(b.DrainEvents, 20_000)
+	b.ConsumerConns = cmp.Or(b.ConsumerConns, 4)
 	b.ProducerDuration = cmp.Or(b.ProducerDuration, 4*time.Second)
 	return b
 }
@@ -144,6 +155,9 @@ func (b BenchConfig) validate() error {
 		if n < 1 || n > 256 {
 			errs = append(errs, fmt.Errorf("writer count %d must be in [1, 256]", n))
 		}
+	}
+	if b.ConsumerEvents < 1 || b.DrainEvents < 1 || b.ConsumerConns < 1 {
+		errs = append(errs, errors.New("consumer events, drain events and consumer connections must be positive"))
 	}
 	if b.Rounds < 1 || b.ProducerDuration <= 0 {
 		errs = append(errs, errors.New("producer rounds and duration must be positive"))
@@ -185,6 +199,8 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioWriteOverhead:       benchWriteOverhead,
 		ScenarioClaimCost:           benchClaimCost,
 		ScenarioProducerConcurrency: benchProducerConcurrency,
+		ScenarioConsumerThroughput:  benchConsumerThroughput,
+		ScenarioEndToEndDrain:       benchEndToEndDrain,
 		ScenarioMemory:              benchMemory,
 	}
 	enc := json.NewEncoder(out)

@@ -145,7 +145,7 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 	}
 	env := []string{ChildProfileEnv + "=" + bc.CPUProfile, "FERRY_DATABASE_URL=" + cfg.DatabaseURL, "FERRY_DATABASE_SCHEMA=" + sch.name,
 		"FERRY_AMQP_URL=" + cfg.AMQP.URL, "FERRY_AMQP_NAMESPACE=" + rc.Namespace, "FERRY_ADMIN_ADDR=off",
-		"FERRY_RELAY_BATCH_SIZE=" + strconv.Itoa(bc.BatchSize), "FERRY_DATABASE_MAX_CONNS=4"}
+		"FERRY_RELAY_BATCH_SIZE=" + strconv.Itoa(bc.BatchSize), "FERRY_DATABASE_MAX_CONNS=" + strconv.Itoa(bc.ConsumerConns)}
 
 	// Relays: four processes drain the outbox; each one's peak is read
 	// before it is stopped.
@@ -190,27 +190,11 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 	kids = nil
 
 	// A consumer: one process drains the queue the relays filled.
-	k, err := startChild(bc.Binary, "consume", env)
+	cons, err := drainWithConsumer(ctx, sch, bc, env, bc.Events)
 	if err != nil {
 		return benchReport{}, err
 	}
-	kids = append(kids, k)
-	start = time.Now()
-	if err := waitFor(ctx, 5*time.Minute, func() (bool, error) {
-		var n int
-		err := sch.pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages`).Scan(&n)
-		return n >= bc.Events, err
-	}); err != nil {
-		return benchReport{}, fmt.Errorf("consumer: %w", err)
-	}
-	consumeSecs := time.Since(start).Seconds()
-	consumerPeak, err := peakRSS(k.cmd.Process.Pid)
-	if err != nil {
-		return benchReport{}, err
-	}
-	k.stop()
-	kids = nil
-	consumerCPU := k.cmd.ProcessState.UserTime() + k.cmd.ProcessState.SystemTime()
+	consumeSecs, consumerPeak, consumerCPU := cons.seconds, cons.peakRSS, cons.cpu
 	perEvent := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(bc.Events) }
 	maxRelay := relayPeaks[0]
 	for _, p := range relayPeaks {
@@ -238,6 +222,39 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 		},
 		Table: tb.String(),
 	}, nil
+}
+
+// consumerRun is what one consumer child cost to drain its queue.
+type consumerRun struct {
+	seconds float64
+	peakRSS int64
+	cpu     time.Duration // user + system, start to stop
+}
+
+// drainWithConsumer starts a consumer child (the app's router, one route
+// that only counts, the real ledger) and waits until it has processed n
+// messages; its CPU and peak RSS are read when it has stopped.
+func drainWithConsumer(ctx context.Context, sch *benchSchema, bc BenchConfig, env []string, n int) (consumerRun, error) {
+	k, err := startChild(bc.Binary, "consume", env)
+	if err != nil {
+		return consumerRun{}, err
+	}
+	defer k.stop()
+	start := time.Now()
+	if err := waitFor(ctx, 5*time.Minute, func() (bool, error) {
+		var done int
+		err := sch.pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages`).Scan(&done)
+		return done >= n, err
+	}); err != nil {
+		return consumerRun{}, fmt.Errorf("consumer: %w", err)
+	}
+	run := consumerRun{seconds: time.Since(start).Seconds()}
+	if run.peakRSS, err = peakRSS(k.cmd.Process.Pid); err != nil {
+		return consumerRun{}, err
+	}
+	k.stop()
+	run.cpu = k.cmd.ProcessState.UserTime() + k.cmd.ProcessState.SystemTime()
+	return run, nil
 }
 
 func waitFor(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {

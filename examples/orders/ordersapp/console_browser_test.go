@@ -245,7 +245,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	}
 	run("page 2", chromedp.Click("#next", chromedp.NodeVisible), chromedp.WaitVisible("#newer"))
 	run("page 3", chromedp.Click("#next", chromedp.NodeVisible), chromedp.WaitNotPresent("#next"),
-		chromedp.Text(".pager", &pager), chromedp.Value("#f-handler", &handlerField), chromedp.Text("#records", &third))
+		chromedp.Text(".pager", &pager), chromedp.Value("#f-handler", &handlerField), chromedp.Text("#records", &third), shot("console-page-3.png"))
 	require.Contains(t, pager, "20 shown of 120", "page 3 holds the oldest 20")
 	require.Equal(t, "bulk.mail", handlerField, "the filter is kept across pages")
 	require.True(t, strings.HasSuffix(strings.TrimSpace(third), "SMTP 451 for mail 1"), "the oldest last: %s", third)
@@ -286,9 +286,12 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	run("viewport back", emulation.ClearDeviceMetricsOverride())
 	run("discard group under a filter", chromedp.Navigate(srv.URL+"/console/poison?handler=bulk.mail"), chromedp.WaitVisible("#groups"),
 		chromedp.Text(".pager", &total), chromedp.Click(`#groups button[value="discard"]`, chromedp.NodeVisible),
-		chromedp.WaitVisible("#count"), chromedp.Text("#count", &groupCount))
+		chromedp.WaitVisible("#count"), chromedp.Text("#count", &groupCount), shot("console-group-confirm.png"))
 	require.Contains(t, total, "of 120")
 	require.Equal(t, "120", strings.TrimSpace(groupCount), "the confirmation counts what the filtered page shows")
+	var in string
+	run("the confirmation names the filter", chromedp.Text("#within", &in))
+	require.Equal(t, "handler=bulk.mail", in)
 	run("confirm discard", chromedp.Click("#confirm"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash))
 	require.Contains(t, flash, "discarded 120 message(s)")
 	var mails, sms int
