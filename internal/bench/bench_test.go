@@ -37,6 +37,7 @@ func TestBenchSmoke(t *testing.T) {
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
 		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
 		CPUProfile: profile, Writers: []int{2}, Rounds: 1, ProducerDuration: 300 * time.Millisecond,
+		ConsumerEvents: 300, DrainEvents: 300,
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -87,6 +88,14 @@ func TestBenchSmoke(t *testing.T) {
 	require.EqualValues(t, 300, pc["idle_commit_to_publish"].(map[string]any)["count"], "every idle commit reached the broker, woken")
 	require.Positive(t, pc["notifications_received"].(float64), "the waker's and the trigger's notifications arrived")
 
+	ct := got[bench.ScenarioConsumerThroughput]
+	require.Positive(t, ct["cpu_us_per_message"].(float64), "CPU per consumed message")
+	require.Positive(t, ct["messages_per_second"].(float64))
+	require.Positive(t, ct["peak_rss_bytes"].(float64))
+	dr := got[bench.ScenarioEndToEndDrain]
+	require.Positive(t, dr["effects_per_second"].(float64), "effects/s end to end")
+	require.EqualValues(t, 300, dr["params"].(map[string]any)["transactions"])
+
 	cc := got[bench.ScenarioClaimCost]
 	require.Len(t, cc["runs"].([]any), 2)
 	require.Contains(t, cc, "ratio_p50_largest_vs_smallest")
@@ -98,7 +107,9 @@ func TestBenchSmoke(t *testing.T) {
 	require.Positive(t, mem["consumer_peak_rss_bytes"].(float64), "peak RSS of a consumer process")
 	require.Positive(t, mem["relay_cpu_us_per_event"].(float64), "CPU per relayed event")
 	require.Positive(t, mem["consumer_cpu_us_per_event"].(float64), "CPU per consumed event")
-	for kind, n := range map[string]int{"relay": 4, "consume": 1} {
+	// memory: 4 relays and a consumer; consumer_throughput: a consumer;
+	// end_to_end_drain: a relay and a consumer.
+	for kind, n := range map[string]int{"relay": 5, "consume": 3} {
 		files, err := filepath.Glob(profile + "." + kind + ".*")
 		require.NoError(t, err)
 		require.Len(t, files, n, "a CPU profile per %s process", kind)
