@@ -206,7 +206,7 @@ func EnvVars() []EnvVar {
 			return err
 		}},
 		{"FERRY_DATABASE_APP_NAME", "ferry", "application_name of Ferry's database sessions", func(c *Config, v string) error { c.DatabaseAppName = v; return nil }},
-		{"FERRY_AMQP_URL", rabbit.DefaultURL, "RabbitMQ URL, vhost included", func(c *Config, v string) error { c.AMQP.URL = v; return nil }},
+		{"FERRY_AMQP_URL", rabbit.DefaultURL, "RabbitMQ URL, vhost included; a cluster's nodes comma-separated (each connection fails over to the next)", func(c *Config, v string) error { c.AMQP.URL = v; return nil }},
 		{"FERRY_AMQP_NAMESPACE", "(none)", "prefix of every exchange and queue name", func(c *Config, v string) error { c.AMQP.Namespace = v; return nil }},
 		{"FERRY_AMQP_QUEUE_TYPE", rabbit.QueueTypeQuorum, "quorum or classic", func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
 		{"FERRY_AMQP_PREFETCH", strconv.Itoa(rabbit.DefaultPrefetch), "unacked messages per consumer", intVar(func(c *Config) *int { return &c.AMQP.Prefetch }, 1, 65535)},
@@ -454,8 +454,10 @@ func (c Config) Validate() error {
 	} else if err := pipeline.ValidateConnectionURL(c.DatabaseURL); err != nil {
 		add("FERRY_DATABASE_URL", fmt.Errorf("%s: %w", pipeline.RedactURL(c.DatabaseURL), err))
 	}
-	if err := pipeline.ValidateConnectionURL(c.AMQP.URL); err != nil {
-		add("FERRY_AMQP_URL", fmt.Errorf("%s: %w", pipeline.RedactURL(c.AMQP.URL), err))
+	for _, n := range rabbit.Nodes(c.AMQP.URL) {
+		if err := pipeline.ValidateConnectionURL(n); err != nil {
+			add("FERRY_AMQP_URL", fmt.Errorf("%s: %w", pipeline.RedactURL(n), err))
+		}
 	}
 	if c.DatabaseSchema != "" {
 		add("FERRY_DATABASE_SCHEMA", pgconn.ValidateSchema(c.DatabaseSchema))
@@ -466,8 +468,13 @@ func (c Config) Validate() error {
 	// What an operator can get wrong is checked here, by variable; the
 	// components' own checks follow as the safety net (their messages name
 	// Go fields, for library users who fill the structs themselves).
-	if u, err := url.Parse(c.AMQP.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
-		add("FERRY_AMQP_URL", errors.New("must be an amqp:// or amqps:// URL with a host"))
+	for _, n := range rabbit.Nodes(c.AMQP.URL) {
+		if u, err := url.Parse(n); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+			add("FERRY_AMQP_URL", errors.New("must be an amqp:// or amqps:// URL with a host (a cluster's nodes: several, comma-separated)"))
+		}
+	}
+	if err := rabbit.ValidateNodes(c.AMQP.URL); err != nil {
+		add("FERRY_AMQP_URL", err)
 	}
 	if c.AMQP.QueueType != rabbit.QueueTypeQuorum && c.AMQP.QueueType != rabbit.QueueTypeClassic {
 		add("FERRY_AMQP_QUEUE_TYPE", fmt.Errorf("must be %s or %s, got %q", rabbit.QueueTypeQuorum, rabbit.QueueTypeClassic, c.AMQP.QueueType))

@@ -428,7 +428,10 @@ func inspectBroker(ctx context.Context, cfg app.Config, env *Env, rep *statusRep
 	if err != nil {
 		return err
 	}
-	conn, err := amqp.DialConfig(cfg.AMQP.URL, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second), Properties: amqp.Table{"connection_name": "ferry-status"}})
+	amqpCfg := cfg.AMQP
+	amqpCfg.DialTimeout = 3 * time.Second
+	uri, conf := rabbit.AMQPConfig(amqpCfg, "ferry-status")
+	conn, err := amqp.DialConfig(uri, conf)
 	if err != nil {
 		return fmt.Errorf("cannot reach RabbitMQ: %s", amqpReason(err))
 	}

@@ -25,6 +25,18 @@ type RabbitNode struct {
 	// restarts are serialised, and each one that completes is counted.
 	Restart []string
 	dir     string
+	name    string
+	env     []string
+}
+
+// Ctl runs rabbitmqctl against the node (stop_app, start_app, ...).
+func (n *RabbitNode) Ctl(t testing.TB, args ...string) {
+	t.Helper()
+	cmd := exec.Command("rabbitmqctl", append([]string{"-n", n.name}, args...)...)
+	cmd.Env = n.env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("rabbitmqctl %v on the test's node: %v\n%s", args, err, out)
+	}
 }
 
 // AwaitRestarts waits until n restarts have completed and the node accepts
@@ -138,7 +150,7 @@ func OwnRabbit(t testing.TB) *RabbitNode {
 	restart := []string{"flock", filepath.Join(dir, "restart.lock"), "sh", "-c",
 		fmt.Sprintf("%[1]s -n %[2]s stop_app && %[1]s -n %[2]s start_app && %[1]s -n %[2]s await_startup && printf x >> %[3]s",
 			ctl, node, filepath.Join(dir, "restarts"))}
-	return &RabbitNode{Config: rabbit.Config{URL: url, Namespace: UniqueName("ferrytest.") + "."}, Restart: restart, dir: dir}
+	return &RabbitNode{Config: rabbit.Config{URL: url, Namespace: UniqueName("ferrytest.") + "."}, Restart: restart, dir: dir, name: node, env: env}
 }
 
 func freePort(t testing.TB) int {

@@ -33,6 +33,10 @@ const (
 // Config configures Ferry's RabbitMQ connections and topology.
 type Config struct {
 	// URL is the AMQP URL, including the vhost. Default amqp://guest:guest@127.0.0.1:5672/.
+	// A cluster's nodes are listed comma-separated
+	// ("amqp://u:p@rmq1:5672/v,amqp://u:p@rmq2:5672/v"): every connection
+	// dials the first that answers and fails over to the next when its
+	// node is lost. The nodes' URLs must agree on all but the address.
 	URL string
 	// Namespace prefixes every exchange and queue name ("staging." say).
 	// Default "" (no prefix).
@@ -89,8 +93,13 @@ func (c Config) WithDefaults() Config {
 // Validate reports every problem of c at once.
 func (c Config) Validate() error {
 	var errs []error
-	if u, err := url.Parse(c.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("rabbit Config.URL must be an amqp:// or amqps:// URL with a host, got %q", redact(c.URL)))
+	for _, n := range Nodes(c.URL) {
+		if u, err := url.Parse(n); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("rabbit Config.URL must be amqp:// or amqps:// URLs with a host, got %q", redact(n)))
+		}
+	}
+	if err := ValidateNodes(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("rabbit Config.URL: %w", err))
 	}
 	if len(c.Namespace) > MaxNamespaceLength {
 		errs = append(errs, fmt.Errorf("rabbit Config.Namespace must be at most %d bytes", MaxNamespaceLength))
@@ -120,19 +129,23 @@ func (c Config) Validate() error {
 }
 
 // redact hides the password of an AMQP URL for error messages and logs.
-func redact(raw string) string { return pipeline.RedactURL(raw) }
+func redact(raw string) string { return RedactNodes(raw) }
 
 // connectionConfig is how every Ferry connection dials: a bounded dial, a
 // heartbeat, reconnection with backoff, and a name that shows in the
 // broker's connection list (rabbitmqctl list_connections client_properties),
 // which is how an operator tells the relay's connection from a consumer's.
 func connectionConfig(cfg Config, name string) wamqp.ConnectionConfig {
+	uri := cfg.URL
+	if nodes := Nodes(cfg.URL); len(nodes) > 0 {
+		uri = nodes[0] // the handshake's credentials and vhost; the dial picks the node
+	}
 	return wamqp.ConnectionConfig{
-		AmqpURI: cfg.URL,
+		AmqpURI: uri,
 		AmqpConfig: &amqp.Config{
 			Heartbeat:  10 * time.Second,
 			Locale:     "en_US",
-			Dial:       heldDial(cfg.DialTimeout),
+			Dial:       newNodeDialer(cfg.URL, cfg.DialTimeout).dial,
 			Properties: amqp.Table{"connection_name": name},
 		},
 		Reconnect: wamqp.DefaultReconnectConfig(),
