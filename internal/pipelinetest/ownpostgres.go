@@ -115,15 +115,98 @@ func (s *PostgresServer) Exec(ctx context.Context, database, sql string, args ..
 	return err
 }
 
-// Stop stops the server at once and removes its files.
+// Stop stops the server at once, if it runs, and removes its files.
 func (s *PostgresServer) Stop() error {
+	err := s.Halt()
+	return errors.Join(err, os.RemoveAll(s.dir))
+}
+
+// Halt stops the server at once (a crash: no checkpoint, connections cut),
+// keeping its files. Halting a stopped server does nothing.
+func (s *PostgresServer) Halt() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if _, err := s.run(ctx, "pg_ctl", "-D", s.data(), "status"); err != nil {
+		return nil // not running
+	}
 	out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-m", "immediate", "-w", "stop")
 	if err != nil {
-		err = fmt.Errorf("pg_ctl stop: %w: %s", err, out)
+		return fmt.Errorf("pg_ctl stop: %w: %s", err, out)
 	}
-	return errors.Join(err, os.RemoveAll(s.dir))
+	return nil
+}
+
+// StartStandby starts a streaming standby of s (pg_basebackup -R from it,
+// into a directory of its own, on another free loopback port). With
+// synchronous, s then waits for the standby's flush at every commit
+// (synchronous_standby_names = '*'), so a commit the primary acknowledged
+// is on the standby too.
+func (s *PostgresServer) StartStandby(ctx context.Context, synchronous bool) (*PostgresServer, error) {
+	dir, err := os.MkdirTemp("", "ferry-pg-standby-")
+	if err != nil {
+		return nil, err
+	}
+	st := &PostgresServer{dir: dir, bin: s.bin, cred: s.cred}
+	if st.cred != nil {
+		if err := os.Chown(dir, int(st.cred.Uid), int(st.cred.Gid)); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	if out, err := st.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(s.Port), "-U", "postgres", "-D", st.data(), "-R", "-X", "stream", "--no-sync"); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("pg_basebackup: %w\n%s", err, out)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	st.Port = ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_connections=200 -c hot_standby=on", st.Port, dir)
+	if out, err := st.run(ctx, "pg_ctl", "-D", st.data(), "-l", filepath.Join(dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
+		logs, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting the standby: %w\n%s\n%s", err, out, logs)
+	}
+	// Streaming before anything is asked of it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		conn, err := pgx.Connect(ctx, s.URL("postgres"))
+		if err == nil {
+			err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'`).Scan(&n)
+			conn.Close(ctx)
+		}
+		if err == nil && n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = st.Stop()
+			return nil, fmt.Errorf("the standby never streamed: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if synchronous {
+		if err := s.Exec(ctx, "postgres", `ALTER SYSTEM SET synchronous_standby_names = '*'`); err != nil {
+			_ = st.Stop()
+			return nil, err
+		}
+		if err := s.Exec(ctx, "postgres", `SELECT pg_reload_conf()`); err != nil {
+			_ = st.Stop()
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// Promote makes a standby the primary (pg_ctl promote), once it accepts writes.
+func (s *PostgresServer) Promote(ctx context.Context) error {
+	if out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-w", "-t", "60", "promote"); err != nil {
+		return fmt.Errorf("pg_ctl promote: %w\n%s", err, out)
+	}
+	return nil
 }
 
 func (s *PostgresServer) data() string { return filepath.Join(s.dir, "data") }

@@ -1,0 +1,145 @@
+package ordersapp_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+)
+
+// A database failover under load, with synchronous replication: the
+// primary crashes (pg_ctl stop -m immediate) while orders are taken,
+// relayed and handled; the standby is promoted. Every connection Ferry
+// holds — the pool, the relay's listener, the waker, the consumers'
+// ledger transactions — reconnects through FERRY_DATABASE_URL's host list
+// (target_session_attrs=read-write) to the new primary. Every order whose
+// commit was acknowledged has its effect exactly once; nothing is
+// poisoned (the outage is waited out, not blamed on the messages).
+func TestDatabaseFailoverLosesAndDoublesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary := pipelinetest.OwnPostgres(t)
+	standby, err := primary.StartStandby(ctx, true)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = standby.Stop() })
+	require.NoError(t, primary.Exec(ctx, "postgres", `CREATE TABLE ha_orders (id bigint PRIMARY KEY);
+		CREATE TABLE ha_effects (order_id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now())`))
+
+	cfg, _, _ := testConfig(t)
+	cfg.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+		primary.Port, standby.Port)
+	cfg.DatabaseSchema = ""
+	cfg.Retry.MaxRetries = 3
+	a, err := app.New(ctx, cfg, app.Options{Migrate: true, Logger: slog.New(slog.DiscardHandler), Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "ha.effect", Topic: "ha.order", Handler: func(msg *message.Message) error {
+			var o struct{ ID int64 }
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return pipeline.Permanent(err)
+			}
+			_, err := pgledger.TxFromContext(msg.Context()).Exec(msg.Context(), `INSERT INTO ha_effects (order_id) VALUES ($1)`, o.ID)
+			return err
+		}}}, nil
+	}})
+	require.NoError(t, err)
+	pipelinetest.TeardownTopology(t, a.Topology)
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- a.Run(runCtx, app.Components{Relay: true, Consumers: true}, nil) }()
+	defer func() {
+		stop()
+		<-ran
+		a.Close()
+	}()
+
+	// The producer: an order and its event per transaction, 200/s; an
+	// order counts once its commit was acknowledged.
+	var acked sync.Map
+	var next, failures atomic.Int64
+	var lastAck time.Time
+	var longestGap time.Duration // the producers' pause: the longest time without an acknowledged commit
+	produce := func(until time.Time) {
+		for time.Now().Before(until) {
+			id := next.Add(1)
+			err := a.Outbox.InTx(ctx, a.Pool, func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
+				if _, err := q.Exec(ctx, `INSERT INTO ha_orders (id) VALUES ($1)`, id); err != nil {
+					return err
+				}
+				evt, err := pipeline.NewEvent(ctx, strconv.FormatInt(id, 10), map[string]int64{"id": id})
+				if err != nil {
+					return err
+				}
+				return p.PublishEvents(ctx, pipeline.Outgoing{Topic: "ha.order", Msg: evt})
+			})
+			if err != nil {
+				failures.Add(1)
+			} else {
+				acked.Store(id, true)
+				if !lastAck.IsZero() {
+					longestGap = max(longestGap, time.Since(lastAck))
+				}
+				lastAck = time.Now()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { produce(time.Now().Add(8 * time.Second)) })
+	time.Sleep(3 * time.Second)
+	crashed := time.Now()
+	require.NoError(t, primary.Halt())
+	require.NoError(t, standby.Promote(ctx))
+	promoted := time.Since(crashed)
+	wg.Wait()
+
+	count := 0
+	acked.Range(func(any, any) bool { count++; return true })
+	require.Greater(t, count, 500, "orders were taken before and after the failover (%d refused meanwhile)", failures.Load())
+	conn, err := pgx.Connect(ctx, standby.URL("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var effects, distinct int
+	require.Eventually(t, func() bool {
+		missing := 0
+		rows, err := conn.Query(ctx, `SELECT o.id FROM ha_orders o LEFT JOIN ha_effects e ON e.order_id = o.id WHERE e.order_id IS NULL`)
+		if err != nil {
+			return false
+		}
+		for rows.Next() {
+			missing++
+		}
+		rows.Close()
+		return missing == 0
+	}, 90*time.Second, 250*time.Millisecond, "every order on the new primary gets its effect")
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT order_id) FROM ha_effects`).Scan(&effects, &distinct))
+	require.Equal(t, distinct, effects, "no effect twice")
+	lost := 0
+	acked.Range(func(k, _ any) bool {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM ha_effects WHERE order_id = $1`, k.(int64)).Scan(&n); err != nil || n != 1 {
+			lost++
+		}
+		return true
+	})
+	require.Zero(t, lost, "an acknowledged order lost its effect (synchronous replication keeps every acknowledged commit)")
+	var poisoned int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM poison_messages`).Scan(&poisoned))
+	require.Zero(t, poisoned, "the failover was waited out, not blamed on messages")
+	t.Logf("failover: promoted %s after the crash; producers paused %s at most; %d orders acknowledged, %d refused; %d effects, each once",
+		promoted.Round(time.Millisecond), longestGap.Round(time.Millisecond), count, failures.Load(), effects)
+}
