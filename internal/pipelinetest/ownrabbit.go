@@ -9,6 +9,9 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,4 +164,84 @@ func freePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// OwnRabbitCluster starts n RabbitMQ nodes of the test's own (OwnRabbit)
+// and joins them into one cluster (rabbitmqctl join_cluster to the first):
+// for tests that lose a node. Each node's Config.URL reaches that node; the
+// namespace is the first's, shared.
+func OwnRabbitCluster(t testing.TB, n int) []*RabbitNode {
+	t.Helper()
+	nodes := make([]*RabbitNode, n)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i := range nodes {
+		wg.Go(func() {
+			node := OwnRabbit(t)
+			mu.Lock()
+			nodes[i] = node
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for _, node := range nodes {
+		if node == nil {
+			t.FailNow() // OwnRabbit said why
+		}
+	}
+	for _, node := range nodes[1:] {
+		node.Ctl(t, "stop_app")
+		node.Ctl(t, "join_cluster", nodes[0].name)
+		node.Ctl(t, "start_app")
+		node.Ctl(t, "await_startup")
+		node.Config.Namespace = nodes[0].Config.Namespace
+	}
+	return nodes
+}
+
+// Name is the node's Erlang name (rabbit@host), as the cluster lists it.
+func (n *RabbitNode) Name() string { return n.name }
+
+// CtlOutput runs rabbitmqctl against the node and returns what it printed.
+func (n *RabbitNode) CtlOutput(t testing.TB, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("rabbitmqctl", append([]string{"-n", n.name}, args...)...)
+	cmd.Env = n.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %v on the test's node: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// Kill ends the node's Erlang VM with SIGKILL: a crash, nothing flushed.
+func (n *RabbitNode) Kill(t testing.TB) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(n.dir, "pid"))
+	if err != nil {
+		t.Fatalf("reading the node's pid file: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("the node's pid file: %v", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the node: %v", err)
+	}
+	for syscall.Kill(pid, 0) == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Start starts a node that was killed, with its data, and waits until it
+// accepts connections.
+func (n *RabbitNode) Start(t testing.TB) {
+	t.Helper()
+	start := exec.Command("rabbitmq-server", "-detached")
+	start.Env = n.env
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Fatalf("starting the node again: %v\n%s", err, out)
+	}
+	n.Ctl(t, "wait", filepath.Join(n.dir, "pid"), "--timeout", "90")
+	n.Ctl(t, "await_startup")
 }
