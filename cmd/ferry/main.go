@@ -275,12 +275,13 @@ var cmdChaos = &cli.Command{
 		fs.DurationVar(&run.FaultEvery, "fault-every", 500*time.Millisecond, "pause between injected faults")
 		fs.BoolVar(&run.RestartBroker, "restart-broker", false, "also restart RabbitMQ (hits every user of the broker)")
 		fs.StringVar(&run.RelayMode, "relay-mode", "notify", "relay processes' mode: notify, or cdc (the CDC variant: the relays stream from a replication slot, one active, one standing by)")
+		fs.BoolVar(&run.HA, "ha", false, "on clusters of the run's own (3 RabbitMQ nodes, a PostgreSQL primary with a synchronous standby, on loopback ports, removed afterwards), with a broker node's loss and a database failover among the faults")
 		asJSON := fs.Bool("json", false, "print the report as JSON")
 		return func(ctx context.Context, _ []string) error {
 			run.Seed = *seed
 			if *long {
 				run.Orders = max(run.Orders, 10_000)
-				run.RestartBroker = true
+				run.RestartBroker = !run.HA // the HA run loses a node of its own cluster instead
 			}
 			cfg, logger, err := quietConfig(env.Stderr)
 			if err != nil {

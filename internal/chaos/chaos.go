@@ -75,6 +75,15 @@ type ChaosRun struct {
 	// every backend terminated), as a failover or a maintenance window
 	// does: relays and consumers must wait it out, poisoning nothing.
 	DatabaseOutage time.Duration
+	// HA runs the pipeline on clusters of the run's own: a 3-node RabbitMQ
+	// cluster (quorum queues; FERRY_AMQP_URL lists the nodes) and a
+	// PostgreSQL primary with a synchronous standby (FERRY_DATABASE_URL
+	// lists both, target_session_attrs=read-write); among the faults, once
+	// each: the broker node the pipeline's connections are on stopped for
+	// 5 s, and a database failover (the primary crashes, the standby is
+	// promoted). The driver retries an order whose commit failed (its
+	// idempotency key makes the retry safe).
+	HA bool
 	// Binary is the ferry binary to run. Default: this process's executable.
 	Binary string
 	// DrainTimeout bounds the wait for the pipeline to settle. Default 3m.
@@ -138,10 +147,17 @@ type ChaosReport struct {
 	DatabaseOutageSeconds     float64 `json:"database_outage_seconds"`
 	// ChargesWaitingAtOutage is how many committed orders had not reached
 	// the provider when the database went: the load the outage met.
-	ChargesWaitingAtOutage int      `json:"charges_waiting_at_outage"`
-	Violations             []string `json:"violations"`
-	ProducingSeconds       float64  `json:"producing_seconds"`
-	DrainSeconds           float64  `json:"drain_seconds"`
+	ChargesWaitingAtOutage int `json:"charges_waiting_at_outage"`
+	// HA: the broker node loss (stop to back up) and the database
+	// failover (crash to the standby promoted), and how many order
+	// attempts the driver had to repeat.
+	HA                    bool     `json:"ha"`
+	BrokerNodeLostSeconds float64  `json:"broker_node_lost_seconds"`
+	FailoverSeconds       float64  `json:"database_failover_seconds"`
+	OrderRetries          int      `json:"order_retries"`
+	Violations            []string `json:"violations"`
+	ProducingSeconds      float64  `json:"producing_seconds"`
+	DrainSeconds          float64  `json:"drain_seconds"`
 }
 
 // OK reports whether every invariant held.
@@ -251,7 +267,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if run.RelayMode != app.RelayModeNotify && run.RelayMode != app.RelayModeCDC {
 		return ChaosReport{}, fmt.Errorf("relay mode %q: want %s or %s", run.RelayMode, app.RelayModeNotify, app.RelayModeCDC)
 	}
-	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, Faults: map[string]int{}, PoisonReasons: map[string]int{}}
+	if run.HA && (run.DatabaseOutage > 0 || run.RestartBroker || run.RelayMode == app.RelayModeCDC) {
+		return ChaosReport{}, errors.New("the HA run has its own database and broker faults: not with a database outage, broker restarts or the CDC relay")
+	}
+	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, HA: run.HA, Faults: map[string]int{}, PoisonReasons: map[string]int{}}
 	rng := rand.New(rand.NewPCG(run.Seed, run.Seed+1))
 	if run.Binary == "" {
 		if run.Binary, err = os.Executable(); err != nil {
@@ -284,6 +303,46 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		}
 	}
 
+	// The HA run's clusters, and its two faults.
+	var brokerNodes []*pipelinetest.RabbitNode
+	var failover func(ctx context.Context) error
+	if run.HA {
+		pg, err := pipelinetest.StartPostgres(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("starting the run's own PostgreSQL: %w", err)
+		}
+		defer func() { _ = pg.Stop() }()
+		if err := pg.Exec(ctx, "postgres", "CREATE DATABASE "+chaosDatabase); err != nil {
+			return rep, err
+		}
+		standby, err := pg.StartStandby(ctx, true)
+		if err != nil {
+			return rep, fmt.Errorf("starting the run's standby: %w", err)
+		}
+		defer func() { _ = standby.Stop() }()
+		cfg.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+			pg.Port, standby.Port, chaosDatabase)
+		failover = func(ctx context.Context) error {
+			if err := pg.Halt(); err != nil {
+				return err
+			}
+			return standby.Promote(ctx)
+		}
+		if brokerNodes, err = pipelinetest.StartRabbitCluster(ctx, 3); err != nil {
+			return rep, fmt.Errorf("starting the run's RabbitMQ cluster: %w", err)
+		}
+		defer func() {
+			for _, n := range brokerNodes {
+				_ = n.Close()
+			}
+		}()
+		urls := make([]string, len(brokerNodes))
+		for i, n := range brokerNodes {
+			urls[i] = n.Config.URL
+		}
+		cfg.AMQP.URL = strings.Join(urls, ",")
+	}
+
 	world, err := sandbox.StartWorld()
 	if err != nil {
 		return rep, err
@@ -291,24 +350,26 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	defer world.Close()
 	provider, sink := world.Payments, world.SMTP
 
-	// A vhost of its own: cutting "all" connections cuts only this run's.
-	if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
-		return rep, err
-	}
-	defer func() { _ = rabbitmqctl(context.WithoutCancel(ctx), "delete_vhost", vhost) }()
-	amqpURL, err := url.Parse(cfg.AMQP.URL)
-	if err != nil {
-		return rep, err
-	}
-	user := amqpURL.User.Username()
-	if err := rabbitmqctl(ctx, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"); err != nil {
-		return rep, err
-	}
-	amqpURL.Path = "/" + vhost
-
 	c := cfg
+	if !run.HA {
+		// A vhost of its own: cutting "all" connections cuts only this
+		// run's. (The HA run's cluster is its own already.)
+		if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
+			return rep, err
+		}
+		defer func() { _ = rabbitmqctl(context.WithoutCancel(ctx), "delete_vhost", vhost) }()
+		amqpURL, err := url.Parse(cfg.AMQP.URL)
+		if err != nil {
+			return rep, err
+		}
+		user := amqpURL.User.Username()
+		if err := rabbitmqctl(ctx, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"); err != nil {
+			return rep, err
+		}
+		amqpURL.Path = "/" + vhost
+		c.AMQP.URL = amqpURL.String()
+	}
 	c.DatabaseSchema, c.DatabaseAppName = schema, appName+"-driver"
-	c.AMQP.URL = amqpURL.String()
 	c.AMQP.Namespace = ""
 	c.AdminAddr = "off"
 	ex := ordersapp.Config{PaymentURL: provider.URL(), SMTPAddr: sink.Addr()}.WithDefaults()
@@ -425,7 +486,13 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				_, err = driver.Pool.Exec(faultCtx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
 				gate.RUnlock()
 			case "close_amqp_connections":
-				err = rabbitmqctl(faultCtx, "close_all_connections", "--vhost", vhost, "ferry chaos")
+				if run.HA {
+					// Cluster-wide, through a node the node-loss fault
+					// leaves alone (a rabbitmqctl call takes a second or two).
+					err = brokerNodes[1].Run("close_all_connections", "--global", "--vhost", "/", "ferry chaos")
+				} else {
+					err = rabbitmqctl(faultCtx, "close_all_connections", "--vhost", vhost, "ferry chaos")
+				}
 			case "provider_non_utf8":
 				// The next charges are answered 503 in Latin-1 with a NUL.
 				provider.FailNextWithGarbage(3, providerGarbage)
@@ -508,6 +575,62 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		})
 	}
 
+	// The HA faults, once each while orders are placed: at a fifth, the
+	// broker node the pipeline's connections are on (the first that
+	// answers: the first) stops for 5 s; at half, the database fails over,
+	// the driver standing still meanwhile (its retries cover the commits
+	// the crash cuts).
+	haDone := make(chan struct{})
+	if !run.HA {
+		close(haDone)
+	} else {
+		orderTime := time.Duration(run.Orders) * time.Second / time.Duration(run.Rate)
+		at := func(frac float64) <-chan time.Time { return time.After(time.Duration(float64(orderTime) * frac)) }
+		var ha sync.WaitGroup
+		ha.Go(func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-at(0.2):
+			}
+			node := brokerNodes[0]
+			began := time.Now()
+			err := node.Run("stop_app")
+			if err == nil {
+				time.Sleep(5 * time.Second)
+				err = node.Run("start_app")
+			}
+			faultMu.Lock()
+			defer faultMu.Unlock()
+			if err != nil {
+				faultErr = errors.Join(faultErr, fmt.Errorf("broker node loss: %w", err))
+				return
+			}
+			rep.Faults["broker_node_lost"]++
+			rep.BrokerNodeLostSeconds = time.Since(began).Seconds()
+		})
+		ha.Go(func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-at(0.5):
+			}
+			gate.Lock()
+			began := time.Now()
+			err := failover(context.WithoutCancel(ctx))
+			gate.Unlock()
+			faultMu.Lock()
+			defer faultMu.Unlock()
+			if err != nil {
+				faultErr = errors.Join(faultErr, fmt.Errorf("database failover: %w", err))
+				return
+			}
+			rep.Faults["database_failover"]++
+			rep.FailoverSeconds = time.Since(began).Seconds()
+		})
+		faultsWG.Go(func() { ha.Wait(); close(haDone) })
+	}
+
 	// Orders at a steady rate, some rolled back after publishing, some replayed.
 	start := time.Now()
 	interval := time.Second / time.Duration(run.Rate)
@@ -521,6 +644,15 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		gate.RLock()
 		err := chaosOrder(ctx, driver, svc, in, seq, rollback)
 		gate.RUnlock()
+		// After a failover the driver's connections to the old primary are
+		// gone: its first tries fail, and the same order is tried again.
+		for try := 0; err != nil && run.HA && try < 100 && ctx.Err() == nil; try++ {
+			rep.OrderRetries++
+			time.Sleep(100 * time.Millisecond)
+			gate.RLock()
+			err = chaosOrder(ctx, driver, svc, in, seq, rollback)
+			gate.RUnlock()
+		}
 		if err != nil {
 			stopFaults()
 			faultsWG.Wait()
@@ -536,6 +668,12 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			gate.RLock()
 			res, err := svc.CreateOrder(ctx, in)
 			gate.RUnlock()
+			for try := 0; err != nil && run.HA && try < 100 && ctx.Err() == nil; try++ {
+				time.Sleep(100 * time.Millisecond)
+				gate.RLock()
+				res, err = svc.CreateOrder(ctx, in)
+				gate.RUnlock()
+			}
 			if err != nil || !res.Deduped {
 				rep.Violations = append(rep.Violations, fmt.Sprintf("replay of %s was not deduplicated (err %v)", in.IdempotencyKey, err))
 			}
@@ -547,6 +685,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	// last one first.
 	select {
 	case <-outageDone:
+	case <-ctx.Done():
+	}
+	select {
+	case <-haDone:
 	case <-ctx.Done():
 	}
 	stopFaults()
@@ -617,8 +759,15 @@ func chaosOrder(ctx context.Context, a *app.App, svc *orders.Service, in orders.
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := svc.CreateOrderTx(ctx, tx, in); err != nil {
+	res, err := svc.CreateOrderTx(ctx, tx, in)
+	if err != nil {
 		return err
+	}
+	if res.Deduped {
+		// A retry of an order whose commit went through though its answer
+		// was lost (a crash mid-commit): its audit event committed with it.
+		seq[in.UserID]++
+		return nil
 	}
 	evt, err := pipeline.NewEvent(ctx, in.UserID, ChaosAudit{Aggregate: in.UserID, Seq: seq[in.UserID]})
 	if err != nil {
@@ -775,7 +924,8 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	fmt.Fprintf(&b, "  orders committed       %6d   (+%d rolled back after publishing, %d replays deduped)\n", r.OrdersCommitted, r.OrdersRolledBack, r.OrderReplays)
 	var faults []string
 	total := 0
-	for _, k := range []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "restart_broker", "database_refuses_connections"} {
+	for _, k := range []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "restart_broker", "database_refuses_connections",
+		"broker_node_lost", "database_failover"} {
 		if n, ok := r.Faults[k]; ok {
 			faults = append(faults, fmt.Sprintf("%s %d", k, n))
 			total += n
@@ -784,6 +934,11 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	fmt.Fprintf(&b, "  faults injected        %6d   (%s; handlers also failed and panicked at random)\n", total, strings.Join(faults, ", "))
 	if r.DatabaseOutageSeconds > 0 {
 		fmt.Fprintf(&b, "  database outage        %6.1fs  (the database refused every connection; the driver stood still; %d charges were waiting)\n", r.DatabaseOutageSeconds, r.ChargesWaitingAtOutage)
+	}
+	if r.HA {
+		fmt.Fprintf(&b, "  clusters               3 RabbitMQ nodes (quorum queues), PostgreSQL primary + synchronous standby\n")
+		fmt.Fprintf(&b, "  broker node lost       %6.1fs  (the node the connections were on, stopped and back)\n", r.BrokerNodeLostSeconds)
+		fmt.Fprintf(&b, "  database failover      %6.1fs  (the primary crashed, the standby promoted; %d order attempts repeated by the driver)\n", r.FailoverSeconds, r.OrderRetries)
 	}
 	fmt.Fprintf(&b, "  charges                %6d   (%d provider requests: %d retries and replays absorbed by the Idempotency-Key; at most %d for one charge)\n",
 		r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges, r.MaxChargeRequestsPerOrder)

@@ -98,3 +98,15 @@ func TestChaosDatabaseOutage(t *testing.T) {
 	require.Zero(t, rep.Duplicated)
 	require.Positive(t, rep.Faults["provider_non_utf8"])
 }
+
+// The short HA run (CI): the chaos run on clusters of its own — three
+// RabbitMQ nodes with quorum queues, a PostgreSQL primary with a
+// synchronous standby — with the broker node the pipeline's connections
+// are on stopped for 5 s and a database failover among the faults: nothing
+// lost, nothing twice, order intact. `ferry chaos --ha --long` is the long run.
+func TestChaosHA(t *testing.T) {
+	rep, report := runChaos(t, chaos.ChaosRun{Orders: 3000, Rate: 200, FaultEvery: 250 * time.Millisecond, Seed: 11, HA: true})
+	require.Equal(t, 1, rep.Faults["broker_node_lost"], report)
+	require.Equal(t, 1, rep.Faults["database_failover"], report)
+	requireInvariants(t, rep, report)
+}

@@ -2,6 +2,7 @@ package pipelinetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -35,11 +36,15 @@ type RabbitNode struct {
 // Ctl runs rabbitmqctl against the node (stop_app, start_app, ...).
 func (n *RabbitNode) Ctl(t testing.TB, args ...string) {
 	t.Helper()
-	cmd := exec.Command("rabbitmqctl", append([]string{"-n", n.name}, args...)...)
-	cmd.Env = n.env
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("rabbitmqctl %v on the test's node: %v\n%s", args, err, out)
+	if _, err := n.ctl(args...); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// Run is Ctl for callers without a test: the chaos run.
+func (n *RabbitNode) Run(args ...string) error {
+	_, err := n.ctl(args...)
+	return err
 }
 
 // AwaitRestarts waits until n restarts have completed and the node accepts
@@ -72,34 +77,56 @@ func (n *RabbitNode) AwaitRestarts(t testing.TB, count int, timeout time.Duratio
 	}
 }
 
-// OwnRabbit starts a RabbitMQ node of the test's own (rabbitmq-server from
-// the machine's package, on free loopback ports, data in a temporary
-// directory) for tests that must stop or restart the broker without
-// touching the shared one. The node is stopped and its files removed when
-// the test ends.
+// OwnRabbit starts a RabbitMQ node of the test's own (StartRabbit) for
+// tests that must stop or restart the broker without touching the shared
+// one. The node is stopped and its files removed when the test ends.
 func OwnRabbit(t testing.TB) *RabbitNode {
 	t.Helper()
 	skipShort(t)
+	n, err := StartRabbit(context.Background())
+	if err != nil {
+		t.Fatalf("this test runs a RabbitMQ node of its own: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Errorf("stopping the test's RabbitMQ node: %v", err)
+		}
+	})
+	return n
+}
+
+// StartRabbit starts a RabbitMQ node of its own (rabbitmq-server from the
+// machine's package, on free loopback ports, data in a temporary
+// directory) and waits until it accepts connections. Close stops it and
+// removes its files.
+func StartRabbit(ctx context.Context) (*RabbitNode, error) {
 	server, err := exec.LookPath("rabbitmq-server")
 	if err != nil {
-		t.Fatalf("this test runs a RabbitMQ node of its own and needs rabbitmq-server: %v (apt-get install rabbitmq-server)", err)
+		return nil, fmt.Errorf("rabbitmq-server is needed: %w (apt-get install rabbitmq-server)", err)
 	}
 	ctl, err := exec.LookPath("rabbitmqctl")
 	if err != nil {
-		t.Fatalf("this test needs rabbitmqctl: %v", err)
+		return nil, fmt.Errorf("rabbitmqctl is needed: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "ferry-rabbit-")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	port, dist := freePort(t), freePort(t)
+	port, err := freeLoopbackPort()
+	if err != nil {
+		return nil, err
+	}
+	dist, err := freeLoopbackPort()
+	if err != nil {
+		return nil, err
+	}
 	node := UniqueName("ferrytest") + "@localhost"
 	conf := fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\n", port)
 	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "plugins"), []byte("[].\n"), 0o644); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	// rabbitmq-server started as root drops to the rabbitmq user: it must
 	// own its directory.
@@ -120,31 +147,8 @@ func OwnRabbit(t testing.TB) *RabbitNode {
 	start := exec.Command(server, "-detached")
 	start.Env = env
 	if out, err := start.CombinedOutput(); err != nil {
-		t.Fatalf("starting a RabbitMQ node of the test's own: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		stop := exec.Command(ctl, "-n", node, "stop")
-		stop.Env = env
-		if out, err := stop.CombinedOutput(); err != nil {
-			t.Errorf("stopping the test's RabbitMQ node %s: %v\n%s", node, err, out)
-		}
 		_ = os.RemoveAll(dir)
-	})
-	url := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	for {
-		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(time.Second)})
-		if err == nil {
-			_ = conn.Close()
-			break
-		}
-		select {
-		case <-ctx.Done():
-			logs, _ := os.ReadFile(filepath.Join(dir, "log", node+".log"))
-			t.Fatalf("the test's RabbitMQ node did not accept connections within 90s: %v\n%s", err, logs)
-		case <-time.After(250 * time.Millisecond):
-		}
+		return nil, fmt.Errorf("starting a RabbitMQ node: %w\n%s", err, out)
 	}
 	// One restart at a time: a stop_app during another restart's start_app
 	// fails (rabbitmqctl exit 69), and callers may restart concurrently.
@@ -153,50 +157,120 @@ func OwnRabbit(t testing.TB) *RabbitNode {
 	restart := []string{"flock", filepath.Join(dir, "restart.lock"), "sh", "-c",
 		fmt.Sprintf("%[1]s -n %[2]s stop_app && %[1]s -n %[2]s start_app && %[1]s -n %[2]s await_startup && printf x >> %[3]s",
 			ctl, node, filepath.Join(dir, "restarts"))}
-	return &RabbitNode{Config: rabbit.Config{URL: url, Namespace: UniqueName("ferrytest.") + "."}, Restart: restart, dir: dir, name: node, env: env}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// OwnRabbitCluster starts n RabbitMQ nodes of the test's own (OwnRabbit)
-// and joins them into one cluster (rabbitmqctl join_cluster to the first):
-// for tests that lose a node. Each node's Config.URL reaches that node; the
-// namespace is the first's, shared.
-func OwnRabbitCluster(t testing.TB, n int) []*RabbitNode {
-	t.Helper()
-	nodes := make([]*RabbitNode, n)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	for i := range nodes {
-		wg.Go(func() {
-			node := OwnRabbit(t)
-			mu.Lock()
-			nodes[i] = node
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	for _, node := range nodes {
-		if node == nil {
-			t.FailNow() // OwnRabbit said why
+	url := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port)
+	n := &RabbitNode{Config: rabbit.Config{URL: url, Namespace: UniqueName("ferrytest.") + "."}, Restart: restart, dir: dir, name: node, env: env}
+	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	for {
+		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(time.Second)})
+		if err == nil {
+			_ = conn.Close()
+			return n, nil
+		}
+		select {
+		case <-wctx.Done():
+			logs, _ := os.ReadFile(filepath.Join(dir, "log", node+".log"))
+			_ = n.Close()
+			return nil, fmt.Errorf("the RabbitMQ node did not accept connections within 90s: %v\n%s", err, logs)
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// Close stops the node, if it runs, and removes its files.
+func (n *RabbitNode) Close() error {
+	var err error
+	if n.running() {
+		cmd := exec.Command("rabbitmqctl", "-n", n.name, "stop")
+		cmd.Env = n.env
+		if out, cerr := cmd.CombinedOutput(); cerr != nil {
+			err = fmt.Errorf("stopping RabbitMQ node %s: %w\n%s", n.name, cerr, out)
+		}
+	}
+	return errors.Join(err, os.RemoveAll(n.dir))
+}
+
+// running reports whether the node's VM is alive (its pid file names a
+// live process).
+func (n *RabbitNode) running() bool {
+	b, err := os.ReadFile(filepath.Join(n.dir, "pid"))
+	if err != nil {
+		return true // not written yet: stop it to be sure
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err != nil || syscall.Kill(pid, 0) == nil
+}
+
+func freeLoopbackPort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// OwnRabbitCluster starts a cluster of n nodes of the test's own
+// (StartRabbitCluster), stopped and removed when the test ends.
+func OwnRabbitCluster(t testing.TB, n int) []*RabbitNode {
+	t.Helper()
+	skipShort(t)
+	nodes, err := StartRabbitCluster(context.Background(), n)
+	if err != nil {
+		t.Fatalf("this test runs a RabbitMQ cluster of its own: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, node := range nodes {
+			if err := node.Close(); err != nil {
+				t.Errorf("stopping the test's RabbitMQ nodes: %v", err)
+			}
+		}
+	})
+	return nodes
+}
+
+// StartRabbitCluster starts n RabbitMQ nodes (StartRabbit) and joins them
+// into one cluster (rabbitmqctl join_cluster to the first). Each node's
+// Config.URL reaches that node; the namespace is the first's, shared.
+func StartRabbitCluster(ctx context.Context, n int) ([]*RabbitNode, error) {
+	nodes := make([]*RabbitNode, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Go(func() { nodes[i], errs[i] = StartRabbit(ctx) })
+	}
+	wg.Wait()
+	closeAll := func() {
+		for _, node := range nodes {
+			if node != nil {
+				_ = node.Close()
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		closeAll()
+		return nil, err
+	}
 	for _, node := range nodes[1:] {
-		node.Ctl(t, "stop_app")
-		node.Ctl(t, "join_cluster", nodes[0].name)
-		node.Ctl(t, "start_app")
-		node.Ctl(t, "await_startup")
+		for _, args := range [][]string{{"stop_app"}, {"join_cluster", nodes[0].name}, {"start_app"}, {"await_startup"}} {
+			if _, err := node.ctl(args...); err != nil {
+				closeAll()
+				return nil, err
+			}
+		}
 		node.Config.Namespace = nodes[0].Config.Namespace
 	}
-	return nodes
+	return nodes, nil
+}
+
+func (n *RabbitNode) ctl(args ...string) (string, error) {
+	cmd := exec.Command("rabbitmqctl", append([]string{"-n", n.name}, args...)...)
+	cmd.Env = n.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("rabbitmqctl %v on node %s: %w\n%s", args, n.name, err, out)
+	}
+	return string(out), nil
 }
 
 // Name is the node's Erlang name (rabbit@host), as the cluster lists it.
@@ -205,13 +279,11 @@ func (n *RabbitNode) Name() string { return n.name }
 // CtlOutput runs rabbitmqctl against the node and returns what it printed.
 func (n *RabbitNode) CtlOutput(t testing.TB, args ...string) string {
 	t.Helper()
-	cmd := exec.Command("rabbitmqctl", append([]string{"-n", n.name}, args...)...)
-	cmd.Env = n.env
-	out, err := cmd.CombinedOutput()
+	out, err := n.ctl(args...)
 	if err != nil {
-		t.Fatalf("rabbitmqctl %v on the test's node: %v\n%s", args, err, out)
+		t.Fatal(err)
 	}
-	return string(out)
+	return out
 }
 
 // Kill ends the node's Erlang VM with SIGKILL: a crash, nothing flushed.
