@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -27,10 +26,7 @@ func TestRelayModeCDCCommands(t *testing.T) {
 	}
 	pipelinetest.RequireLogicalWAL(t)
 	pipelinetest.Rabbit(t)
-	vhost := pipelinetest.UniqueName("ferry_test_cdc_")
-	require.NoError(t, exec.Command("rabbitmqctl", "-q", "add_vhost", vhost).Run())
-	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", vhost).Run() })
-	require.NoError(t, exec.Command("rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*").Run())
+	vhost := ownVhost(t, "ferry_test_cdc_")
 
 	schema := pipelinetest.Schema(t)
 	slot := "ferry_test_cli_" + strings.TrimPrefix(schema, "ferry_test_")

@@ -106,15 +106,9 @@ func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
 	require.NoError(t, err)
 	defer world.Close()
 	pipelinetest.Rabbit(t)
-	// A vhost of its own: deleting it removes whatever the process declared.
-	vhost := pipelinetest.UniqueName("ferry_test_otlp_")
-	require.NoError(t, exec.Command("rabbitmqctl", "-q", "add_vhost", vhost).Run())
-	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", vhost).Run() })
-	require.NoError(t, exec.Command("rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*").Run())
+	vhost := ownVhost(t, "ferry_test_otlp_")
 	schema := pipelinetest.Schema(t)
-	bin := filepath.Join(t.TempDir(), "ferry")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "building ferry: %s", out)
+	bin := buildFerry(t)
 
 	// Three processes, as a scaled deployment runs them: the API (which
 	// migrates), the relay and the consumers.
@@ -127,21 +121,7 @@ func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100", "OTEL_SERVICE_NAME=ferry-otlp-test")
 	var logs pipelinetest.SyncBuffer
 	var procs []*exec.Cmd
-	startProc := func(args ...string) {
-		cmd := exec.Command(bin, args...)
-		cmd.Env = env
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		require.NoError(t, cmd.Start())
-		procs = append(procs, cmd)
-	}
-	t.Cleanup(func() {
-		for _, p := range procs {
-			if p.ProcessState == nil {
-				_ = p.Process.Kill()
-				_ = p.Wait()
-			}
-		}
-	})
+	startProc := func(args ...string) { procs = append(procs, startFerry(t, bin, env, &logs, args...)) }
 	startProc("serve", "--migrate")
 	require.Eventually(t, func() bool {
 		resp, err := http.Get("http://" + api + "/healthz")
@@ -155,15 +135,8 @@ func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
 	startProc("consume")
 
 	require.Eventually(t, func() bool {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(`{"user_id":"tracy","amount":700,"currency":"JPY"}`))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", "otlp-1")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode < 300
+		status, err := postOrder(api, "otlp-1", `{"user_id":"tracy","amount":700,"currency":"JPY"}`)
+		return err == nil && status < 300
 	}, 60*time.Second, 200*time.Millisecond, "the API never took the order: %s", logs.String())
 	require.Eventually(t, func() bool { return len(world.Payments.Charges()) == 1 }, 30*time.Second, 50*time.Millisecond, logs.String())
 	for _, p := range procs {
@@ -210,6 +183,60 @@ func TestOneOrderIsOneTraceOverOTLP(t *testing.T) {
 	require.Len(t, pids, 3, "one trace across the API, the relay and the consumer processes")
 }
 
+// buildFerry builds this binary into the test's directory.
+func buildFerry(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ferry")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "building ferry: %s", out)
+	return bin
+}
+
+// ownVhost adds a RabbitMQ vhost for the test (prefix and random hex),
+// deleted when it ends: deleting it removes whatever the processes declared.
+func ownVhost(t *testing.T, prefix string) string {
+	t.Helper()
+	vhost := pipelinetest.UniqueName(prefix)
+	require.NoError(t, exec.Command("rabbitmqctl", "-q", "add_vhost", vhost).Run())
+	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", vhost).Run() })
+	require.NoError(t, exec.Command("rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*").Run())
+	return vhost
+}
+
+// startFerry starts bin with args and env, its output into logs; a process
+// the test has not waited for is killed when it ends.
+func startFerry(t *testing.T, bin string, env []string, logs *pipelinetest.SyncBuffer, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// postOrder posts body to the API's /orders with an idempotency key and
+// returns the status.
+func postOrder(api, key, body string) (int, error) {
+	req, err := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
 func freeTestPort(t *testing.T) string {
 	t.Helper()
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
@@ -226,34 +253,17 @@ func TestServeTakesOrdersWithTheBrokerDown(t *testing.T) {
 		t.Skip("needs PostgreSQL; skipped with -short")
 	}
 	schema := pipelinetest.Schema(t)
-	bin := filepath.Join(t.TempDir(), "ferry")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "building ferry: %s", out)
+	bin := buildFerry(t)
 	api := "127.0.0.1:" + freeTestPort(t)
-	cmd := exec.Command(bin, "serve", "--migrate")
-	cmd.Env = append(os.Environ(), "FERRY_DATABASE_URL="+pipelinetest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
-		"FERRY_AMQP_URL=amqp://guest:guest@127.0.0.1:"+freeTestPort(t)+"/", "FERRY_HTTP_ADDR="+api, "FERRY_ADMIN_ADDR=off", "FERRY_LOG_LEVEL=warn")
 	var logs pipelinetest.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
+	cmd := startFerry(t, bin, append(os.Environ(), "FERRY_DATABASE_URL="+pipelinetest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
+		"FERRY_AMQP_URL=amqp://guest:guest@127.0.0.1:"+freeTestPort(t)+"/", "FERRY_HTTP_ADDR="+api, "FERRY_ADMIN_ADDR=off", "FERRY_LOG_LEVEL=warn"),
+		&logs, "serve", "--migrate")
 	var status int
 	require.Eventually(t, func() bool {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(`{"user_id":"ada","amount":700,"currency":"JPY"}`))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", "serve-1")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		status = resp.StatusCode
-		return true
+		var err error
+		status, err = postOrder(api, "serve-1", `{"user_id":"ada","amount":700,"currency":"JPY"}`)
+		return err == nil
 	}, 30*time.Second, 100*time.Millisecond, "the API never answered: %s", logs.String())
 	require.Less(t, status, 300, logs.String())
 	pool := pipelinetest.Pool(t, schema, "ferry-test-serve")
@@ -277,14 +287,9 @@ func TestStatusDuringAnOutageNamesWhereMessagesWait(t *testing.T) {
 	require.NoError(t, err)
 	defer world.Close()
 	pipelinetest.Rabbit(t)
-	vhost := pipelinetest.UniqueName("ferry_test_outage_")
-	require.NoError(t, exec.Command("rabbitmqctl", "-q", "add_vhost", vhost).Run())
-	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", vhost).Run() })
-	require.NoError(t, exec.Command("rabbitmqctl", "-q", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*").Run())
+	vhost := ownVhost(t, "ferry_test_outage_")
 	schema := pipelinetest.Schema(t)
-	bin := filepath.Join(t.TempDir(), "ferry")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "building ferry: %s", out)
+	bin := buildFerry(t)
 
 	api := "127.0.0.1:" + freeTestPort(t)
 	env := map[string]string{
@@ -293,32 +298,17 @@ func TestStatusDuringAnOutageNamesWhereMessagesWait(t *testing.T) {
 		"FERRY_DURABLE_RETRY_INITIAL": "1m", "FERRY_PAYMENT_URL": world.Payments.URL(),
 		"FERRY_SMTP_ADDR": "127.0.0.1:" + freeTestPort(t), // the SMTP outage: nothing listens
 	}
-	cmd := exec.Command(bin, "run", "--migrate")
-	cmd.Env = append(os.Environ(), "FERRY_HTTP_ADDR="+api, "FERRY_ADMIN_ADDR=off", "FERRY_LOG_LEVEL=warn", "FERRY_RELAY_POLL_INTERVAL=50ms")
+	runEnv := append(os.Environ(), "FERRY_HTTP_ADDR="+api, "FERRY_ADMIN_ADDR=off", "FERRY_LOG_LEVEL=warn", "FERRY_RELAY_POLL_INTERVAL=50ms")
 	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+		runEnv = append(runEnv, k+"="+v)
 	}
 	var logs pipelinetest.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
+	startFerry(t, bin, runEnv, &logs, "run", "--migrate")
 	order := func(key string) {
 		t.Helper()
 		require.Eventually(t, func() bool {
-			req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(`{"user_id":"ada","amount":700,"currency":"JPY"}`))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Idempotency-Key", key)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode < 300
+			status, err := postOrder(api, key, `{"user_id":"ada","amount":700,"currency":"JPY"}`)
+			return err == nil && status < 300
 		}, 60*time.Second, 100*time.Millisecond, "the API never took the order: %s", logs.String())
 	}
 	// Two orders charged while the provider is up (every order's mail
