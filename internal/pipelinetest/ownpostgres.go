@@ -68,23 +68,31 @@ func StartPostgres(ctx context.Context, settings ...string) (*PostgresServer, er
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
 	}
+	if err := s.start(ctx, settings...); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting PostgreSQL: %w", err)
+	}
+	return s, nil
+}
+
+// start starts the cluster in s's directory on a free loopback port, with
+// Ferry's settings and then settings ("name=value"), which win.
+func (s *PostgresServer) start(ctx context.Context, settings ...string) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
+		return err
 	}
 	s.Port = ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_connections=200", s.Port, dir)
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_connections=200", s.Port, s.dir)
 	for _, set := range settings {
 		opts += " -c " + set
 	}
-	if out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-l", filepath.Join(dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
-		logs, _ := os.ReadFile(filepath.Join(dir, "server.log"))
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("starting PostgreSQL: %w\n%s\n%s", err, out, logs)
+	if out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-l", filepath.Join(s.dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
+		logs, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+		return fmt.Errorf("%w\n%s\n%s", err, out, logs)
 	}
-	return s, nil
+	return nil
 }
 
 // OwnPostgres starts a PostgreSQL server of the test's own (StartPostgres,
@@ -157,18 +165,9 @@ func (s *PostgresServer) StartStandby(ctx context.Context, synchronous bool) (*P
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("pg_basebackup: %w\n%s", err, out)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if err := st.start(ctx, "hot_standby=on"); err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	st.Port = ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_connections=200 -c hot_standby=on", st.Port, dir)
-	if out, err := st.run(ctx, "pg_ctl", "-D", st.data(), "-l", filepath.Join(dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
-		logs, _ := os.ReadFile(filepath.Join(dir, "server.log"))
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("starting the standby: %w\n%s\n%s", err, out, logs)
+		return nil, fmt.Errorf("starting the standby: %w", err)
 	}
 	// Streaming before anything is asked of it.
 	deadline := time.Now().Add(30 * time.Second)
