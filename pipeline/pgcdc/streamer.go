@@ -472,8 +472,12 @@ func (s *Streamer) stream(ctx context.Context) error {
 	cancel()
 	wg.Wait()
 	// The last confirmed position, so that the next streamer replays as
-	// little as possible (best effort: the connection may be gone).
-	_ = se.sendStatus(true)
+	// little as possible (best effort). Not on a connection pgconn has
+	// closed after a read error: its closing goroutine is writing to the
+	// socket (a data race, seen under -race during a database failover).
+	if !conn.IsClosed() {
+		_ = se.sendStatus(true)
+	}
 	s.oldestUnconfirmed.Store(0)
 	return err
 }
