@@ -47,6 +47,17 @@ func TestPubSub(t *testing.T) {
 	)
 }
 
+// TestPubSubManyInFlight runs the suite again with consumers holding many
+// deliveries at once and acking them together (rabbit.Consumer with
+// InFlight 16, as batch routes run it).
+func TestPubSubManyInFlight(t *testing.T) {
+	newPubSub := ferryPubSubInFlight(t, pipelinetest.Rabbit(t), 16)
+	tests.TestPubSub(t, features(),
+		func(t *testing.T) (message.Publisher, message.Subscriber) { return newPubSub(t, "") },
+		newPubSub,
+	)
+}
+
 func features() tests.Features {
 	return tests.Features{
 		ConsumerGroups:      true,
@@ -60,6 +71,10 @@ func features() tests.Features {
 // and returns the suite's constructor: the outbox publisher and a subscriber
 // of the group.
 func ferryPubSub(t *testing.T, cfg rabbit.Config) func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+	return ferryPubSubInFlight(t, cfg, 1)
+}
+
+func ferryPubSubInFlight(t *testing.T, cfg rabbit.Config, inFlight int) func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 	pool := pipelinetest.Postgres(t)
 	topo, err := rabbit.NewTopology(cfg)
 	require.NoError(t, err)
@@ -90,7 +105,7 @@ func ferryPubSub(t *testing.T, cfg rabbit.Config) func(t *testing.T, group strin
 	return func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		p, err := outbox.Publisher(db)
 		require.NoError(t, err)
-		s, err := rabbit.NewSubscriber(conn, topo, rabbit.SubscriberConfig{Group: group}, watermill.NopLogger{})
+		s, err := rabbit.NewSubscriber(conn, topo, rabbit.SubscriberConfig{Group: group, InFlight: inFlight}, watermill.NopLogger{})
 		require.NoError(t, err)
 		return p, s
 	}

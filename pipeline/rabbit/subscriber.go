@@ -18,6 +18,11 @@ type SubscriberConfig struct {
 	// message. Default "": the group is the topic itself, so all
 	// subscribers without a group share one queue per topic.
 	Group string
+	// InFlight is how many deliveries each of its consumers hands out
+	// before the oldest is settled (acks of many go in one frame). Default
+	// 1, as watermill-amqp's subscriber. Ordered topics' partitions always
+	// take 1, which is what keeps their order.
+	InFlight int
 }
 
 // Subscriber is a Watermill subscriber by topic over Ferry's topology: with
@@ -33,11 +38,12 @@ type Subscriber struct {
 	topo   *Topology
 	conn   *wamqp.ConnectionWrapper
 	ownsC  bool
-	group  string
-	logger watermill.LoggerAdapter
+	group    string
+	inFlight int
+	logger   watermill.LoggerAdapter
 
 	mu     sync.Mutex
-	subs   []*wamqp.Subscriber
+	subs   []*Consumer
 	closed bool
 }
 
@@ -55,10 +61,16 @@ func NewSubscriber(conn *wamqp.ConnectionWrapper, topo *Topology, cfg Subscriber
 	if cfg.Group != "" && !validQueuePart(cfg.Group) {
 		return nil, fmt.Errorf("rabbit: consumer group %q must be 1 to 200 characters of letters, digits and . _ : -", cfg.Group)
 	}
+	if cfg.InFlight < 0 {
+		return nil, fmt.Errorf("rabbit: SubscriberConfig.InFlight must not be negative, got %d", cfg.InFlight)
+	}
+	if cfg.InFlight == 0 {
+		cfg.InFlight = 1
+	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	s := &Subscriber{topo: topo, conn: conn, group: cfg.Group, logger: logger}
+	s := &Subscriber{topo: topo, conn: conn, group: cfg.Group, inFlight: cfg.InFlight, logger: logger}
 	if conn == nil {
 		c, err := Dial(topo.cfg, "ferry-subscriber", logger)
 		if err != nil {
@@ -114,8 +126,12 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 // and redelivered.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	var outs []<-chan *message.Message
+	inFlight := s.inFlight
+	if s.topo.Ordered(topic) {
+		inFlight = 1
+	}
 	for _, sub := range s.subscriptions(topic) {
-		ws, err := wamqp.NewSubscriberWithConnection(sub.Config, s.logger, s.conn)
+		ws, err := NewConsumer(s.conn, s.topo, sub, inFlight, s.logger)
 		if err != nil {
 			return nil, fmt.Errorf("subscribing to %q: %w", topic, err)
 		}
@@ -135,7 +151,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return merge(outs), nil
 }
 
-func (s *Subscriber) track(ws *wamqp.Subscriber) bool {
+func (s *Subscriber) track(ws *Consumer) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
