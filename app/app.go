@@ -290,6 +290,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if a.Topology, err = rabbit.NewTopology(amqpCfg); err != nil {
 		return nil, fmt.Errorf("FERRY_AMQP_*: %w", err)
 	}
+	if err := validateBatches(a.Routes, a.Topology); err != nil {
+		return nil, fmt.Errorf("invalid route table: %w", err)
+	}
 	cfg.AMQP = a.Topology.Config()
 	a.cfg = cfg
 	if opts.WithoutBroker {
@@ -584,6 +587,13 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 		return nil, err
 	}
 	for _, r := range a.Routes {
+		if r.Batch != nil {
+			if err := a.mountBatch(router, conn, chain, r); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			continue
+		}
 		// An ordered route consumes one queue per partition, each its own
 		// router handler ("<route>@<k>"), so order holds per partition.
 		for _, s := range a.Topology.Subscriptions(r.Name, r.Topic) {
@@ -598,6 +608,54 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 		}
 	}
 	return conn, nil
+}
+
+// validateBatches checks the batch routes against the topology: a topic
+// ordered by another route or FERRY_ORDERED_TOPICS cannot be batched
+// either, and the batching itself must be valid.
+func validateBatches(routes []handlers.Route, topo *rabbit.Topology) error {
+	var errs []error
+	for _, r := range routes {
+		if r.Batch == nil {
+			continue
+		}
+		if topo.Ordered(r.Topic) {
+			errs = append(errs, fmt.Errorf("route %q is batched but its topic %q is ordered (by another route or FERRY_ORDERED_TOPICS): a batch keeps no order", r.Name, r.Topic))
+		}
+		if err := batchConfig(r).Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("route %q: %w", r.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func batchConfig(r handlers.Route) middleware.BatchConfig {
+	return middleware.BatchConfig{MaxSize: r.Batch.MaxSize, MaxWait: r.Batch.MaxWait}
+}
+
+// mountBatch mounts a batch route: its consumers (rabbit.Consumer) hold up
+// to MaxSize deliveries each, acked together, and one Batcher, shared by
+// them, takes the place of the handler and of the chain's idempotency link.
+func (a *App) mountBatch(router *message.Router, conn *wamqp.ConnectionWrapper, chain middleware.Chain, r handlers.Route) error {
+	batcher, err := middleware.NewBatcher(a.Idempotency, a.Ledger, r.Batch.Handler, batchConfig(r))
+	if err != nil {
+		return fmt.Errorf("route %q: %w", r.Name, err)
+	}
+	mws := chain.Without(middleware.LinkIdempotency).Middlewares()
+	inFlight := batchConfig(r).WithDefaults().MaxSize
+	for _, s := range a.Topology.Subscriptions(r.Name, r.Topic) {
+		sub, err := rabbit.NewConsumer(conn, a.Topology, s, inFlight, a.watermillLogger())
+		if err != nil {
+			return fmt.Errorf("subscribing %s to %s: %w", s.Name, r.Topic, err)
+		}
+		h := router.AddConsumerHandler(s.Name, r.Topic, sub, func(msg *message.Message) error {
+			_, err := batcher.Handler(msg)
+			return err
+		})
+		h.AddMiddleware(mws...)
+		h.AddMiddleware(r.Middleware...)
+	}
+	return nil
 }
 
 // Run runs the selected components until ctx is done or one fails.

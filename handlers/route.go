@@ -1,9 +1,11 @@
 package handlers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -23,7 +25,13 @@ type Route struct {
 	// relay and partitioned queues honour it.
 	Ordered bool
 	// Handler processes one message. Return nil only when its effect is done.
+	// A route has a Handler or a Batch, not both.
 	Handler message.NoPublishHandlerFunc
+	// Batch, instead of Handler, handles the route's messages many at a
+	// time, in one transaction per batch: for handlers whose effects are
+	// database writes (projections, read models), where the per-message
+	// transaction is most of the cost. Not for ordered routes.
+	Batch *Batch
 	// Middleware wraps only this handler, inside the router-wide chain
 	// (inside the idempotency transaction).
 	Middleware []message.HandlerMiddleware
@@ -42,10 +50,44 @@ func (r Route) Validate() error {
 	} else if err := pipeline.ValidateTopicName(r.Topic); err != nil {
 		errs = append(errs, fmt.Errorf("route %q: %w", r.Name, err))
 	}
-	if r.Handler == nil {
+	switch {
+	case r.Handler == nil && r.Batch == nil:
 		errs = append(errs, fmt.Errorf("route %q has no handler", r.Name))
+	case r.Handler != nil && r.Batch != nil:
+		errs = append(errs, fmt.Errorf("route %q has both a Handler and a Batch; it takes one", r.Name))
+	case r.Batch != nil && r.Batch.Handler == nil:
+		errs = append(errs, fmt.Errorf("route %q: its Batch has no Handler", r.Name))
+	}
+	if r.Batch != nil && r.Ordered {
+		errs = append(errs, fmt.Errorf("route %q is ordered and batched: a batch keeps no order, so an ordered route takes a Handler", r.Name))
 	}
 	return errors.Join(errs...)
+}
+
+// Batch is a route's batch handler and its batching (see Route.Batch).
+//
+// Each message is still settled alone: its ledger row, its ack, its
+// retries and its poisoning are its own. The batch handler runs in the
+// ledger's transaction (pgledger.TxFromContext(ctx)) with the messages not
+// processed before; if it fails, or the batch's transaction does, every
+// message of the batch is tried again alone (the handler called with that
+// one message), so only the message at fault is retried and poisoned. An
+// effect outside the transaction (a call to a provider) may then run
+// twice, as on any redelivery: pass the message id as its idempotency key.
+//
+// The route's Middleware wraps each message before it joins a batch,
+// outside the batch's transaction.
+type Batch struct {
+	// Handler handles one batch. Return nil only when every message's
+	// effect is done; the messages keep their own contexts (trace, logger).
+	Handler func(ctx context.Context, msgs []*message.Message) error
+	// MaxSize is the most messages in one batch, and how many deliveries
+	// each of the route's consumers holds. Default 100, at most 10,000.
+	MaxSize int
+	// MaxWait is how long a batch waits to fill after its first message:
+	// the latency a message may gain when the queue is nearly idle.
+	// Default 5ms, at most 1s.
+	MaxWait time.Duration
 }
 
 // ValidateRoutes checks every route and that names are unique.

@@ -53,6 +53,11 @@ func (c Chain) Middlewares() []message.HandlerMiddleware {
 	return m
 }
 
+// Without returns the chain without the link named name, if it has one.
+func (c Chain) Without(name string) Chain {
+	return slices.DeleteFunc(slices.Clone(c), func(l Link) bool { return l.Name == name })
+}
+
 // Append adds links innermost, right around the handlers.
 func (c Chain) Append(links ...Link) (Chain, error) {
 	return c.insertAt(len(c), links)

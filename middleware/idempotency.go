@@ -59,16 +59,11 @@ func (i *Idempotency) Duplicates() int64 { return i.duplicates.Load() }
 // refused as Permanent, so it goes to the poison queue with that reason.
 func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		id := pipeline.MessageID(msg)
-		if id == "" {
-			return nil, pipeline.Permanent(errors.New("message has no id: it cannot be deduplicated"))
-		}
-		if !pipeline.ValidText(id) || len(id) > maxMessageIDLength {
-			return nil, pipeline.Permanent(fmt.Errorf("message id %q cannot be stored (invalid UTF-8, a NUL, or over %d bytes): it cannot be deduplicated",
-				pipeline.CleanText(id, 100), maxMessageIDLength))
+		consumer, id, err := ledgerKey(msg)
+		if err != nil {
+			return nil, err
 		}
 		outer := msg.Context()
-		consumer := pipeline.RouteName(message.HandlerNameFromCtx(outer))
 		var produced []*message.Message
 		ran, err := i.ledger.Once(outer, consumer, id, pipeline.ContentDigest(msg), func(ctx context.Context) error {
 			msg.SetContext(ctx)
@@ -77,25 +72,48 @@ func (i *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			produced, err = h(msg)
 			return err
 		})
-		if errors.Is(err, pipeline.ErrIDConflict) {
-			// Not a duplicate: someone published another message under an id
-			// this handler has processed. Loud, counted, and kept with the
-			// reason in the poison store; never acked as done.
-			recorderOr(i.Recorder).Record(consumer, OutcomeIDConflict)
-			i.logger.WarnContext(outer, "message id reused with different content; not handled, poisoning",
-				"handler", consumer, "error", err)
-			return nil, pipeline.Permanent(err)
-		}
-		if err != nil {
+		if err := i.settle(outer, consumer, ran, err); err != nil {
 			return nil, err
-		}
-		if ran {
-			recorderOr(i.Recorder).Record(consumer, OutcomeHandled)
-		} else {
-			recorderOr(i.Recorder).Record(consumer, OutcomeDuplicate)
-			i.duplicates.Add(1)
-			i.logger.InfoContext(outer, "duplicate delivery suppressed", "handler", consumer)
 		}
 		return produced, nil
 	}
+}
+
+// ledgerKey is the consumer (the route) and the message id a delivery is
+// recorded under, or a Permanent error when it cannot be recorded.
+func ledgerKey(msg *message.Message) (consumer, id string, err error) {
+	id = pipeline.MessageID(msg)
+	if id == "" {
+		return "", "", pipeline.Permanent(errors.New("message has no id: it cannot be deduplicated"))
+	}
+	if !pipeline.ValidText(id) || len(id) > maxMessageIDLength {
+		return "", "", pipeline.Permanent(fmt.Errorf("message id %q cannot be stored (invalid UTF-8, a NUL, or over %d bytes): it cannot be deduplicated",
+			pipeline.CleanText(id, 100), maxMessageIDLength))
+	}
+	return pipeline.RouteName(message.HandlerNameFromCtx(msg.Context())), id, nil
+}
+
+// settle counts and logs what the ledger did with one delivery and returns
+// the delivery's error: nil for handled and duplicate deliveries.
+func (i *Idempotency) settle(ctx context.Context, consumer string, ran bool, err error) error {
+	if errors.Is(err, pipeline.ErrIDConflict) {
+		// Not a duplicate: someone published another message under an id
+		// this handler has processed. Loud, counted, and kept with the
+		// reason in the poison store; never acked as done.
+		recorderOr(i.Recorder).Record(consumer, OutcomeIDConflict)
+		i.logger.WarnContext(ctx, "message id reused with different content; not handled, poisoning",
+			"handler", consumer, "error", err)
+		return pipeline.Permanent(err)
+	}
+	if err != nil {
+		return err
+	}
+	if ran {
+		recorderOr(i.Recorder).Record(consumer, OutcomeHandled)
+	} else {
+		recorderOr(i.Recorder).Record(consumer, OutcomeDuplicate)
+		i.duplicates.Add(1)
+		i.logger.InfoContext(ctx, "duplicate delivery suppressed", "handler", consumer)
+	}
+	return nil
 }

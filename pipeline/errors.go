@@ -91,3 +91,22 @@ func IsInfrastructure(err error) bool {
 	var i infrastructureError
 	return errors.As(err, &i)
 }
+
+// LedgerEntry is one message of a batch recorded in a consumer's ledger
+// (pgledger.Ledger.OnceBatch).
+type LedgerEntry struct {
+	MessageID string
+	// Digest is ContentDigest of the message (nil: not checked).
+	Digest []byte
+}
+
+// LedgerResult is what a batch ledger did with one LedgerEntry.
+type LedgerResult struct {
+	// Ran: the entry was new and the batch handler ran with it; its ledger
+	// row committed with the handler's writes.
+	Ran bool
+	// Err, for an entry processed before with other content, wraps
+	// ErrIDConflict. An entry with neither Ran nor Err was a duplicate
+	// delivery.
+	Err error
+}

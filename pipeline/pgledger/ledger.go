@@ -42,11 +42,13 @@ type Config struct {
 // Ledger records which messages each consumer has processed.
 // It is safe for concurrent use.
 type Ledger struct {
-	pool      *pgxpool.Pool
-	logger    *slog.Logger
-	insertSQL string
-	existsSQL string
-	digestSQL string
+	pool       *pgxpool.Pool
+	logger     *slog.Logger
+	insertSQL  string
+	existsSQL  string
+	digestSQL  string
+	batchSQL   string
+	digestsSQL string
 }
 
 // New returns a Ledger over pool.
@@ -67,6 +69,10 @@ func New(pool *pgxpool.Pool, cfg Config, logger *slog.Logger) (*Ledger, error) {
 		insertSQL: `INSERT INTO ` + t + ` (consumer, message_id, payload_sha256) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
 		existsSQL: `SELECT processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
 		digestSQL: `SELECT payload_sha256 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
+		batchSQL: `INSERT INTO ` + t + ` (consumer, message_id, payload_sha256)
+			SELECT $1, m.id, m.digest FROM unnest($2::text[], $3::bytea[]) AS m(id, digest)
+			ON CONFLICT DO NOTHING RETURNING message_id`,
+		digestsSQL: `SELECT message_id, payload_sha256 FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 	}, nil
 }
 
@@ -175,4 +181,109 @@ func (l *Ledger) Processed(ctx context.Context, consumer, messageID string) (boo
 		return false, fmt.Errorf("looking up message %s for %s: %w", messageID, consumer, err)
 	}
 	return true, nil
+}
+
+// OnceBatch is Once for many messages of one consumer: one transaction
+// inserts all their rows with one statement, fn runs once with the indexes
+// (in entries' order) of those not processed before, and one commit
+// records them with fn's writes. Entries processed before are reported as
+// duplicates, or conflicts when their content differs; fn does not see
+// them. If fn is called with no fresh entries it is not called at all.
+//
+// An error means nothing of the batch was recorded (rolled back), except
+// after a failed COMMIT, whose outcome the client cannot know: callers
+// retry the entries one by one with Once, which tells the two apart. Errors
+// are marked as Once's are. The message ids must be distinct.
+func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipeline.LedgerEntry, fn func(ctx context.Context, fresh []int) error) ([]pipeline.LedgerResult, error) {
+	ids := make([]string, len(entries))
+	digests := make([][]byte, len(entries))
+	index := make(map[string]int, len(entries))
+	for i, e := range entries {
+		if consumer == "" || e.MessageID == "" {
+			return nil, errors.New("pgledger: consumer and message id must not be empty")
+		}
+		if !pipeline.ValidText(consumer) || !pipeline.ValidText(e.MessageID) {
+			return nil, fmt.Errorf("pgledger: message id %q (consumer %q) must be valid UTF-8 without NUL", pipeline.CleanText(e.MessageID, 200), pipeline.CleanText(consumer, 200))
+		}
+		if _, dup := index[e.MessageID]; dup {
+			return nil, fmt.Errorf("pgledger: message id %q appears twice in one batch", pipeline.CleanText(e.MessageID, 200))
+		}
+		index[e.MessageID] = i
+		ids[i], digests[i] = e.MessageID, e.Digest
+	}
+	results := make([]pipeline.LedgerResult, len(entries))
+	if len(entries) == 0 {
+		return results, nil
+	}
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return nil, pipeline.Infrastructure(fmt.Errorf("beginning ledger transaction: %w", err))
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = tx.Rollback(rbCtx)
+		}
+	}()
+	rows, err := tx.Query(ctx, l.batchSQL, consumer, ids, digests)
+	if err != nil {
+		return nil, pipeline.Infrastructure(fmt.Errorf("recording %d messages for %s in ledger: %w", len(entries), consumer, err))
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, pipeline.Infrastructure(fmt.Errorf("recording %d messages for %s in ledger: %w", len(entries), consumer, err))
+	}
+	for _, id := range inserted {
+		results[index[id]].Ran = true
+	}
+	if len(inserted) < len(entries) {
+		// Processed before (or by a concurrent delivery that committed):
+		// the same messages, unless their content differs.
+		var seen []string
+		for i, r := range results {
+			if !r.Ran {
+				seen = append(seen, ids[i])
+			}
+		}
+		rows, err := tx.Query(ctx, l.digestsSQL, consumer, seen)
+		if err != nil {
+			return nil, pipeline.Infrastructure(fmt.Errorf("reading ledger entries for %s: %w", consumer, err))
+		}
+		var id string
+		var stored []byte
+		_, err = pgx.ForEachRow(rows, []any{&id, &stored}, func() error {
+			i := index[id]
+			if !pipeline.SameContent(stored, digests[i]) {
+				results[i].Err = fmt.Errorf("%w: %s processed message %s with content digest %x, this delivery has %x",
+					pipeline.ErrIDConflict, consumer, id, stored, digests[i])
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, pipeline.Infrastructure(fmt.Errorf("reading ledger entries for %s: %w", consumer, err))
+		}
+	}
+	fresh := make([]int, 0, len(inserted))
+	for i, r := range results {
+		if r.Ran {
+			fresh = append(fresh, i)
+		}
+	}
+	hctx, afterCommit := pipeline.WithAfterCommit(context.WithValue(ctx, txKey{}, tx))
+	if len(fresh) > 0 {
+		if err := fn(hctx, fresh); err != nil {
+			if tx.Conn().IsClosed() {
+				return nil, pipeline.Infrastructure(err)
+			}
+			return nil, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, pgconn.MarkUnavailable(fmt.Errorf("committing ledger entries of %d messages (%s): %w", len(entries), consumer, err))
+	}
+	committed = true
+	afterCommit()
+	return results, nil
 }

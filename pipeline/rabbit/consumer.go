@@ -155,8 +155,8 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		return fmt.Errorf("consuming %s: %w", c.sub.Queue, err)
 	}
 	var (
-		window []pending         // handed out or about to be, oldest first
-		next   *message.Message  // the newest delivery, not yet handed to the router
+		window []pending        // handed out or about to be, oldest first
+		next   *message.Message // the newest delivery, not yet handed to the router
 		in     <-chan amqp.Delivery
 		send   chan<- *message.Message
 	)

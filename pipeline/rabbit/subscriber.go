@@ -35,9 +35,9 @@ type SubscriberConfig struct {
 // Ferry's route tables (app.App.Mount) name queues after handlers instead;
 // use this subscriber for plain Watermill handlers and the CQRS component.
 type Subscriber struct {
-	topo   *Topology
-	conn   *wamqp.ConnectionWrapper
-	ownsC  bool
+	topo     *Topology
+	conn     *wamqp.ConnectionWrapper
+	ownsC    bool
 	group    string
 	inFlight int
 	logger   watermill.LoggerAdapter
