@@ -633,8 +633,8 @@ func batchConfig(r handlers.Route) middleware.BatchConfig {
 	return middleware.BatchConfig{MaxSize: r.Batch.MaxSize, MaxWait: r.Batch.MaxWait}
 }
 
-// mountBatch mounts a batch route: its consumers (rabbit.Consumer) hold up
-// to MaxSize deliveries each, acked together, and one Batcher, shared by
+// mountBatch mounts a batch route: its consumers (rabbit.Consumer) hold
+// two batches' worth of deliveries between them, acked many at a time, and one Batcher, shared by
 // them, takes the place of the handler and of the chain's idempotency link.
 func (a *App) mountBatch(router *message.Router, conn *wamqp.ConnectionWrapper, chain middleware.Chain, r handlers.Route) error {
 	batcher, err := middleware.NewBatcher(a.Idempotency, a.Ledger, r.Batch.Handler, batchConfig(r))
@@ -642,8 +642,11 @@ func (a *App) mountBatch(router *message.Router, conn *wamqp.ConnectionWrapper, 
 		return fmt.Errorf("route %q: %w", r.Name, err)
 	}
 	mws := chain.Without(middleware.LinkIdempotency).Middlewares()
-	inFlight := batchConfig(r).WithDefaults().MaxSize
-	for _, s := range a.Topology.Subscriptions(r.Name, r.Topic) {
+	subs := a.Topology.Subscriptions(r.Name, r.Topic)
+	// Twice a batch in hand across the route's consumers: one batch fills
+	// while the one before commits; more only costs memory.
+	inFlight := (2*batchConfig(r).WithDefaults().MaxSize + len(subs) - 1) / len(subs)
+	for _, s := range subs {
 		sub, err := rabbit.NewConsumer(conn, a.Topology, s, inFlight, a.watermillLogger())
 		if err != nil {
 			return fmt.Errorf("subscribing %s to %s: %w", s.Name, r.Topic, err)

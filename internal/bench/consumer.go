@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -73,29 +75,67 @@ func newBenchPipeline(ctx context.Context, cfg app.Config, bc BenchConfig, maxCo
 	}}, nil
 }
 
+// consumerVariants are the consumers the consumer scenarios compare in one
+// run: a route of single messages (a transaction each) and a batch route.
+var consumerVariants = []struct{ kind, name string }{{"consume", "per message"}, {batchConsumer, "batch"}}
+
 func benchConsumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
+	var tb strings.Builder
+	out := map[string]any{}
+	for _, v := range consumerVariants {
+		run, err := consumerThroughput(ctx, cfg, bc, logger, v.kind)
+		if err != nil {
+			return benchReport{}, fmt.Errorf("%s: %w", v.name, err)
+		}
+		n := bc.ConsumerEvents
+		cpuUS := float64(run.cpu.Microseconds()) / float64(n)
+		rate := float64(n) / run.seconds
+		fmt.Fprintf(&tb, "%s: a consumer process drained %d messages in %.1fs: %.0f messages/s, CPU %.1f µs per message (%.2fs user+system), peak RSS %.1f MB\n",
+			v.name, n, run.seconds, rate, cpuUS, run.cpu.Seconds(), float64(run.peakRSS)/(1<<20))
+		res := map[string]any{
+			"cpu_us_per_message":   cpuUS,
+			"messages_per_second":  rate,
+			"peak_rss_bytes":       run.peakRSS,
+			"seconds":              run.seconds,
+			"cpu_seconds_user_sys": run.cpu.Seconds(),
+			"targets":              map[string]any{"cpu_us_per_message_max": 100, "cpu_met": cpuUS <= 100, "peak_rss_mb_max": 40, "rss_met": run.peakRSS <= 40<<20},
+		}
+		if v.kind == batchConsumer {
+			out["batch"] = res
+			continue
+		}
+		maps.Copy(out, res)
+	}
+	out["params"] = map[string]any{"messages": bc.ConsumerEvents, "database_max_conns": bc.ConsumerConns,
+		"handler": "no-op, real ledger", "batch": fmt.Sprintf("handlers.Batch defaults (MaxSize %d, MaxWait %s)", middleware.DefaultBatchMaxSize, middleware.DefaultBatchMaxWait)}
+	return benchReport{JSON: out, Table: tb.String()}, nil
+}
+
+// consumerThroughput fills a queue with bc.ConsumerEvents messages and
+// drains it with a consumer child of kind.
+func consumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger, kind string) (consumerRun, error) {
 	p, err := newBenchPipeline(ctx, cfg, bc, 8)
 	if err != nil {
-		return benchReport{}, err
+		return consumerRun{}, err
 	}
 	defer p.drop()
 	n := bc.ConsumerEvents
 	if err := preload(ctx, p.sch.pool, memoryTopic, n); err != nil {
-		return benchReport{}, err
+		return consumerRun{}, err
 	}
 	// Fill the queue with this process's relay: not what is measured.
 	rconn, err := rabbit.Dial(p.topo.Config(), "ferry-bench-fill", watermill.NopLogger{})
 	if err != nil {
-		return benchReport{}, err
+		return consumerRun{}, err
 	}
 	defer rconn.Close()
 	pub, err := rabbit.NewBatchPublisher(rconn, p.topo)
 	if err != nil {
-		return benchReport{}, err
+		return consumerRun{}, err
 	}
 	relay, err := pgoutbox.NewRelay(p.sch.pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, PollOnly: true, PollInterval: 20 * time.Millisecond}, logger)
 	if err != nil {
-		return benchReport{}, err
+		return consumerRun{}, err
 	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -108,39 +148,43 @@ func benchConsumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig
 	stop()
 	<-done
 	if err != nil {
-		return benchReport{}, fmt.Errorf("filling the queue: %w", err)
+		return consumerRun{}, fmt.Errorf("filling the queue: %w", err)
 	}
-	run, err := drainWithConsumer(ctx, p.sch, bc, p.env, n)
-	if err != nil {
-		return benchReport{}, err
-	}
-	cpuUS := float64(run.cpu.Microseconds()) / float64(n)
-	rate := float64(n) / run.seconds
-	var tb strings.Builder
-	fmt.Fprintf(&tb, "a consumer process drained %d messages in %.1fs: %.0f messages/s, CPU %.1f µs per message (%.2fs user+system), peak RSS %.1f MB\n",
-		n, run.seconds, rate, cpuUS, run.cpu.Seconds(), float64(run.peakRSS)/(1<<20))
-	return benchReport{JSON: map[string]any{
-		"params":               map[string]any{"messages": n, "database_max_conns": bc.ConsumerConns, "handler": "no-op, real ledger"},
-		"cpu_us_per_message":   cpuUS,
-		"messages_per_second":  rate,
-		"peak_rss_bytes":       run.peakRSS,
-		"seconds":              run.seconds,
-		"targets":              map[string]any{"cpu_us_per_message_max": 100, "cpu_met": cpuUS <= 100, "peak_rss_mb_max": 40, "rss_met": run.peakRSS <= 40<<20},
-		"cpu_seconds_user_sys": run.cpu.Seconds(),
-	}, Table: tb.String()}, nil
+	return drainWithConsumer(ctx, p.sch, bc, p.env, n, kind)
 }
 
 func benchEndToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
 	const writers = 8
-	p, err := newBenchPipeline(ctx, cfg, bc, writers+4)
+	var tb strings.Builder
+	out := map[string]any{}
+	for _, v := range consumerVariants {
+		res, err := endToEndDrain(ctx, cfg, bc, logger, writers, v.kind)
+		if err != nil {
+			return benchReport{}, fmt.Errorf("%s: %w", v.name, err)
+		}
+		fmt.Fprintf(&tb, "%s consumer: %d business transactions (a row and its event) from %d writers: committed in %.1fs (%.0f/s), every effect recorded after %.1fs: %.0f effects/s\n",
+			v.name, bc.DrainEvents, writers, res["commit_seconds"], res["commits_per_second"], res["seconds"], res["effects_per_second"])
+		fmt.Fprintf(&tb, "  CPU per effect: relay process %.1f µs, consumer process %.1f µs\n", res["relay_cpu_us_per_event"], res["consumer_cpu_us_per_event"])
+		if v.kind == batchConsumer {
+			out["batch"] = res
+			continue
+		}
+		maps.Copy(out, res)
+	}
+	out["params"] = map[string]any{"transactions": bc.DrainEvents, "writers": writers, "relay_processes": 1, "consumer_processes": 1}
+	return benchReport{JSON: out, Table: tb.String()}, nil
+}
+
+func endToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger, writers int, kind string) (map[string]any, error) {
+	p, err := newBenchPipeline(ctx, cfg, bc, int32(writers)+4)
 	if err != nil {
-		return benchReport{}, err
+		return nil, err
 	}
 	defer p.drop()
 	n := bc.DrainEvents
 	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, logger)
 	if err != nil {
-		return benchReport{}, err
+		return nil, err
 	}
 	// The producers' wake-ups go to the relay process as they would from
 	// an application's.
@@ -153,28 +197,28 @@ func benchEndToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, log
 
 	relay, err := startChild(bc.Binary, "relay", p.env)
 	if err != nil {
-		return benchReport{}, err
+		return nil, err
 	}
 	defer relay.stop()
-	cons, err := startChild(bc.Binary, "consume", p.env)
+	cons, err := startChild(bc.Binary, kind, p.env)
 	if err != nil {
-		return benchReport{}, err
+		return nil, err
 	}
 	defer cons.stop()
 	// Both ready: a first effect went through.
 	if err := commitEvents(ctx, p.sch, ob, 1, 1, "warm"); err != nil {
-		return benchReport{}, err
+		return nil, err
 	}
 	if err := waitFor(ctx, time.Minute, func() (bool, error) { return processed(ctx, p.sch, 1) }); err != nil {
-		return benchReport{}, fmt.Errorf("warm-up: %w", err)
+		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	start := time.Now()
 	if err := commitEvents(ctx, p.sch, ob, writers, n, "drain"); err != nil {
-		return benchReport{}, err
+		return nil, err
 	}
 	committedSecs := time.Since(start).Seconds()
 	if err := waitFor(ctx, 5*time.Minute, func() (bool, error) { return processed(ctx, p.sch, n+1) }); err != nil {
-		return benchReport{}, fmt.Errorf("drain: %w", err)
+		return nil, fmt.Errorf("drain: %w", err)
 	}
 	secs := time.Since(start).Seconds()
 	relay.stop()
@@ -182,19 +226,15 @@ func benchEndToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	relayCPU := relay.cmd.ProcessState.UserTime() + relay.cmd.ProcessState.SystemTime()
 	consCPU := cons.cmd.ProcessState.UserTime() + cons.cmd.ProcessState.SystemTime()
 	rate := float64(n) / secs
-	var tb strings.Builder
-	fmt.Fprintf(&tb, "%d business transactions (a row and its event) from %d writers: committed in %.1fs (%.0f/s), every effect recorded after %.1fs: %.0f effects/s\n",
-		n, writers, committedSecs, float64(n)/committedSecs, secs, rate)
-	fmt.Fprintf(&tb, "CPU per effect: relay process %.1f µs, consumer process %.1f µs\n", float64(relayCPU.Microseconds())/float64(n), float64(consCPU.Microseconds())/float64(n))
-	return benchReport{JSON: map[string]any{
-		"params":                    map[string]any{"transactions": n, "writers": writers, "relay_processes": 1, "consumer_processes": 1},
+	return map[string]any{
 		"effects_per_second":        rate,
 		"commits_per_second":        float64(n) / committedSecs,
+		"commit_seconds":            committedSecs,
 		"seconds":                   secs,
 		"relay_cpu_us_per_event":    float64(relayCPU.Microseconds()) / float64(n),
 		"consumer_cpu_us_per_event": float64(consCPU.Microseconds()) / float64(n),
 		"targets":                   map[string]any{"effects_per_second_min": 4000, "met": rate >= 4000},
-	}, Table: tb.String()}, nil
+	}, nil
 }
 
 // commitEvents commits n business transactions (an order row and one

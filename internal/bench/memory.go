@@ -34,6 +34,10 @@ const ChildEnv = "FERRY_BENCH_CHILD"
 // pid appended), when the parent runs with --cpuprofile.
 const ChildProfileEnv = "FERRY_BENCH_CHILD_CPUPROFILE"
 
+// batchConsumer is the child kind of a consumer whose route is a batch
+// route (handlers.Batch, defaults) instead of a handler of one message.
+const batchConsumer = "consume-batch"
+
 const (
 	memoryTopic = "bench.mem"
 	memoryQueue = "bench.mem.sink"
@@ -52,10 +56,15 @@ func Child(ctx context.Context, kind string, cfg app.Config, logger *slog.Logger
 		}
 		defer a.Close()
 		return a.Run(ctx, app.Components{Relay: true}, nil)
-	case "consume":
+	case "consume", batchConsumer:
 		var n atomic.Int64
+		route := handlers.Route{Name: memoryQueue, Topic: memoryTopic, Handler: func(*message.Message) error { n.Add(1); return nil }}
+		if kind == batchConsumer {
+			route.Handler = nil
+			route.Batch = &handlers.Batch{Handler: func(_ context.Context, msgs []*message.Message) error { n.Add(int64(len(msgs))); return nil }}
+		}
 		a, err := app.New(ctx, cfg, app.Options{Logger: logger, Routes: func(app.Deps) ([]handlers.Route, error) {
-			return []handlers.Route{{Name: memoryQueue, Topic: memoryTopic, Handler: func(*message.Message) error { n.Add(1); return nil }}}, nil
+			return []handlers.Route{route}, nil
 		}})
 		if err != nil {
 			return err
@@ -190,7 +199,7 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 	kids = nil
 
 	// A consumer: one process drains the queue the relays filled.
-	cons, err := drainWithConsumer(ctx, sch, bc, env, bc.Events)
+	cons, err := drainWithConsumer(ctx, sch, bc, env, bc.Events, "consume")
 	if err != nil {
 		return benchReport{}, err
 	}
@@ -234,8 +243,8 @@ type consumerRun struct {
 // drainWithConsumer starts a consumer child (the app's router, one route
 // that only counts, the real ledger) and waits until it has processed n
 // messages; its CPU and peak RSS are read when it has stopped.
-func drainWithConsumer(ctx context.Context, sch *benchSchema, bc BenchConfig, env []string, n int) (consumerRun, error) {
-	k, err := startChild(bc.Binary, "consume", env)
+func drainWithConsumer(ctx context.Context, sch *benchSchema, bc BenchConfig, env []string, n int, kind string) (consumerRun, error) {
+	k, err := startChild(bc.Binary, kind, env)
 	if err != nil {
 		return consumerRun{}, err
 	}

@@ -259,3 +259,82 @@ func TestOnceRefusesUnstorableIDs(t *testing.T) {
 		require.False(t, pipeline.IsInfrastructure(err))
 	}
 }
+
+func TestOnceBatchRecordsTheNewAndReportsDuplicatesAndConflicts(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE effects (id text)`)
+	require.NoError(t, err)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	digest := func(s string) []byte { d := sha256.Sum256([]byte(s)); return d[:] }
+	project := func(entries []pipeline.LedgerEntry) func(ctx context.Context, fresh []int) error {
+		return func(ctx context.Context, fresh []int) error {
+			for _, i := range fresh {
+				if _, err := pgledger.TxFromContext(ctx).Exec(ctx, `INSERT INTO effects VALUES ($1)`, entries[i].MessageID); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+
+	first := []pipeline.LedgerEntry{{MessageID: "a", Digest: digest("A")}, {MessageID: "b", Digest: digest("B")}}
+	res, err := ledger.OnceBatch(ctx, "proj", first, project(first))
+	require.NoError(t, err)
+	require.Equal(t, []pipeline.LedgerResult{{Ran: true}, {Ran: true}}, res)
+
+	// a again (same content: a duplicate), b with other content (a
+	// conflict), c new: fn sees c alone.
+	second := []pipeline.LedgerEntry{{MessageID: "a", Digest: digest("A")}, {MessageID: "b", Digest: digest("B2")}, {MessageID: "c", Digest: digest("C")}}
+	var saw []int
+	res, err = ledger.OnceBatch(ctx, "proj", second, func(ctx context.Context, fresh []int) error {
+		saw = fresh
+		return project(second)(ctx, fresh)
+	})
+	require.NoError(t, err)
+	require.Equal(t, []int{2}, saw)
+	require.False(t, res[0].Ran)
+	require.NoError(t, res[0].Err)
+	require.False(t, res[1].Ran)
+	require.ErrorIs(t, res[1].Err, pipeline.ErrIDConflict)
+	require.True(t, res[2].Ran)
+
+	// Another consumer has its own ledger: the same ids are new to it.
+	res, err = ledger.OnceBatch(ctx, "audit", first, func(context.Context, []int) error { return nil })
+	require.NoError(t, err)
+	require.True(t, res[0].Ran && res[1].Ran)
+
+	// fn's error rolls back the rows and the writes of the whole batch.
+	third := []pipeline.LedgerEntry{{MessageID: "d"}, {MessageID: "e"}}
+	boom := errors.New("projection failed")
+	_, err = ledger.OnceBatch(ctx, "proj", third, func(ctx context.Context, fresh []int) error {
+		require.NoError(t, project(third)(ctx, fresh))
+		return boom
+	})
+	require.ErrorIs(t, err, boom)
+	for _, id := range []string{"d", "e"} {
+		done, err := ledger.Processed(ctx, "proj", id)
+		require.NoError(t, err)
+		require.False(t, done, id)
+	}
+	var effects []string
+	rows, err := pool.Query(ctx, `SELECT id FROM effects ORDER BY id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		effects = append(effects, id)
+	}
+	require.Equal(t, []string{"a", "b", "c"}, effects, "each effect once, none of the failed batch")
+
+	// Ids must be distinct and storable; nothing is written otherwise.
+	_, err = ledger.OnceBatch(ctx, "proj", []pipeline.LedgerEntry{{MessageID: "f"}, {MessageID: "f"}}, func(context.Context, []int) error { return nil })
+	require.ErrorContains(t, err, "twice")
+	_, err = ledger.OnceBatch(ctx, "proj", []pipeline.LedgerEntry{{MessageID: "g"}, {MessageID: "bad\x00"}}, func(context.Context, []int) error { return nil })
+	require.Error(t, err)
+	done, err := ledger.Processed(ctx, "proj", "g")
+	require.NoError(t, err)
+	require.False(t, done)
+}
