@@ -183,6 +183,7 @@ var cmdBench = &cli.Command{
 		fs.DurationVar(&bc.ProducerDuration, "producer-duration", 4*time.Second, "producer_concurrency: length of one run")
 		fs.IntVar(&bc.ConsumerEvents, "consumer-events", 20_000, "consumer_throughput: messages the consumer process drains")
 		fs.IntVar(&bc.DrainEvents, "drain-events", 20_000, "end_to_end_drain: business transactions committed")
+		fs.IntVar(&bc.DrainWriters, "drain-writers", 8, "end_to_end_drain: goroutines committing them")
 		fs.IntVar(&bc.ConsumerConns, "consumer-conns", 4, "consumer_throughput, end_to_end_drain and memory: database pool of the child processes")
 		history := fs.String("history", "10000,1000000", "claim_cost_vs_history: dispatched-row counts (add 10000000 for 10M)")
 		fs.IntVar(&bc.ClaimRounds, "claim-rounds", 200, "claim_cost_vs_history: claims timed per history size")

@@ -68,6 +68,12 @@ func TestBenchSmoke(t *testing.T) {
 	e2e := got[bench.ScenarioEndToEnd]
 	require.EqualValues(t, 200, e2e["handled"])
 	require.EqualValues(t, 200, e2e["commit_to_handler"].(map[string]any)["count"])
+	require.EqualValues(t, 200, e2e["commit_to_effect"].(map[string]any)["count"], "every effect recorded, timed")
+	require.Positive(t, e2e["cpu_us_per_event"].(map[string]any)["postgresql"].(float64), "the database's CPU per event")
+	batchE2E := e2e["batch"].(map[string]any)
+	require.EqualValues(t, 200, batchE2E["handled"], "the batch route's end-to-end run")
+	require.EqualValues(t, 200, batchE2E["commit_to_effect"].(map[string]any)["count"])
+	require.Equal(t, true, batchE2E["params"].(map[string]any)["batch_route"])
 	require.Contains(t, e2e["targets"], "commit_to_confirm_p99_met")
 	cdcE2E := e2e["cdc"].(map[string]any)
 	require.EqualValues(t, 200, cdcE2E["handled"], "the CDC relay's end-to-end run")
@@ -92,8 +98,13 @@ func TestBenchSmoke(t *testing.T) {
 	require.Positive(t, ct["cpu_us_per_message"].(float64), "CPU per consumed message")
 	require.Positive(t, ct["messages_per_second"].(float64))
 	require.Positive(t, ct["peak_rss_bytes"].(float64))
+	ctBatch := ct["batch"].(map[string]any)
+	require.Positive(t, ctBatch["cpu_us_per_message"].(float64), "CPU per message of the batch route")
+	require.Positive(t, ctBatch["messages_per_second"].(float64))
 	dr := got[bench.ScenarioEndToEndDrain]
 	require.Positive(t, dr["effects_per_second"].(float64), "effects/s end to end")
+	require.Positive(t, dr["batch"].(map[string]any)["effects_per_second"].(float64), "effects/s end to end, batch route")
+	require.Positive(t, dr["machine_cpu_us_per_effect"].(map[string]any)["all"].(float64), "the machine's CPU per effect")
 	require.EqualValues(t, 300, dr["params"].(map[string]any)["transactions"])
 
 	cc := got[bench.ScenarioClaimCost]
@@ -107,9 +118,9 @@ func TestBenchSmoke(t *testing.T) {
 	require.Positive(t, mem["consumer_peak_rss_bytes"].(float64), "peak RSS of a consumer process")
 	require.Positive(t, mem["relay_cpu_us_per_event"].(float64), "CPU per relayed event")
 	require.Positive(t, mem["consumer_cpu_us_per_event"].(float64), "CPU per consumed event")
-	// memory: 4 relays and a consumer; consumer_throughput: a consumer;
-	// end_to_end_drain: a relay and a consumer.
-	for kind, n := range map[string]int{"relay": 5, "consume": 3} {
+	// memory: 4 relays and a consumer; consumer_throughput: a consumer of
+	// each kind; end_to_end_drain: a relay and a consumer, twice.
+	for kind, n := range map[string]int{"relay": 6, "consume": 3, "consume-batch": 2} {
 		files, err := filepath.Glob(profile + "." + kind + ".*")
 		require.NoError(t, err)
 		require.Len(t, files, n, "a CPU profile per %s process", kind)

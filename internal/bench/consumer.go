@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -154,7 +155,7 @@ func consumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, log
 }
 
 func benchEndToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
-	const writers = 8
+	writers := bc.DrainWriters
 	var tb strings.Builder
 	out := map[string]any{}
 	for _, v := range consumerVariants {
@@ -164,7 +165,9 @@ func benchEndToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, log
 		}
 		fmt.Fprintf(&tb, "%s consumer: %d business transactions (a row and its event) from %d writers: committed in %.1fs (%.0f/s), every effect recorded after %.1fs: %.0f effects/s\n",
 			v.name, bc.DrainEvents, writers, res["commit_seconds"], res["commits_per_second"], res["seconds"], res["effects_per_second"])
-		fmt.Fprintf(&tb, "  CPU per effect: relay process %.1f µs, consumer process %.1f µs\n", res["relay_cpu_us_per_event"], res["consumer_cpu_us_per_event"])
+		m := res["machine_cpu_us_per_effect"].(map[string]any)
+		fmt.Fprintf(&tb, "  CPU per effect: relay process %.1f µs, consumer process %.1f µs, PostgreSQL %.1f µs, RabbitMQ %.1f µs, producers %.1f µs; machine %.1f µs (%.0f%% busy)\n",
+			res["relay_cpu_us_per_event"], res["consumer_cpu_us_per_event"], m["postgresql"], m["rabbitmq"], m["producers"], m["all"], 100*res["machine_busy"].(float64))
 		if v.kind == batchConsumer {
 			out["batch"] = res
 			continue
@@ -212,7 +215,7 @@ func endToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	if err := waitFor(ctx, time.Minute, func() (bool, error) { return processed(ctx, p.sch, 1) }); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
-	start := time.Now()
+	start, cpu0, srv0 := time.Now(), readCPU(), readServerCPU()
 	if err := commitEvents(ctx, p.sch, ob, writers, n, "drain"); err != nil {
 		return nil, err
 	}
@@ -221,12 +224,22 @@ func endToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		return nil, fmt.Errorf("drain: %w", err)
 	}
 	secs := time.Since(start).Seconds()
+	cpu1, srv1 := readCPU(), readServerCPU()
 	relay.stop()
 	cons.stop()
 	relayCPU := relay.cmd.ProcessState.UserTime() + relay.cmd.ProcessState.SystemTime()
 	consCPU := cons.cmd.ProcessState.UserTime() + cons.cmd.ProcessState.SystemTime()
 	rate := float64(n) / secs
+	// Jiffies are 10 ms: per effect, 10,000 µs each.
+	perEffect := func(jiffies uint64) float64 { return math.Round(10*float64(jiffies)*10_000/float64(n)) / 10 }
 	return map[string]any{
+		"machine_busy": cpu1.busySince(cpu0),
+		"machine_cpu_us_per_effect": map[string]any{
+			"all":        perEffect(cpu1.busy - cpu0.busy),
+			"postgresql": perEffect(srv1.postgres - srv0.postgres),
+			"rabbitmq":   perEffect(srv1.rabbitmq - srv0.rabbitmq),
+			"producers":  perEffect(srv1.self - srv0.self),
+		},
 		"effects_per_second":        rate,
 		"commits_per_second":        float64(n) / committedSecs,
 		"commit_seconds":            committedSecs,

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -20,9 +22,10 @@ import (
 
 // TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne runs a batch
 // route (a projection writing one row per event in the batch's
-// transaction) over 600 events, one of which its handler always refuses.
-// The batches that hold it fail as a whole; their other events go through
-// alone, and only the bad one is retried and poisoned.
+// transaction) over 600 events: its handler always refuses one and panics
+// on another. The batches that hold them fail as a whole; their other
+// events go through alone, and only the two bad ones are retried and
+// poisoned, each with its reason.
 func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 	t.Parallel()
 	const n, route, topic = 600, "projection.totals", "ledger.entry_posted"
@@ -36,6 +39,9 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 			Handler: func(ctx context.Context, msgs []*message.Message) error {
 				tx := pgledger.TxFromContext(ctx)
 				for _, m := range msgs {
+					if string(m.Payload) == `{"n":-2}` {
+						panic("projection bug")
+					}
 					if string(m.Payload) == `{"n":-1}` {
 						mu.Lock()
 						refused++
@@ -63,8 +69,11 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 			var out []pipeline.Outgoing
 			for i := chunk; i < chunk+100; i++ {
 				v := i
-				if i == 333 {
+				switch i {
+				case 333:
 					v = -1
+				case 444:
+					v = -2
 				}
 				evt, err := pipeline.NewEvent(ctx, fmt.Sprintf("acct-%d", i%7), map[string]int{"n": v})
 				if err != nil {
@@ -85,8 +94,8 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 		require.NoError(t, h.app.Pool.QueryRow(ctx, q, args...).Scan(&c))
 		return c
 	}
-	eventually(t, "599 events projected and the bad one poisoned", func() bool {
-		return count(`SELECT count(*) FROM projected`) == n-1 && count(`SELECT count(*) FROM poison_messages`) == 1
+	eventually(t, "598 events projected and the two bad ones poisoned", func() bool {
+		return count(`SELECT count(*) FROM projected`) == n-2 && count(`SELECT count(*) FROM poison_messages`) == 2
 	})
 	var projected []string
 	rows, err := h.app.Pool.Query(ctx, `SELECT message_id FROM projected`)
@@ -98,14 +107,18 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.ElementsMatch(t, ids, projected, "every good event projected, once")
-	require.Equal(t, n-1, count(`SELECT count(*) FROM processed_messages WHERE consumer = $1`, route), "a ledger row per projected event, none for the bad one")
+	require.Equal(t, n-2, count(`SELECT count(*) FROM processed_messages WHERE consumer = $1`, route), "a ledger row per projected event, none for the bad ones")
 
 	poisoned, err := h.app.Poison.List(ctx, topic, 0)
 	require.NoError(t, err)
-	require.Len(t, poisoned, 1)
-	require.Equal(t, route, pipeline.RouteName(poisoned[0].Consumer))
-	require.Contains(t, poisoned[0].Reason, "a negative entry cannot be projected")
-	require.JSONEq(t, `{"n":-1}`, string(poisoned[0].Payload))
+	require.Len(t, poisoned, 2)
+	reasons := map[string]string{}
+	for _, p := range poisoned {
+		require.Equal(t, route, pipeline.RouteName(p.Consumer))
+		reasons[string(p.Payload)] = p.Reason
+	}
+	require.Contains(t, reasons[`{"n":-1}`], "a negative entry cannot be projected")
+	require.Contains(t, reasons[`{"n":-2}`], "projection bug")
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -116,4 +129,35 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 	// each alone) refuse it as often as its batches did; it cost each batch
 	// it joined one failed pass, and its neighbours no attempt.
 	require.GreaterOrEqual(t, refused, 3)
+}
+
+// TestNewRefusesBatchRoutesThatCannotKeepTheirPromise: a batch keeps no
+// order, so neither an ordered batch route nor a batch route on a topic
+// ordered elsewhere starts; nor does a route with both kinds of handler,
+// or a batching out of bounds. Every problem is named at once.
+func TestNewRefusesBatchRoutesThatCannotKeepTheirPromise(t *testing.T) {
+	t.Parallel()
+	cfg, _, _ := testConfig(t)
+	noop := func(context.Context, []*message.Message) error { return nil }
+	build := func(routes ...handlers.Route) error {
+		_, err := app.New(context.Background(), cfg, app.Options{Logger: slog.New(slog.DiscardHandler), Routes: func(app.Deps) ([]handlers.Route, error) { return routes, nil }})
+		return err
+	}
+	err := build(
+		handlers.Route{Name: "a", Topic: "t.a", Ordered: true, Batch: &handlers.Batch{Handler: noop}},
+		handlers.Route{Name: "b", Topic: "t.b", Handler: func(*message.Message) error { return nil }, Batch: &handlers.Batch{Handler: noop}},
+		handlers.Route{Name: "c", Topic: "t.c", Batch: &handlers.Batch{}},
+	)
+	require.ErrorContains(t, err, `route "a" is ordered and batched`)
+	require.ErrorContains(t, err, `route "b" has both a Handler and a Batch`)
+	require.ErrorContains(t, err, `route "c": its Batch has no Handler`)
+
+	err = build(
+		handlers.Route{Name: "ordered", Topic: "t.shared", Ordered: true, Handler: func(*message.Message) error { return nil }},
+		handlers.Route{Name: "projection", Topic: "t.shared", Batch: &handlers.Batch{Handler: noop}},
+		handlers.Route{Name: "huge", Topic: "t.d", Batch: &handlers.Batch{Handler: noop, MaxSize: 20_000, MaxWait: -time.Second}},
+	)
+	require.ErrorContains(t, err, `route "projection" is batched but its topic "t.shared" is ordered`)
+	require.ErrorContains(t, err, `route "huge": batch MaxSize must be in [1, 10000], got 20000`)
+	require.ErrorContains(t, err, "batch MaxWait must be in [0, 1s], got -1s")
 }
