@@ -81,9 +81,9 @@ type Batch struct {
 	// Handler handles one batch. Return nil only when every message's
 	// effect is done; the messages keep their own contexts (trace, logger).
 	Handler func(ctx context.Context, msgs []*message.Message) error
-	// MaxSize is the most messages in one batch; the route's consumers
-	// hold twice as many deliveries between them. Default 100, at most
-	// 10,000.
+	// MaxSize is the most messages in one batch; the route's consumer (one
+	// per process, whatever FERRY_AMQP_CONSUMERS says) holds twice as many
+	// deliveries. Default 100, at most 10,000.
 	MaxSize int
 	// MaxWait is how long a batch waits to fill after its first message:
 	// the latency a message may gain when the queue is nearly idle.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/adoption/shadow"
@@ -233,3 +234,33 @@ func MailOrderShadowed(ctx context.Context, outbox *pgoutbox.Outbox, tx *sql.Tx,
 }
 
 // snippet:end shadow
+
+// snippet:begin batch-route
+// InvoiceTotals keeps a read model, invoices per customer, with a batch
+// route: one transaction per batch of up to 200 events holds their ledger
+// rows and the upserts, sent in one round trip.
+func InvoiceTotals() handlers.Route {
+	return handlers.Route{
+		Name:  "reports.invoice-totals",
+		Topic: "invoice.issued",
+		Batch: &handlers.Batch{
+			MaxSize: 200,
+			Handler: func(ctx context.Context, msgs []*message.Message) error {
+				b := &pgx.Batch{}
+				for _, m := range msgs {
+					e, err := handlers.Decode[InvoiceIssued](m)
+					if err != nil {
+						// Permanent: fails this batch; alone, this event is
+						// poisoned with the reason, the others go through.
+						return err
+					}
+					b.Queue(`INSERT INTO invoice_totals (customer, invoices) VALUES ($1, 1)
+						ON CONFLICT (customer) DO UPDATE SET invoices = invoice_totals.invoices + 1`, e.Customer)
+				}
+				return pgledger.TxFromContext(ctx).SendBatch(ctx, b).Close()
+			},
+		},
+	}
+}
+
+// snippet:end batch-route

@@ -100,6 +100,12 @@ type Subscription struct {
 	Config wamqp.Config
 }
 
+// Subscription is the one consumer of handler's queue of an unordered
+// topic, named as the handler.
+func (t *Topology) Subscription(handler string) Subscription {
+	return Subscription{Name: handler, Queue: t.QueueName(handler), Config: t.SubscriberConfig(handler)}
+}
+
 // Subscriptions returns the consumers handler runs for topic: Consumers
 // competing consumers on its queue, or, when topic is ordered, one per
 // partition queue (each processing one message at a time, which is what
@@ -108,7 +114,7 @@ func (t *Topology) Subscriptions(handler, topic string) []Subscription {
 	if !t.Ordered(topic) {
 		queue := t.QueueName(handler)
 		if t.cfg.Consumers == 1 {
-			return []Subscription{{Name: handler, Queue: queue, Config: t.SubscriberConfig(handler)}}
+			return []Subscription{t.Subscription(handler)}
 		}
 		subs := make([]Subscription, t.cfg.Consumers)
 		for k := range subs {
