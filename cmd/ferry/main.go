@@ -187,7 +187,7 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.ConsumerConns, "consumer-conns", 4, "consumer_throughput, end_to_end_drain and memory: database pool of the child processes")
 		history := fs.String("history", "10000,1000000", "claim_cost_vs_history: dispatched-row counts (add 10000000 for 10M)")
 		fs.IntVar(&bc.ClaimRounds, "claim-rounds", 200, "claim_cost_vs_history: claims timed per history size")
-		cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relays, producer and consumers of the in-process scenarios) to this file, and one per child process of the memory scenario beside it (FILE.relay.PID, FILE.consume.PID), for go tool pprof")
+		cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (relays, producer and consumers of the in-process scenarios) to this file, and one per child process (memory, consumer_throughput, end_to_end_drain) beside it (FILE.relay.PID, FILE.consume.PID, FILE.consume-batch.PID), for go tool pprof")
 		return func(ctx context.Context, _ []string) (err error) {
 			if kind := os.Getenv(bench.ChildEnv); kind != "" {
 				// A process of the memory scenario, started by a parent bench.
