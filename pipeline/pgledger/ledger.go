@@ -153,14 +153,7 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 	// The handler's events wake the relays once this commits (pgoutbox).
 	hctx, afterCommit := pipeline.WithAfterCommit(context.WithValue(ctx, txKey{}, tx))
 	if err := fn(hctx); err != nil {
-		var pgErr *pgxconn.PgError
-		if tx.Conn().IsClosed() || (errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")) {
-			// The ledger transaction's connection broke under the handler,
-			// or its writes lost a serialization race: the database failed,
-			// not the message. An external call's failure stays the handler's.
-			return true, pipeline.Infrastructure(err)
-		}
-		return true, err
+		return true, handlerError(tx, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return true, pgconn.MarkUnavailable(fmt.Errorf("committing ledger entry for message %s (%s): %w", messageID, consumer, err))
@@ -168,6 +161,19 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 	committed = true
 	afterCommit()
 	return true, nil
+}
+
+// handlerError is a handler's error as the ledger reports it: marked
+// pipeline.Infrastructure when the ledger transaction's connection broke
+// under the handler, or its writes lost a serialization race or a
+// deadlock: the database failed, not the message. An external call's
+// failure stays the handler's.
+func handlerError(tx pgx.Tx, err error) error {
+	var pgErr *pgxconn.PgError
+	if tx.Conn().IsClosed() || (errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")) {
+		return pipeline.Infrastructure(err)
+	}
+	return err
 }
 
 // Processed reports whether consumer has processed messageID.
@@ -215,10 +221,12 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 	if len(entries) == 0 {
 		return results, nil
 	}
-	tx, err := l.pool.Begin(ctx)
-	if err != nil {
-		return nil, pipeline.Infrastructure(fmt.Errorf("beginning ledger transaction: %w", err))
-	}
+	// BEGIN and the rows in one round trip, as in Once.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(l.batchSQL, consumer, ids, digests)
+	br := l.pool.SendBatch(ctx, b)
+	tx := br.Tx()
 	committed := false
 	defer func() {
 		if !committed {
@@ -227,11 +235,18 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 			_ = tx.Rollback(rbCtx)
 		}
 	}()
-	rows, err := tx.Query(ctx, l.batchSQL, consumer, ids, digests)
-	if err != nil {
-		return nil, pipeline.Infrastructure(fmt.Errorf("recording %d messages for %s in ledger: %w", len(entries), consumer, err))
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, pipeline.Infrastructure(fmt.Errorf("beginning ledger transaction: %w", err))
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	rows, err := br.Query()
+	var inserted []string
+	if err == nil {
+		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return nil, pipeline.Infrastructure(fmt.Errorf("recording %d messages for %s in ledger: %w", len(entries), consumer, err))
 	}
@@ -274,10 +289,7 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 	hctx, afterCommit := pipeline.WithAfterCommit(context.WithValue(ctx, txKey{}, tx))
 	if len(fresh) > 0 {
 		if err := fn(hctx, fresh); err != nil {
-			if tx.Conn().IsClosed() {
-				return nil, pipeline.Infrastructure(err)
-			}
-			return nil, err
+			return nil, handlerError(tx, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {

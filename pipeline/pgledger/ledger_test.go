@@ -338,3 +338,57 @@ func TestOnceBatchRecordsTheNewAndReportsDuplicatesAndConflicts(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, done)
 }
+
+// A batch costs two round trips whatever its size (BEGIN with the rows'
+// INSERT, then COMMIT; the handler's own statements aside), three when
+// some of it was processed before (their digests); database failures are
+// infrastructure, as Once's are.
+func TestOnceBatchRoundTripsAndFailures(t *testing.T) {
+	t.Parallel()
+	base := pipelinetest.Postgres(t)
+	pool, rt := pipelinetest.CountingPool(t, base)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	noop := func(context.Context, []int) error { return nil }
+	entries := func(prefix string, n int) []pipeline.LedgerEntry {
+		out := make([]pipeline.LedgerEntry, n)
+		for i := range out {
+			d := sha256.Sum256([]byte(prefix))
+			out[i] = pipeline.LedgerEntry{MessageID: prefix + "-" + string(rune('a'+i)), Digest: d[:]}
+		}
+		return out
+	}
+	_, err = ledger.OnceBatch(ctx, "c", entries("warm", 3), noop) // pgx prepares once per connection
+	require.NoError(t, err)
+	_, err = ledger.OnceBatch(ctx, "c", entries("warm", 3), noop)
+	require.NoError(t, err)
+	rt.Take()
+
+	_, err = ledger.OnceBatch(ctx, "c", entries("m", 20), noop)
+	require.NoError(t, err)
+	queries, batches := rt.Take()
+	require.Equal(t, [2]int{1, 1}, [2]int{len(queries), batches}, "BEGIN+INSERT of 20 rows in a batch, then COMMIT: %q", queries)
+
+	_, err = ledger.OnceBatch(ctx, "c", append(entries("m", 2), entries("n", 2)...), noop)
+	require.NoError(t, err)
+	queries, batches = rt.Take()
+	require.Equal(t, [2]int{2, 1}, [2]int{len(queries), batches}, "BEGIN+INSERT, the digests, COMMIT: %q", queries)
+	require.Equal(t, int32(0), pool.Stat().AcquiredConns())
+
+	_, err = ledger.OnceBatch(ctx, "c", entries("killed", 2), func(ctx context.Context, _ []int) error {
+		_, err := pgledger.TxFromContext(ctx).Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+		return err
+	})
+	require.Error(t, err)
+	require.True(t, pipeline.IsInfrastructure(err), "a terminated ledger connection is infrastructure: %v", err)
+
+	_, err = ledger.OnceBatch(ctx, "c", entries("refused", 2), func(context.Context, []int) error { return errors.New("projection refused") })
+	require.Error(t, err)
+	require.False(t, pipeline.IsInfrastructure(err))
+
+	pool.Close()
+	_, err = ledger.OnceBatch(ctx, "c", entries("gone", 2), noop)
+	require.Error(t, err)
+	require.True(t, pipeline.IsInfrastructure(err), "%v", err)
+}
