@@ -80,6 +80,8 @@ type Metrics struct {
 	publishErrors    *prometheus.CounterVec
 	shadowEvents     *prometheus.CounterVec
 	consumer         *prometheus.CounterVec
+	batchSize        *prometheus.HistogramVec
+	batches          *prometheus.CounterVec
 	refreshErrors    prometheus.Counter
 	// refreshed: the outbox gauges hold a reading (Counters reports no
 	// depth before the first).
@@ -147,6 +149,13 @@ func New() *Metrics {
 			Name: "ferry_consumer_messages_total",
 			Help: "Consumer outcomes per route: handled, duplicate, retry_scheduled, deferred, poisoned.",
 		}, []string{"handler", "outcome"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ferry_consumer_batch_size", Help: "Messages per batch of a batch route.",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000},
+		}, []string{"handler"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_consumer_batches_total", Help: "Batches of a batch route: committed, or failed as a whole (their messages then go one by one).",
+		}, []string{"handler", "result"}),
 		cdcLagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ferry_cdc_slot_lag_bytes", Help: "WAL between the server's current position and the CDC slot's confirmed position.",
 		}),
@@ -170,7 +179,7 @@ func New() *Metrics {
 		}),
 	}
 	m.own = []prometheus.Collector{m.held, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
-		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.refreshErrors,
+		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.batchSize, m.batches, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming}
 	m.Registry.MustRegister(m.own...)
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -300,6 +309,16 @@ func (m *Metrics) Counters() pgstatus.Counters {
 // Record implements middleware.Recorder.
 func (m *Metrics) Record(handler string, outcome middleware.Outcome) {
 	m.consumer.WithLabelValues(handler, string(outcome)).Inc()
+}
+
+// RecordBatch counts a batch of a batch route (middleware.BatchRecorder).
+func (m *Metrics) RecordBatch(handler string, size int, committed bool) {
+	m.batchSize.WithLabelValues(handler).Observe(float64(size))
+	result := "committed"
+	if !committed {
+		result = "failed"
+	}
+	m.batches.WithLabelValues(handler, result).Inc()
 }
 
 // Refresh recomputes the outbox and poison gauges from the database (the

@@ -206,6 +206,9 @@ func (b *Batcher) run(ctx context.Context, consumer string, bt *batch) {
 		}
 		return callBatch(ctx, b.handler, msgs)
 	})
+	if br, ok := b.guard.Recorder.(BatchRecorder); ok {
+		br.RecordBatch(consumer, len(bt.items), err == nil)
+	}
 	if err != nil {
 		b.guard.logger.InfoContext(ctx, "batch failed; its messages are tried one by one",
 			"handler", consumer, "messages", len(bt.items), "error", err)

@@ -29,6 +29,14 @@ type Recorder interface {
 	Record(handler string, outcome Outcome)
 }
 
+// BatchRecorder is told of every batch of a batch route (Batcher), when
+// the chain's Recorder implements it (metrics.Metrics does): its size, and
+// whether it committed or failed as a whole (its messages then go one by
+// one).
+type BatchRecorder interface {
+	RecordBatch(handler string, size int, committed bool)
+}
+
 type nopRecorder struct{}
 
 func (nopRecorder) Record(string, Outcome) {}

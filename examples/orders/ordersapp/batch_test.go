@@ -120,6 +120,26 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 	require.Contains(t, reasons[`{"n":-1}`], "a negative entry cannot be projected")
 	require.Contains(t, reasons[`{"n":-2}`], "projection bug")
 
+	// The batches are counted: committed ones, and the failed ones that
+	// held a bad event.
+	families, err := h.app.Metrics.Registry.Gather()
+	require.NoError(t, err)
+	batches := map[string]float64{}
+	var observed uint64
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			switch f.GetName() {
+			case "ferry_consumer_batches_total":
+				batches[m.GetLabel()[1].GetValue()] += m.GetCounter().GetValue()
+			case "ferry_consumer_batch_size":
+				observed += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	require.GreaterOrEqual(t, batches["failed"], 2.0, "the bad events' batches failed: %v", batches)
+	require.Positive(t, batches["committed"])
+	require.EqualValues(t, batches["failed"]+batches["committed"], observed, "one size per batch")
+
 	mu.Lock()
 	defer mu.Unlock()
 	require.Greater(t, slices.Max(sizes), 1, "events were handled in batches, not one by one")
