@@ -137,9 +137,12 @@ type ChaosReport struct {
 	Redeliveries     int            `json:"ledger_duplicates_suppressed"`
 	Lost             int            `json:"lost"`
 	Duplicated       int            `json:"duplicated"`
-	Orphans          int            `json:"effects_without_committed_order"`
-	OrderViolations  int            `json:"order_violations"`
-	PendingDue       int            `json:"undispatched_due_rows"`
+	// BatchEffects is how many orders the batch route (ChaosBatchRoute)
+	// counted; Lost and Duplicated cover it too.
+	BatchEffects    int `json:"batch_route_effects"`
+	Orphans         int `json:"effects_without_committed_order"`
+	OrderViolations int `json:"order_violations"`
+	PendingDue      int `json:"undispatched_due_rows"`
 	// MaxChargeRequestsPerOrder is the most requests the provider got for
 	// one charge: bounded by the attempts, however the run went (a hot
 	// loop would show as thousands).
@@ -383,6 +386,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	}
 	svc, err := ordersapp.NewService(driver)
 	if err != nil {
+		driver.Close()
+		return rep, err
+	}
+	if _, err := driver.Pool.Exec(ctx, chaosBatchTableSQL); err != nil {
 		driver.Close()
 		return rep, err
 	}
@@ -839,7 +846,11 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 		return err
 	}
 	poisonedOrder := map[string]bool{}
+	poisonedBatch := map[string]bool{} // by order, the batch route's own
 	for _, pm := range poisoned {
+		if pipeline.RouteName(pm.Consumer) == ChaosBatchRoute {
+			poisonedBatch[pm.AggregateID] = true
+		}
 		rep.Poisoned++
 		if strings.TrimSpace(pm.Reason) == "" {
 			rep.Violations = append(rep.Violations, fmt.Sprintf("poisoned message %d has no reason", pm.ID))
@@ -879,6 +890,42 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 				rep.Lost++
 				rep.Violations = append(rep.Violations, fmt.Sprintf("order %s: no %s and nothing in the poison store", id, what))
 			}
+		}
+	}
+	seen := map[string]int{}
+	rows, err = a.Pool.Query(ctx, `SELECT order_id, n FROM `+ChaosBatchTable)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			rows.Close()
+			return err
+		}
+		seen[id] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		switch n := seen[id]; {
+		case n > 1:
+			rep.Duplicated++
+			rep.Violations = append(rep.Violations, fmt.Sprintf("order %s: counted %d times by the batch route", id, n))
+		case n == 0 && !poisonedBatch[id]:
+			rep.Lost++
+			rep.Violations = append(rep.Violations, fmt.Sprintf("order %s: not counted by the batch route and nothing of it in the poison store", id))
+		case n == 1:
+			rep.BatchEffects++
+		}
+	}
+	for id := range seen {
+		if !committed[id] {
+			rep.Orphans++
+			rep.Violations = append(rep.Violations, fmt.Sprintf("the batch route counted order %s, which was never committed", id))
 		}
 	}
 	for id := range charges {
@@ -948,6 +995,7 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	fmt.Fprintf(&b, "  poisoned               %6d   %v\n", r.Poisoned, r.PoisonReasons)
 	fmt.Fprintf(&b, "  lost                   %6d\n", r.Lost)
 	fmt.Fprintf(&b, "  duplicated             %6d\n", r.Duplicated)
+	fmt.Fprintf(&b, "  batch route effects    %6d\n", r.BatchEffects)
 	fmt.Fprintf(&b, "  effects w/o order      %6d\n", r.Orphans)
 	fmt.Fprintf(&b, "  due rows left          %6d\n", r.PendingDue)
 	if r.OK() {

@@ -17,8 +17,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
 )
 
 // HandlerFaults are the faults a fault-injection run makes consumer
@@ -66,9 +69,22 @@ type ChaosAudit struct {
 	Seq       int64  `json:"seq"`
 }
 
+// ChaosBatchRoute is a batch route (handlers.Batch) over the orders'
+// mail.send events that counts each order in ChaosBatchTable in its batch's
+// transaction: a count above one is an effect run twice, a missing one an
+// effect lost, whatever the faults did to the batches.
+const (
+	ChaosBatchRoute = "chaos.mail-seen"
+	ChaosBatchTable = "chaos_mail_seen"
+)
+
+// chaosBatchTableSQL creates ChaosBatchTable; the run's driver does,
+// before any consumer starts.
+const chaosBatchTableSQL = `CREATE TABLE IF NOT EXISTS ` + ChaosBatchTable + ` (order_id text PRIMARY KEY, n int NOT NULL)`
+
 // WithFaults adds, for fault-injection runs, the audit route (ordered:
 // it reports each event to the sandbox provider, which records arrival
-// order) and the fault link, innermost, so a fault strikes before the
+// order), the batch route ChaosBatchRoute and the fault link, innermost, so a fault strikes before the
 // effect, inside the ledger transaction, as a handler bug would.
 func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Options {
 	routes := opts.Routes
@@ -79,6 +95,20 @@ func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Option
 		}
 		client := &http.Client{Timeout: 5 * time.Second}
 		return append(rs, handlers.Route{
+			Name: ChaosBatchRoute, Topic: orders.TopicMailRequested,
+			Batch: &handlers.Batch{MaxSize: 50, Handler: func(ctx context.Context, msgs []*message.Message) error {
+				ids := make([]string, len(msgs))
+				for i, m := range msgs {
+					ids[i] = m.Metadata.Get(pipeline.MetaAggregateID)
+				}
+				// In key order: two batches at once never lock rows in
+				// opposite orders.
+				_, err := pgledger.TxFromContext(ctx).Exec(ctx, `INSERT INTO `+ChaosBatchTable+` (order_id, n)
+					SELECT id, count(*) FROM unnest($1::text[]) AS id GROUP BY id ORDER BY id
+					ON CONFLICT (order_id) DO UPDATE SET n = `+ChaosBatchTable+`.n + excluded.n`, ids)
+				return err
+			}},
+		}, handlers.Route{
 			Name: "chaos.audit", Topic: ChaosAuditTopic, Ordered: true,
 			Handler: handlers.Typed(func(ctx context.Context, e *ChaosAudit) error {
 				key, err := handlers.IdempotencyKey(ctx)

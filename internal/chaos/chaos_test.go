@@ -71,6 +71,7 @@ func requireInvariants(t *testing.T, rep chaos.ChaosReport, report string) {
 	require.GreaterOrEqual(t, rep.OrdersCommitted, 1800)
 	require.Equal(t, rep.OrdersCommitted, rep.Charges)
 	require.Equal(t, rep.OrdersCommitted, rep.Mails)
+	require.Equal(t, rep.OrdersCommitted, rep.BatchEffects, "the batch route counted every order once")
 	require.Equal(t, rep.OrdersCommitted, rep.AuditEvents)
 	for _, kind := range []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8"} {
 		require.Positive(t, rep.Faults[kind], "fault %s never injected", kind)
