@@ -103,32 +103,13 @@ func TxFromContext(ctx context.Context) pgx.Tx {
 // transaction's connection breaking, are marked pipeline.Infrastructure:
 // the message is not at fault, and waits.
 func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []byte, fn func(ctx context.Context) error) (ran bool, err error) {
-	if consumer == "" || messageID == "" {
-		return false, errors.New("pgledger: consumer and message id must not be empty")
+	if err := checkKey(consumer, messageID); err != nil {
+		return false, err
 	}
-	if !pipeline.ValidText(consumer) || !pipeline.ValidText(messageID) {
-		return false, fmt.Errorf("pgledger: message id %q (consumer %q) must be valid UTF-8 without NUL", pipeline.CleanText(messageID, 200), pipeline.CleanText(consumer, 200))
-	}
-	// BEGIN and the ledger row in one round trip (pgx's Batch.BeginTx);
-	// the pool keeps the connection until the transaction ends.
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(l.insertSQL, consumer, messageID, digest)
-	br := l.pool.SendBatch(ctx, b)
-	tx := br.Tx()
-	committed := false
-	defer func() {
-		// Also on panic: the handler's panic unwinds through here, and the
-		// row it claimed must not outlive it.
-		if !committed {
-			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = tx.Rollback(rbCtx)
-		}
-	}()
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return false, pipeline.Infrastructure(fmt.Errorf("beginning ledger transaction: %w", err))
+	tx, br, err := l.begin(ctx, l.insertSQL, consumer, messageID, digest)
+	defer tx.end(ctx)
+	if err != nil {
+		return false, err
 	}
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil {
@@ -141,26 +122,93 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 		// Processed before (or by a concurrent delivery that committed):
 		// the same message, unless its content differs.
 		var stored []byte
-		if err := tx.QueryRow(ctx, l.digestSQL, consumer, messageID).Scan(&stored); err != nil {
+		if err := tx.tx.QueryRow(ctx, l.digestSQL, consumer, messageID).Scan(&stored); err != nil {
 			return false, pipeline.Infrastructure(fmt.Errorf("reading ledger entry of message %s for %s: %w", messageID, consumer, err))
 		}
 		if !pipeline.SameContent(stored, digest) {
-			return false, fmt.Errorf("%w: %s processed message %s with content digest %x, this delivery has %x",
-				pipeline.ErrIDConflict, consumer, messageID, stored, digest)
+			return false, conflictError(consumer, messageID, stored, digest)
 		}
 		return false, nil
 	}
-	// The handler's events wake the relays once this commits (pgoutbox).
-	hctx, afterCommit := pipeline.WithAfterCommit(context.WithValue(ctx, txKey{}, tx))
+	hctx, afterCommit := tx.handlerContext(ctx)
 	if err := fn(hctx); err != nil {
 		return true, handlerError(tx, err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx, afterCommit); err != nil {
 		return true, pgconn.MarkUnavailable(fmt.Errorf("committing ledger entry for message %s (%s): %w", messageID, consumer, err))
 	}
-	committed = true
-	afterCommit()
 	return true, nil
+}
+
+// checkKey refuses a ledger key the table cannot store.
+func checkKey(consumer, messageID string) error {
+	if consumer == "" || messageID == "" {
+		return errors.New("pgledger: consumer and message id must not be empty")
+	}
+	if !pipeline.ValidText(consumer) || !pipeline.ValidText(messageID) {
+		return fmt.Errorf("pgledger: message id %q (consumer %q) must be valid UTF-8 without NUL", pipeline.CleanText(messageID, 200), pipeline.CleanText(consumer, 200))
+	}
+	return nil
+}
+
+// conflictError reports a processed message id delivered again with other
+// content.
+func conflictError(consumer, messageID string, stored, digest []byte) error {
+	return fmt.Errorf("%w: %s processed message %s with content digest %x, this delivery has %x",
+		pipeline.ErrIDConflict, consumer, messageID, stored, digest)
+}
+
+// ledgerTx is a ledger transaction whose first statement went with its
+// BEGIN (begin).
+type ledgerTx struct {
+	tx        pgx.Tx
+	committed bool
+}
+
+// begin sends BEGIN and the ledger's first statement in one round trip
+// (pgx's Batch.BeginTx); the pool keeps the connection until the
+// transaction ends. The caller defers end whatever the error, then reads
+// the statement's result from br and closes it.
+func (l *Ledger) begin(ctx context.Context, sql string, args ...any) (ledgerTx, pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(sql, args...)
+	br := l.pool.SendBatch(ctx, b)
+	t := ledgerTx{tx: br.Tx()}
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return t, nil, pipeline.Infrastructure(fmt.Errorf("beginning ledger transaction: %w", err))
+	}
+	return t, br, nil
+}
+
+// end rolls the transaction back unless it committed: also when a
+// handler's panic unwinds through the caller, so that the rows it claimed
+// do not outlive it.
+func (t *ledgerTx) end(ctx context.Context) {
+	if t.committed {
+		return
+	}
+	rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = t.tx.Rollback(rbCtx)
+}
+
+// handlerContext is ctx carrying the transaction for the handler's writes
+// (TxFromContext); the handler's events wake the relays once it commits
+// (pgoutbox), through afterCommit.
+func (t *ledgerTx) handlerContext(ctx context.Context) (hctx context.Context, afterCommit func()) {
+	return pipeline.WithAfterCommit(context.WithValue(ctx, txKey{}, t.tx))
+}
+
+// commit commits and then runs afterCommit.
+func (t *ledgerTx) commit(ctx context.Context, afterCommit func()) error {
+	if err := t.tx.Commit(ctx); err != nil {
+		return err
+	}
+	t.committed = true
+	afterCommit()
+	return nil
 }
 
 // handlerError is a handler's error as the ledger reports it: marked
@@ -168,9 +216,9 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 // under the handler, or its writes lost a serialization race or a
 // deadlock: the database failed, not the message. An external call's
 // failure stays the handler's.
-func handlerError(tx pgx.Tx, err error) error {
+func handlerError(t ledgerTx, err error) error {
 	var pgErr *pgxconn.PgError
-	if tx.Conn().IsClosed() || (errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")) {
+	if t.tx.Conn().IsClosed() || (errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")) {
 		return pipeline.Infrastructure(err)
 	}
 	return err
@@ -205,11 +253,8 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 	digests := make([][]byte, len(entries))
 	index := make(map[string]int, len(entries))
 	for i, e := range entries {
-		if consumer == "" || e.MessageID == "" {
-			return nil, errors.New("pgledger: consumer and message id must not be empty")
-		}
-		if !pipeline.ValidText(consumer) || !pipeline.ValidText(e.MessageID) {
-			return nil, fmt.Errorf("pgledger: message id %q (consumer %q) must be valid UTF-8 without NUL", pipeline.CleanText(e.MessageID, 200), pipeline.CleanText(consumer, 200))
+		if err := checkKey(consumer, e.MessageID); err != nil {
+			return nil, err
 		}
 		if _, dup := index[e.MessageID]; dup {
 			return nil, fmt.Errorf("pgledger: message id %q appears twice in one batch", pipeline.CleanText(e.MessageID, 200))
@@ -221,23 +266,10 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 	if len(entries) == 0 {
 		return results, nil
 	}
-	// BEGIN and the rows in one round trip, as in Once.
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(l.batchSQL, consumer, ids, digests)
-	br := l.pool.SendBatch(ctx, b)
-	tx := br.Tx()
-	committed := false
-	defer func() {
-		if !committed {
-			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = tx.Rollback(rbCtx)
-		}
-	}()
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return nil, pipeline.Infrastructure(fmt.Errorf("beginning ledger transaction: %w", err))
+	tx, br, err := l.begin(ctx, l.batchSQL, consumer, ids, digests)
+	defer tx.end(ctx)
+	if err != nil {
+		return nil, err
 	}
 	rows, err := br.Query()
 	var inserted []string
@@ -262,7 +294,7 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 				seen = append(seen, ids[i])
 			}
 		}
-		rows, err := tx.Query(ctx, l.digestsSQL, consumer, seen)
+		rows, err := tx.tx.Query(ctx, l.digestsSQL, consumer, seen)
 		if err != nil {
 			return nil, pipeline.Infrastructure(fmt.Errorf("reading ledger entries for %s: %w", consumer, err))
 		}
@@ -271,8 +303,7 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 		_, err = pgx.ForEachRow(rows, []any{&id, &stored}, func() error {
 			i := index[id]
 			if !pipeline.SameContent(stored, digests[i]) {
-				results[i].Err = fmt.Errorf("%w: %s processed message %s with content digest %x, this delivery has %x",
-					pipeline.ErrIDConflict, consumer, id, stored, digests[i])
+				results[i].Err = conflictError(consumer, id, stored, digests[i])
 			}
 			return nil
 		})
@@ -286,16 +317,14 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 			fresh = append(fresh, i)
 		}
 	}
-	hctx, afterCommit := pipeline.WithAfterCommit(context.WithValue(ctx, txKey{}, tx))
+	hctx, afterCommit := tx.handlerContext(ctx)
 	if len(fresh) > 0 {
 		if err := fn(hctx, fresh); err != nil {
 			return nil, handlerError(tx, err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx, afterCommit); err != nil {
 		return nil, pgconn.MarkUnavailable(fmt.Errorf("committing ledger entries of %d messages (%s): %w", len(entries), consumer, err))
 	}
-	committed = true
-	afterCommit()
 	return results, nil
 }
