@@ -461,6 +461,21 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	var faultsWG sync.WaitGroup
 	var faultErr error
 	var faultMu sync.Mutex
+	// recordFault records how a fault went: its error (what failed) joins
+	// the run's, which are reported, not fatal; or it counts as one more
+	// of kind, and done, if any, notes what it did, under the same lock.
+	recordFault := func(kind, what string, err error, done func()) {
+		faultMu.Lock()
+		defer faultMu.Unlock()
+		if err != nil {
+			faultErr = errors.Join(faultErr, fmt.Errorf("%s: %w", what, err))
+			return
+		}
+		rep.Faults[kind]++
+		if done != nil {
+			done()
+		}
+	}
 	faultsWG.Go(func() {
 		frng := rand.New(rand.NewPCG(run.Seed^0xfa17, run.Seed))
 		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8"}
@@ -512,15 +527,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 					err = rabbitmqctl(context.WithoutCancel(faultCtx), "start_app")
 				}
 			}
-			if err != nil && faultCtx.Err() == nil {
-				faultMu.Lock()
-				faultErr = errors.Join(faultErr, fmt.Errorf("%s: %w", kind, err))
-				faultMu.Unlock()
-				continue
+			if faultCtx.Err() != nil {
+				err = nil // cut short by the run's end: it still counts
 			}
-			faultMu.Lock()
-			rep.Faults[kind]++
-			faultMu.Unlock()
+			recordFault(kind, kind, err, nil)
 		}
 	})
 
@@ -545,9 +555,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			provider.SetDelay(300 * time.Millisecond)
 			defer provider.SetDelay(0)
 			provider.FailNextWithGarbage(5, providerGarbage)
-			faultMu.Lock()
-			rep.Faults["provider_non_utf8"]++
-			faultMu.Unlock()
+			recordFault("provider_non_utf8", "", nil, nil)
 			backlog := 0
 			for wait := time.Now().Add(30 * time.Second); time.Now().Before(wait) && backlog < outageBacklog; {
 				select {
@@ -570,15 +578,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				}
 				err = outage(context.WithoutCancel(ctx), true)
 			}
-			faultMu.Lock()
-			defer faultMu.Unlock()
-			if err != nil {
-				faultErr = errors.Join(faultErr, fmt.Errorf("database outage: %w", err))
-				return
-			}
-			rep.Faults["database_refuses_connections"]++
-			rep.DatabaseOutageSeconds = time.Since(began).Seconds()
-			rep.ChargesWaitingAtOutage = backlog
+			recordFault("database_refuses_connections", "database outage", err, func() {
+				rep.DatabaseOutageSeconds = time.Since(began).Seconds()
+				rep.ChargesWaitingAtOutage = backlog
+			})
 		})
 	}
 
@@ -607,14 +610,9 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				time.Sleep(5 * time.Second)
 				err = node.Run("start_app")
 			}
-			faultMu.Lock()
-			defer faultMu.Unlock()
-			if err != nil {
-				faultErr = errors.Join(faultErr, fmt.Errorf("broker node loss: %w", err))
-				return
-			}
-			rep.Faults["broker_node_lost"]++
-			rep.BrokerNodeLostSeconds = time.Since(began).Seconds()
+			recordFault("broker_node_lost", "broker node loss", err, func() {
+				rep.BrokerNodeLostSeconds = time.Since(began).Seconds()
+			})
 		})
 		ha.Go(func() {
 			select {
@@ -626,16 +624,31 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			began := time.Now()
 			err := failover(context.WithoutCancel(ctx))
 			gate.Unlock()
-			faultMu.Lock()
-			defer faultMu.Unlock()
-			if err != nil {
-				faultErr = errors.Join(faultErr, fmt.Errorf("database failover: %w", err))
-				return
-			}
-			rep.Faults["database_failover"]++
-			rep.FailoverSeconds = time.Since(began).Seconds()
+			recordFault("database_failover", "database failover", err, func() {
+				rep.FailoverSeconds = time.Since(began).Seconds()
+			})
 		})
 		faultsWG.Go(func() { ha.Wait(); close(haDone) })
+	}
+
+	// retried runs fn beside the outage (the gate's read lock). In an HA
+	// run a failure is tried again, 100 ms apart, up to 100 times: after a
+	// failover the driver's connections to the old primary are gone, and
+	// its first tries fail. Each retry counts in *retries, if not nil.
+	retried := func(fn func() error, retries *int) error {
+		gate.RLock()
+		err := fn()
+		gate.RUnlock()
+		for try := 0; err != nil && run.HA && try < 100 && ctx.Err() == nil; try++ {
+			if retries != nil {
+				*retries++
+			}
+			time.Sleep(100 * time.Millisecond)
+			gate.RLock()
+			err = fn()
+			gate.RUnlock()
+		}
+		return err
 	}
 
 	// Orders at a steady rate, some rolled back after publishing, some replayed.
@@ -648,18 +661,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		userID := fmt.Sprintf("user-%02d", rng.IntN(40))
 		in := orders.Input{UserID: userID, Amount: int64(100 + rng.IntN(9900)), Currency: []string{"JPY", "USD"}[rng.IntN(2)], IdempotencyKey: fmt.Sprintf("chaos-%d", i)}
 		rollback := rng.Float64() < run.RollbackRate
-		gate.RLock()
-		err := chaosOrder(ctx, driver, svc, in, seq, rollback)
-		gate.RUnlock()
-		// After a failover the driver's connections to the old primary are
-		// gone: its first tries fail, and the same order is tried again.
-		for try := 0; err != nil && run.HA && try < 100 && ctx.Err() == nil; try++ {
-			rep.OrderRetries++
-			time.Sleep(100 * time.Millisecond)
-			gate.RLock()
-			err = chaosOrder(ctx, driver, svc, in, seq, rollback)
-			gate.RUnlock()
-		}
+		err := retried(func() error { return chaosOrder(ctx, driver, svc, in, seq, rollback) }, &rep.OrderRetries)
 		if err != nil {
 			stopFaults()
 			faultsWG.Wait()
@@ -672,15 +674,11 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		rep.OrdersCommitted++
 		committedKeys = append(committedKeys, in.IdempotencyKey)
 		if rng.IntN(20) == 0 { // a client retrying after a timeout
-			gate.RLock()
-			res, err := svc.CreateOrder(ctx, in)
-			gate.RUnlock()
-			for try := 0; err != nil && run.HA && try < 100 && ctx.Err() == nil; try++ {
-				time.Sleep(100 * time.Millisecond)
-				gate.RLock()
+			var res orders.Result
+			err := retried(func() (err error) {
 				res, err = svc.CreateOrder(ctx, in)
-				gate.RUnlock()
-			}
+				return err
+			}, nil)
 			if err != nil || !res.Deduped {
 				rep.Violations = append(rep.Violations, fmt.Sprintf("replay of %s was not deduplicated (err %v)", in.IdempotencyKey, err))
 			}
