@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
@@ -319,14 +320,10 @@ func TestOnceBatchRecordsTheNewAndReportsDuplicatesAndConflicts(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, done, id)
 	}
-	var effects []string
 	rows, err := pool.Query(ctx, `SELECT id FROM effects ORDER BY id`)
 	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		effects = append(effects, id)
-	}
+	effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b", "c"}, effects, "each effect once, none of the failed batch")
 
 	// Ids must be distinct and storable; nothing is written otherwise.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
@@ -97,15 +98,10 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 	eventually(t, "598 events projected and the two bad ones poisoned", func() bool {
 		return count(`SELECT count(*) FROM projected`) == n-2 && count(`SELECT count(*) FROM poison_messages`) == 2
 	})
-	var projected []string
 	rows, err := h.app.Pool.Query(ctx, `SELECT message_id FROM projected`)
 	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		projected = append(projected, id)
-	}
-	require.NoError(t, rows.Err())
+	projected, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.ElementsMatch(t, ids, projected, "every good event projected, once")
 	require.Equal(t, n-2, count(`SELECT count(*) FROM processed_messages WHERE consumer = $1`, route), "a ledger row per projected event, none for the bad ones")
 
