@@ -214,19 +214,11 @@ func EnvVars() []EnvVar {
 		{"FERRY_AMQP_CONSUMERS", strconv.Itoa(rabbit.DefaultConsumers), "consumers per queue of an unordered handler", intVar(func(c *Config) *int { return &c.AMQP.Consumers }, 1, rabbit.MaxConsumers)},
 		{"FERRY_AMQP_PARTITIONS", strconv.Itoa(rabbit.DefaultPartitions), "partition queues per handler of an ordered topic (drain before changing)", intVar(func(c *Config) *int { return &c.AMQP.Partitions }, 1, rabbit.MaxPartitions)},
 		{"FERRY_ORDERED_TOPICS", "(routes marked Ordered)", "more topics kept in per-aggregate order, comma-separated", func(c *Config, v string) error {
-			for _, t := range strings.Split(v, ",") {
-				if t = strings.TrimSpace(t); t != "" {
-					c.AMQP.OrderedTopics = append(c.AMQP.OrderedTopics, t)
-				}
-			}
+			c.AMQP.OrderedTopics = append(c.AMQP.OrderedTopics, pipeline.SplitList(v)...)
 			return nil
 		}},
 		{"FERRY_SHADOW_TOPICS", "(none)", "topics in shadow mode: the relay marks their intents dispatched without publishing, comma-separated", func(c *Config, v string) error {
-			for _, t := range strings.Split(v, ",") {
-				if t = strings.TrimSpace(t); t != "" {
-					c.Relay.ShadowTopics = append(c.Relay.ShadowTopics, t)
-				}
-			}
+			c.Relay.ShadowTopics = append(c.Relay.ShadowTopics, pipeline.SplitList(v)...)
 			return nil
 		}},
 		{"FERRY_CUTOFF", "(none: every aggregate through the outbox)", "cut-off (RFC 3339) of topics without their own: older aggregates stay on the legacy path (App.Cutoff)", func(c *Config, v string) error {

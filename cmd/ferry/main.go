@@ -28,6 +28,7 @@ import (
 	"github.com/ferry-dev/ferry/internal/bench"
 	"github.com/ferry-dev/ferry/internal/chaos"
 	"github.com/ferry-dev/ferry/internal/demo"
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -208,8 +209,8 @@ var cmdBench = &cli.Command{
 				}
 				return bench.Child(ctx, kind, cfg, logger)
 			}
-			bc.Scenarios = splitList(*scenarios)
-			for _, m := range splitList(*relayModes) {
+			bc.Scenarios = pipeline.SplitList(*scenarios)
+			for _, m := range pipeline.SplitList(*relayModes) {
 				if m != app.RelayModeNotify && m != app.RelayModeCDC {
 					return cli.UsageError{Err: fmt.Errorf("--relay-mode %q: want notify or cdc", m)}
 				}
@@ -320,19 +321,9 @@ func quietConfig(stderr io.Writer) (app.Config, *slog.Logger, error) {
 	return cfg, logger, err
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
 func intList(s string) ([]int, error) {
 	var out []int
-	for _, p := range splitList(s) {
+	for _, p := range pipeline.SplitList(s) {
 		n, err := strconv.Atoi(p)
 		if err != nil {
 			return nil, fmt.Errorf("%q is not a whole number", p)

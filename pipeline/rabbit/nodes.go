@@ -21,15 +21,7 @@ import (
 // vhost, TLS): the connection's handshake uses the first URL's.
 
 // Nodes splits a URL setting into its nodes' URLs ("amqp://h1/,amqp://h2/").
-func Nodes(raw string) []string {
-	var out []string
-	for _, u := range strings.Split(raw, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			out = append(out, u)
-		}
-	}
-	return out
-}
+func Nodes(raw string) []string { return pipeline.SplitList(raw) }
 
 // RedactNodes is pipeline.RedactURL for every node of a URL setting.
 func RedactNodes(raw string) string {
