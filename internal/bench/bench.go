@@ -946,10 +946,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 	produced := time.Since(prodStart)
 	cpu1, srv1 := readCPU(), readServerCPU()
 	cpuBusy := cpu1.busySince(cpu0)
-	// Jiffies are 10 ms: per event, 10,000 µs each.
-	perEvent := func(jiffies uint64) float64 { return math.Round(10*float64(jiffies)*10_000/float64(total)) / 10 }
-	cpuPerEvent := map[string]any{"all": perEvent(cpu1.busy - cpu0.busy), "postgresql": perEvent(srv1.postgres - srv0.postgres),
-		"rabbitmq": perEvent(srv1.rabbitmq - srv0.rabbitmq), "ferry_process": perEvent(srv1.self - srv0.self)}
+	perEvent := cpuPerEvent(cpu0, cpu1, srv0, srv1, total, "ferry_process")
 	if err, _ := prodErr.Load().(error); err != nil {
 		return benchReport{}, err
 	}
@@ -985,7 +982,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 	var tb strings.Builder
 	fmt.Fprintf(&tb, "%d events at %d/s for %s (achieved %.0f/s), %d handled, machine CPU %.0f%% busy; CPU per event: PostgreSQL %.0f µs, RabbitMQ %.0f µs, this process (producers, relay, consumer) %.0f µs, machine %.0f µs\n",
 		total, bc.Rate, bc.Duration, float64(total)/produced.Seconds(), handled.Load(), 100*cpuBusy,
-		cpuPerEvent["postgresql"], cpuPerEvent["rabbitmq"], cpuPerEvent["ferry_process"], cpuPerEvent["all"])
+		perEvent["postgresql"], perEvent["rabbitmq"], perEvent["ferry_process"], perEvent["all"])
 	fmt.Fprintf(&tb, "%-22s %8s %8s %8s %8s\n", "", "p50 ms", "p95 ms", "p99 ms", "max ms")
 	fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→broker confirm", cs["p50_ms"], cs["p95_ms"], cs["p99_ms"], cs["max_ms"])
 	fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→handler start", hs["p50_ms"], hs["p95_ms"], hs["p99_ms"], hs["max_ms"])
@@ -1000,7 +997,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 			"commit_to_handler":     hs,
 			"commit_to_effect":      es,
 			"machine_busy":          cpuBusy,
-			"cpu_us_per_event":      cpuPerEvent,
+			"cpu_us_per_event":      perEvent,
 			"targets": map[string]any{
 				"commit_to_confirm_p99_ms_max": 50.0, "commit_to_confirm_p99_met": cs["p99_ms"] < 50 && len(toConfirm) == total,
 				"commit_to_handler_p99_ms_max": 100.0, "commit_to_handler_p99_met": hs["p99_ms"] < 100 && len(toHandler) == total,
@@ -1292,6 +1289,15 @@ func (s cpuSample) busySince(s0 cpuSample) float64 {
 // Backends that exit between two readings take their time with them, so
 // the database's share is a lower bound.
 type serverCPU struct{ postgres, rabbitmq, self uint64 }
+
+// cpuPerEvent is the CPU the machine, PostgreSQL, RabbitMQ and this
+// process (under self's name) spent per event between two readings, in µs.
+func cpuPerEvent(cpu0, cpu1 cpuSample, srv0, srv1 serverCPU, events int, self string) map[string]any {
+	// Jiffies are 10 ms: 10,000 µs each.
+	per := func(jiffies uint64) float64 { return math.Round(10*float64(jiffies)*10_000/float64(events)) / 10 }
+	return map[string]any{"all": per(cpu1.busy - cpu0.busy), "postgresql": per(srv1.postgres - srv0.postgres),
+		"rabbitmq": per(srv1.rabbitmq - srv0.rabbitmq), self: per(srv1.self - srv0.self)}
+}
 
 func readServerCPU() serverCPU {
 	var s serverCPU

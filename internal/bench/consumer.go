@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -230,16 +229,9 @@ func endToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	relayCPU := relay.cmd.ProcessState.UserTime() + relay.cmd.ProcessState.SystemTime()
 	consCPU := cons.cmd.ProcessState.UserTime() + cons.cmd.ProcessState.SystemTime()
 	rate := float64(n) / secs
-	// Jiffies are 10 ms: per effect, 10,000 µs each.
-	perEffect := func(jiffies uint64) float64 { return math.Round(10*float64(jiffies)*10_000/float64(n)) / 10 }
 	return map[string]any{
-		"machine_busy": cpu1.busySince(cpu0),
-		"machine_cpu_us_per_effect": map[string]any{
-			"all":        perEffect(cpu1.busy - cpu0.busy),
-			"postgresql": perEffect(srv1.postgres - srv0.postgres),
-			"rabbitmq":   perEffect(srv1.rabbitmq - srv0.rabbitmq),
-			"producers":  perEffect(srv1.self - srv0.self),
-		},
+		"machine_busy":              cpu1.busySince(cpu0),
+		"machine_cpu_us_per_effect": cpuPerEvent(cpu0, cpu1, srv0, srv1, n, "producers"),
 		"effects_per_second":        rate,
 		"commits_per_second":        float64(n) / committedSecs,
 		"commit_seconds":            committedSecs,
