@@ -181,6 +181,20 @@ type chaosEnv struct {
 	logger   *slog.Logger
 }
 
+// startOwnPostgres starts a PostgreSQL server of the run's own with the
+// run's database; the caller stops it.
+func startOwnPostgres(ctx context.Context) (*pipelinetest.PostgresServer, error) {
+	pg, err := pipelinetest.StartPostgres(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("starting the run's own PostgreSQL: %w", err)
+	}
+	if err := pg.Exec(ctx, "postgres", "CREATE DATABASE "+chaosDatabase); err != nil {
+		_ = pg.Stop()
+		return nil, err
+	}
+	return pg, nil
+}
+
 func (e *chaosEnv) start(role string, extra ...string) (*child, error) {
 	logf, err := os.OpenFile(filepath.Join(e.logDir, role+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -289,14 +303,11 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if run.DatabaseOutage > 0 {
 		// Refusing connections is a property of a whole database: the run
 		// takes a server of its own, so the shared one is never touched.
-		pg, err := pipelinetest.StartPostgres(ctx)
+		pg, err := startOwnPostgres(ctx)
 		if err != nil {
-			return rep, fmt.Errorf("starting the run's own PostgreSQL: %w", err)
-		}
-		defer func() { _ = pg.Stop() }()
-		if err := pg.Exec(ctx, "postgres", "CREATE DATABASE "+chaosDatabase); err != nil {
 			return rep, err
 		}
+		defer func() { _ = pg.Stop() }()
 		cfg.DatabaseURL = pg.URL(chaosDatabase)
 		outage = func(ctx context.Context, allow bool) error {
 			if err := pg.Exec(ctx, "postgres", fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %t", chaosDatabase, allow)); err != nil || allow {
@@ -310,14 +321,11 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	var brokerNodes []*pipelinetest.RabbitNode
 	var failover func(ctx context.Context) error
 	if run.HA {
-		pg, err := pipelinetest.StartPostgres(ctx)
+		pg, err := startOwnPostgres(ctx)
 		if err != nil {
-			return rep, fmt.Errorf("starting the run's own PostgreSQL: %w", err)
-		}
-		defer func() { _ = pg.Stop() }()
-		if err := pg.Exec(ctx, "postgres", "CREATE DATABASE "+chaosDatabase); err != nil {
 			return rep, err
 		}
+		defer func() { _ = pg.Stop() }()
 		standby, err := pg.StartStandby(ctx, true)
 		if err != nil {
 			return rep, fmt.Errorf("starting the run's standby: %w", err)
