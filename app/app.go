@@ -206,6 +206,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		cfg.Relay.PollOnly = true
 		cfg.Relay.PollInterval = cfg.CDCSafetyNetInterval
 		cfg.Relay.MinAge = cfg.CDCSafetyNetMinAge
+		cfg.Relay.ProbeInterval = -1 // the stream is the wake-up
 	}
 	if cfg.Relay.Spans == nil {
 		cfg.Relay.Spans = a.tracer
@@ -597,7 +598,7 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 		// An ordered route consumes one queue per partition, each its own
 		// router handler ("<route>@<k>"), so order holds per partition.
 		for _, s := range a.Topology.Subscriptions(r.Name, r.Topic) {
-			sub, err := wamqp.NewSubscriberWithConnection(s.Config, a.watermillLogger(), conn)
+			sub, err := a.consumer(conn, s, 1)
 			if err != nil {
 				conn.Close()
 				return nil, fmt.Errorf("subscribing %s to %s: %w", s.Name, r.Topic, err)
@@ -608,6 +609,14 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 		}
 	}
 	return conn, nil
+}
+
+// consumer is the consumer of one of a route's queues. A stop drains it
+// for up to FERRY_SHUTDOWN_TIMEOUT (the router's own bound): a deploy
+// lets handlers finish and settle what they hold, so none runs twice, and
+// what is left goes back first in line (rabbit.ConsumerConfig).
+func (a *App) consumer(conn *wamqp.ConnectionWrapper, s rabbit.Subscription, inFlight int) (*rabbit.Consumer, error) {
+	return rabbit.NewConsumer(conn, a.Topology, s, rabbit.ConsumerConfig{InFlight: inFlight, DrainTimeout: a.cfg.ShutdownTimeout}, a.watermillLogger())
 }
 
 // validateBatches checks the batch routes against the topology: a topic
@@ -658,7 +667,7 @@ func (a *App) mountBatch(router *message.Router, conn *wamqp.ConnectionWrapper, 
 	// more only costs memory.
 	inFlight := 2 * batchConfig(r).WithDefaults().MaxSize
 	for _, s := range a.subscriptions(r) {
-		sub, err := rabbit.NewConsumer(conn, a.Topology, s, inFlight, a.watermillLogger())
+		sub, err := a.consumer(conn, s, inFlight)
 		if err != nil {
 			return fmt.Errorf("subscribing %s to %s: %w", s.Name, r.Topic, err)
 		}

@@ -237,6 +237,13 @@ func EnvVars() []EnvVar {
 		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize }, 1, pgoutbox.MaxRelayBatchSize)},
 		{"FERRY_RELAY_IN_FLIGHT", strconv.Itoa(pgoutbox.DefaultRelayInFlight), "batches one relay has in flight at once (claim the next while the last awaits its confirms)", intVar(func(c *Config) *int { return &c.Relay.InFlight }, 1, pgoutbox.MaxRelayInFlight)},
 		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},
+		{"FERRY_RELAY_PROBE_INTERVAL", pgoutbox.DefaultRelayProbeInterval.String(), "idle relay: how often it probes the pending index for commits nobody announced (a PublishTx without Committed, another program's INSERT); off: wake-ups and the poll only", func(c *Config, v string) error {
+			if v == "off" {
+				c.Relay.ProbeInterval = -1
+				return nil
+			}
+			return durationVar(func(c *Config) *time.Duration { return &c.Relay.ProbeInterval })(c, v)
+		}},
 		{"FERRY_RELAY_MODE", RelayModeNotify, "notify (producers wake the relays after their commits; LISTEN, polling as the fallback), poll (polling only) or cdc (stream from the WAL; see CDC relay mode)", func(c *Config, v string) error { c.RelayMode = v; return nil }},
 		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},

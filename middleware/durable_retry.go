@@ -147,10 +147,8 @@ func (c DurableRetryConfig) schedule(ctx context.Context, r pipeline.Retry, logg
 		}
 		d := wait.Delay(n)
 		logger.WarnContext(ctx, "cannot store the durable retry: infrastructure unavailable; waiting", "wait", d, "error", err)
-		select {
-		case <-ctx.Done():
-			return pipeline.Infrastructure(errors.Join(context.Cause(ctx), err))
-		case <-time.After(d):
+		if serr := pipeline.Sleep(ctx, d); serr != nil {
+			return pipeline.Infrastructure(errors.Join(serr, err))
 		}
 	}
 }
@@ -202,10 +200,10 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		c.recordRetry(handler, deferred)
 		logger.WarnContext(ctx, "handler of an ordered topic failed; holding the partition until the retry",
 			"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.CleanText(err.Error(), maxLastErrorLength))
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err() // stopping: nacked, redelivered first in line
-		case <-time.After(delay):
+		// A stop ends the wait, never a nack-requeue: the consumer gives
+		// the delivery back with its channel, first in line (rabbit.Consumer).
+		if err := pipeline.Sleep(ctx, delay); err != nil {
+			return nil, err
 		}
 	}
 }

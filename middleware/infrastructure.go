@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"time"
@@ -71,10 +70,8 @@ func (c InfrastructureConfig) Middleware(logger *slog.Logger) (message.HandlerMi
 				recorderOr(c.Recorder).Record(pipeline.RouteName(handler), OutcomeInfrastructureRetry)
 				logger.WarnContext(ctx, "infrastructure unavailable; waiting before trying again (the message's attempts are not spent)",
 					"handler", handler, "wait", delay, "infrastructure_failures", n, "error", err)
-				select {
-				case <-ctx.Done():
-					return nil, context.Cause(ctx)
-				case <-time.After(delay):
+				if err := pipeline.Sleep(ctx, delay); err != nil {
+					return nil, err // stopping: back to the broker, first in line
 				}
 			}
 		}

@@ -167,10 +167,8 @@ func (p *patientPublisher) Publish(topic string, msgs ...*message.Message) error
 				"handler", handler, "refusals", n, "wait", delay, "interval", PoisonStoreLogInterval,
 				"error", pipeline.CleanText(err.Error(), 1024))
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("storing poisoned message: %w (stopped: %w)", err, context.Cause(ctx))
-		case <-time.After(delay):
+		if serr := pipeline.Sleep(ctx, delay); serr != nil {
+			return fmt.Errorf("storing poisoned message: %w (stopped: %w)", err, serr)
 		}
 	}
 }

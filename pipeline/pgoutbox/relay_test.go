@@ -407,15 +407,16 @@ func TestFailingHeadHoldsBackOnlyItsOrderedAggregate(t *testing.T) {
 // A producer in another process wakes a sleeping relay once its
 // transaction committed (the Waker's NOTIFY, sent after the commit): with
 // InTx, with PublishTx under pipeline.WithAfterCommit, and with
-// Outbox.Committed. A commit that says nothing is found by the poll only:
-// nothing inside the producing transaction notifies (no trigger, so no
-// instance-wide lock at its commit).
+// Outbox.Committed. Nothing inside the producing transaction notifies (no
+// trigger, so no instance-wide lock at its commit): with probing off, a
+// commit that says nothing is found by the poll only.
 func TestRelayWakesAfterTheCommit(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	b := newBroker(t, "mail.send")
-	// A poll interval far longer than the test: only a wake-up is in time.
-	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{PollInterval: time.Hour})
+	// A poll interval far longer than the test, and no probe: only a
+	// wake-up is in time.
+	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{PollInterval: time.Hour, ProbeInterval: -1})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = relay.Run(ctx) }()
@@ -468,6 +469,68 @@ func TestRelayWakesAfterTheCommit(t *testing.T) {
 	waitDispatched("Outbox.Committed wakes the relay")
 	require.GreaterOrEqual(t, waker.Sent(), int64(3))
 	pipelinetest.RequireDrained(t, pool, 5*time.Second)
+}
+
+// With the default configuration, every commit that writes the outbox is
+// relayed promptly, announced or not: a PublishTx in the caller's own
+// transaction (pgx or database/sql) that never calls Committed, a plain
+// INSERT as a program in another language makes, and a delayed row once it
+// is due. The idle relay's probe finds them (the poll here is an hour, and
+// no waker runs). A row a claim could not take (an ordered aggregate's
+// successor behind a head in backoff) does not make the probe claim in a
+// loop.
+func TestIdleRelayFindsUnannouncedCommits(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "mail.send", "stripe.charge")
+	rec := &recorder{Publisher: b.pub}
+	relay := newRelay(t, pool, orderedRecorder{rec, []string{"stripe.charge"}}, pgoutbox.RelayConfig{PollInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(100 * time.Millisecond) // the relay has claimed nothing and idles
+
+	ob := pipelinetest.Outbox(t)
+	dispatched := int64(0)
+	relayed := func(what string) {
+		t.Helper()
+		dispatched++
+		start := time.Now()
+		require.Eventually(t, func() bool { return relay.Stats().Dispatched >= dispatched }, 5*time.Second, time.Millisecond, what)
+		require.Less(t, time.Since(start), time.Second, what)
+	}
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ob.PublishTx(ctx, pgoutbox.PgxTx(tx), "mail.send", event(t, "u", "pgx")))
+	require.NoError(t, tx.Commit(ctx))
+	relayed("PublishTx in a pgx transaction, no Committed")
+
+	publish(t, pool, "mail.send", event(t, "u", "database/sql"))
+	relayed("PublishTx in a database/sql transaction, no Committed")
+
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('u', 'mail.send', '{"from":"another program"}')`)
+	require.NoError(t, err)
+	relayed("a plain INSERT")
+
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, available_at) VALUES ('u', 'mail.send', '{}', now() + interval '300 milliseconds')`)
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, dispatched, relay.Stats().Dispatched, "a delayed row waits")
+	relayed("a delayed row once due")
+
+	// An ordered head in backoff for an hour, its successor due behind it:
+	// nothing a claim could take, so the probe says no.
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, available_at) VALUES ('A', 'stripe.charge', '{}', now() + interval '1 hour')`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('A', 'stripe.charge', '{}')`)
+	require.NoError(t, err)
+	probes := relay.Stats().Probes
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, dispatched, relay.Stats().Dispatched)
+	n := relay.Stats().Probes - probes
+	require.Greater(t, n, int64(10), "the idle relay keeps probing, about every 10ms")
+	require.Less(t, n, int64(100), "and no faster: a successor behind its head makes no claim loop")
 }
 
 // A backlog of an ordered aggregate drains at claim speed: a claim holds

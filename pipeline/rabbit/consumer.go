@@ -11,6 +11,8 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // Consumer is a Watermill subscriber of one queue (a Subscription) that
@@ -19,16 +21,21 @@ import (
 //
 // Written here rather than taken from watermill-amqp because its subscriber
 // holds one delivery at a time per channel and acks each with a frame of its
-// own: a batch route (handlers.Batch) needs many deliveries in hand to
-// commit them together, and per message the ack frame and the subscriber's
-// goroutine hand-offs cost more CPU than the ledger's share of a batch.
-// With InFlight 1 it behaves as watermill-amqp's subscriber does.
+// own (a batch route, handlers.Batch, needs many deliveries in hand to
+// commit them together), and because of how it stops: it nacks with
+// requeue what its handlers still hold, and on a quorum queue a requeued
+// message goes behind the ones after it. A Consumer never requeues a
+// delivery of an ordered queue: what it cannot settle goes back with its
+// channel's close, which RabbitMQ returns to the head of the queue
+// (measured on 3.10 with quorum queues: TestBrokerReturnsAClosedChannelsDeliveryFirst).
+//
+// With DrainTimeout set, a stop drains (see ConsumerConfig.DrainTimeout).
 type Consumer struct {
-	conn     *wamqp.ConnectionWrapper
-	topo     *Topology
-	sub      Subscription
-	inFlight int
-	logger   watermill.LoggerAdapter
+	conn   *wamqp.ConnectionWrapper
+	topo   *Topology
+	sub    Subscription
+	cfg    ConsumerConfig
+	logger watermill.LoggerAdapter
 
 	mu      sync.Mutex
 	closed  bool
@@ -36,22 +43,53 @@ type Consumer struct {
 	wg      sync.WaitGroup
 }
 
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig struct {
+	// InFlight is how many unacknowledged deliveries the consumer hands
+	// out at once (the channel's prefetch is raised to it if lower).
+	// Default 1; an ordered Subscription takes 1 only.
+	InFlight int
+	// DrainTimeout, if positive, makes a stop (Close, or the end of
+	// Subscribe's context) graceful: the consumer hands out no new
+	// delivery, lets the handlers finish those they hold, for at most
+	// DrainTimeout, settles them, then closes its channel; what it had
+	// received and not handed out, and what is still unsettled at the
+	// timeout, goes back with the channel, first in line. Meanwhile the
+	// messages' contexts stay alive (a cancelled one would cut a handler
+	// between its effect and its ledger commit, and the effect would run
+	// twice); pipeline.Stopping(ctx) tells what only waits (a held
+	// partition, an outage) to give up instead. Zero: a stop cancels the
+	// messages' contexts at once, as Watermill's Pub/Sub contract has it.
+	DrainTimeout time.Duration
+}
+
 var _ message.Subscriber = (*Consumer)(nil)
 
-// NewConsumer returns a consumer of sub's queue over conn, holding at most
-// inFlight unacknowledged deliveries (the channel's prefetch is raised to
-// inFlight if lower). Ordered partitions need inFlight 1.
-func NewConsumer(conn *wamqp.ConnectionWrapper, topo *Topology, sub Subscription, inFlight int, logger watermill.LoggerAdapter) (*Consumer, error) {
+// errGivenBack ends a channel whose ordered delivery was nacked: closing
+// the channel returns it first in line, where a requeue would not.
+var errGivenBack = errors.New("an ordered delivery was not settled: the channel closes to give it back first in line")
+
+// NewConsumer returns a consumer of sub's queue over conn.
+func NewConsumer(conn *wamqp.ConnectionWrapper, topo *Topology, sub Subscription, cfg ConsumerConfig, logger watermill.LoggerAdapter) (*Consumer, error) {
 	if conn == nil || topo == nil {
 		return nil, errors.New("rabbit: NewConsumer needs a connection and a topology")
 	}
-	if inFlight < 1 {
-		return nil, fmt.Errorf("rabbit: a consumer's deliveries in flight must be at least 1, got %d", inFlight)
+	if cfg.InFlight == 0 {
+		cfg.InFlight = 1
+	}
+	if cfg.InFlight < 1 {
+		return nil, fmt.Errorf("rabbit: ConsumerConfig.InFlight must be at least 1, got %d", cfg.InFlight)
+	}
+	if sub.Ordered && cfg.InFlight != 1 {
+		return nil, fmt.Errorf("rabbit: %s is an ordered partition: ConsumerConfig.InFlight must be 1, got %d", sub.Queue, cfg.InFlight)
+	}
+	if cfg.DrainTimeout < 0 {
+		return nil, fmt.Errorf("rabbit: ConsumerConfig.DrainTimeout must not be negative, got %s", cfg.DrainTimeout)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Consumer{conn: conn, topo: topo, sub: sub, inFlight: inFlight, logger: logger, closing: make(chan struct{})}, nil
+	return &Consumer{conn: conn, topo: topo, sub: sub, cfg: cfg, logger: logger, closing: make(chan struct{})}, nil
 }
 
 // Subscribe declares the queue and its bindings to topic's exchange and
@@ -96,7 +134,10 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 			case <-ctx.Done():
 				return
 			}
-			if err := c.consume(ctx, out); err != nil {
+			switch err := c.consume(ctx, out); {
+			case errors.Is(err, errGivenBack):
+				c.logger.Info("Reopening the channel: "+err.Error(), fields)
+			case err != nil:
 				c.logger.Error("Consuming stopped; reopening", err, fields)
 			}
 			select {
@@ -123,7 +164,7 @@ func (c *Consumer) declare(exchange string) error {
 	return c.topo.BuildTopology(ch, c.sub.Queue, exchange, c.sub.Config, c.logger)
 }
 
-// pending is a delivery handed to the router and not yet settled.
+// pending is a delivery received and not yet settled.
 type pending struct {
 	msg    *message.Message
 	tag    uint64
@@ -131,11 +172,12 @@ type pending struct {
 }
 
 // consume runs one channel until it closes, ctx ends or the consumer is
-// closed. It settles deliveries strictly in delivery order: an ack of the
-// oldest pending delivery takes every acked one after it along in one
-// multiple=true frame; a nack (requeue) settles that delivery alone. A
-// later delivery acked before an earlier one waits for it, holding its
-// slot, never its handler.
+// closed (after a drain, with DrainTimeout). It settles deliveries
+// strictly in delivery order: an ack of the oldest pending delivery takes
+// every acked one after it along in one multiple=true frame; a nack
+// settles that delivery alone, with a requeue, except on an ordered queue,
+// where the channel closes instead (errGivenBack). A later delivery acked
+// before an earlier one waits for it, holding its slot, never its handler.
 func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) error {
 	ch, err := c.conn.Connection().Channel()
 	if err != nil {
@@ -143,8 +185,8 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 	}
 	defer ch.Close()
 	prefetch := c.sub.Config.Consume.Qos.PrefetchCount
-	if prefetch < c.inFlight {
-		prefetch = c.inFlight
+	if prefetch < c.cfg.InFlight {
+		prefetch = c.cfg.InFlight
 	}
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("setting prefetch: %w", err)
@@ -155,10 +197,17 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		return fmt.Errorf("consuming %s: %w", c.sub.Queue, err)
 	}
 	var (
-		window []pending        // handed out or about to be, oldest first
+		window []pending        // received, oldest first
 		next   *message.Message // the newest delivery, not yet handed to the router
 		in     <-chan amqp.Delivery
 		send   chan<- *message.Message
+		// The drain: stop is closed when it begins (pipeline.Stopping),
+		// drained fires at its timeout.
+		stop     = make(chan struct{})
+		draining bool
+		drained  <-chan time.Time
+		stopped  = c.closing
+		ctxDone  = ctx.Done()
 	)
 	requeue := !c.sub.Config.Consume.NoRequeueOnNack
 	// A message's context ends once it is settled or the channel is gone
@@ -168,12 +217,34 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			p.cancel()
 		}
 	}()
+	// beginDrain starts the drain at a stop; false when there is none to
+	// run (no DrainTimeout).
+	beginDrain := func() bool {
+		stopped, ctxDone = nil, nil
+		if c.cfg.DrainTimeout == 0 {
+			return false
+		}
+		draining = true
+		close(stop)
+		t := time.NewTimer(c.cfg.DrainTimeout)
+		drained = t.C
+		return true
+	}
 	for {
-		in, send = nil, nil
+		handedOut := len(window)
 		if next != nil {
-			send = out
-		} else if len(window) < c.inFlight {
-			in = deliveries
+			handedOut--
+		}
+		if draining && handedOut == 0 {
+			return nil
+		}
+		in, send = nil, nil
+		if !draining {
+			if next != nil {
+				send = out
+			} else if len(window) < c.cfg.InFlight {
+				in = deliveries
+			}
 		}
 		var acked, nacked <-chan struct{}
 		if len(window) > 0 {
@@ -194,7 +265,14 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 				}
 				continue
 			}
-			mctx, cancel := context.WithCancel(ctx)
+			var mctx context.Context
+			var cancel context.CancelFunc
+			if c.cfg.DrainTimeout > 0 {
+				// Not ended by ctx: a stop drains (see DrainTimeout).
+				mctx, cancel = context.WithCancel(pipeline.WithStopping(context.WithoutCancel(ctx), stop))
+			} else {
+				mctx, cancel = context.WithCancel(ctx)
+			}
 			msg.SetContext(mctx)
 			window = append(window, pending{msg: msg, tag: d.DeliveryTag, cancel: cancel})
 			next = msg
@@ -213,6 +291,10 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 				return fmt.Errorf("acking: %w", err)
 			}
 		case <-nacked:
+			if c.sub.Ordered {
+				// Left unsettled: the deferred close gives it back.
+				return errGivenBack
+			}
 			tag := window[0].tag
 			window[0].cancel()
 			window = window[1:]
@@ -224,9 +306,18 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 				return errors.New("channel closed")
 			}
 			return err
-		case <-c.closing:
-			return nil
-		case <-ctx.Done():
+		case <-stopped:
+			if !beginDrain() {
+				return nil
+			}
+		case <-ctxDone:
+			if !beginDrain() {
+				return nil
+			}
+		case <-drained:
+			c.logger.Info("Drain timed out; the deliveries still in handlers go back to the queue with the channel", watermill.LogFields{
+				"amqp_queue_name": c.sub.Queue, "in_handlers": handedOut, "drain_timeout": c.cfg.DrainTimeout.String(),
+			})
 			return nil
 		}
 	}
@@ -241,7 +332,8 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// Close stops consuming; unacked deliveries go back to the queue when the
+// Close stops consuming, after a drain when DrainTimeout is set;
+// unsettled deliveries go back to the queue, first in line, when the
 // channel closes. It waits for the subscriptions to end.
 func (c *Consumer) Close() error {
 	c.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
@@ -23,6 +24,11 @@ type SubscriberConfig struct {
 	// 1, as watermill-amqp's subscriber. Ordered topics' partitions always
 	// take 1, which is what keeps their order.
 	InFlight int
+	// DrainTimeout, if positive, makes Close drain: the handlers finish
+	// what they hold, for at most this long (ConsumerConfig.DrainTimeout).
+	// Default 0: Close cancels the messages' contexts at once (Watermill's
+	// Pub/Sub contract); unsettled messages go back to their queues.
+	DrainTimeout time.Duration
 }
 
 // Subscriber is a Watermill subscriber by topic over Ferry's topology: with
@@ -40,6 +46,7 @@ type Subscriber struct {
 	ownsC    bool
 	group    string
 	inFlight int
+	drain    time.Duration
 	logger   watermill.LoggerAdapter
 
 	mu     sync.Mutex
@@ -67,10 +74,13 @@ func NewSubscriber(conn *wamqp.ConnectionWrapper, topo *Topology, cfg Subscriber
 	if cfg.InFlight == 0 {
 		cfg.InFlight = 1
 	}
+	if cfg.DrainTimeout < 0 {
+		return nil, fmt.Errorf("rabbit: SubscriberConfig.DrainTimeout must not be negative, got %s", cfg.DrainTimeout)
+	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	s := &Subscriber{topo: topo, conn: conn, group: cfg.Group, inFlight: cfg.InFlight, logger: logger}
+	s := &Subscriber{topo: topo, conn: conn, group: cfg.Group, inFlight: cfg.InFlight, drain: cfg.DrainTimeout, logger: logger}
 	if conn == nil {
 		c, err := Dial(topo.cfg, "ferry-subscriber", logger)
 		if err != nil {
@@ -131,7 +141,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		inFlight = 1
 	}
 	for _, sub := range s.subscriptions(topic) {
-		ws, err := NewConsumer(s.conn, s.topo, sub, inFlight, s.logger)
+		ws, err := NewConsumer(s.conn, s.topo, sub, ConsumerConfig{InFlight: inFlight, DrainTimeout: s.drain}, s.logger)
 		if err != nil {
 			return nil, fmt.Errorf("subscribing to %q: %w", topic, err)
 		}

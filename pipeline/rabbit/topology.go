@@ -98,6 +98,10 @@ type Subscription struct {
 	// Queue is the queue's full name (namespace included).
 	Queue  string
 	Config wamqp.Config
+	// Ordered is true for a partition of an ordered topic: its consumer
+	// holds one delivery at a time and never requeues it behind the ones
+	// after it (see Consumer).
+	Ordered bool
 }
 
 // Subscription is the one consumer of handler's queue of an unordered
@@ -126,7 +130,7 @@ func (t *Topology) Subscriptions(handler, topic string) []Subscription {
 	subs := make([]Subscription, t.cfg.Partitions)
 	for k := range subs {
 		name := pipeline.PartitionName(handler, k)
-		subs[k] = Subscription{Name: name, Queue: t.QueueName(name), Config: t.partitionConfig(handler, k)}
+		subs[k] = Subscription{Name: name, Queue: t.QueueName(name), Config: t.partitionConfig(handler, k), Ordered: true}
 	}
 	return subs
 }
