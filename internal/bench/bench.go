@@ -814,7 +814,11 @@ const benchSeqKey = "bench_seq"
 //
 // The notify relay's run is made twice, with a route of single messages
 // and with a batch route (handlers.Batch defaults); the batch route's
-// numbers go under "batch".
+// numbers go under "batch". A third run publishes exactly as the README
+// shows (pgx.BeginFunc, PublishTx, nothing after the commit) at a rate
+// that leaves the relay idle between events, with the default relay
+// configuration: its numbers, under "readme", are what a service that
+// never calls Committed gets (the idle relay's probe finds its commits).
 func benchEndToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
 	rep, err := endToEndOnce(ctx, cfg, bc, app.RelayModeNotify, false, logger)
 	if err != nil {
@@ -826,7 +830,27 @@ func benchEndToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		return benchReport{}, fmt.Errorf("batch route: %w", err)
 	}
 	rep.JSON["batch"] = batch.JSON
-	rep.Table = "route of single messages: " + rep.Table + "batch route: " + batch.Table
+	settle(ctx, cfg)
+	rb := bc
+	rb.Rate = min(bc.Rate, readmeRate)
+	readme, err := endToEndOnce(ctx, cfg, rb, app.RelayModeNotify, false, logger, publishAsTheREADME)
+	if err != nil {
+		return benchReport{}, fmt.Errorf("published as the README does: %w", err)
+	}
+	rep.JSON["readme"] = readme.JSON
+	// The same without the idle relay's probe: what the README's path got
+	// before it (the poll alone finds such commits).
+	settle(ctx, cfg)
+	noProbe := cfg
+	noProbe.Relay.ProbeInterval = -1
+	unprobed, err := endToEndOnce(ctx, noProbe, rb, app.RelayModeNotify, false, logger, publishAsTheREADME)
+	if err != nil {
+		return benchReport{}, fmt.Errorf("published as the README does, probe off: %w", err)
+	}
+	rep.JSON["readme_probe_off"] = unprobed.JSON
+	rep.Table = "route of single messages: " + rep.Table + "batch route: " + batch.Table +
+		fmt.Sprintf("published as the README does (pgx.BeginFunc + PublishTx, no Committed; default relay configuration, %d/s): ", rb.Rate) + readme.Table +
+		"the same with FERRY_RELAY_PROBE_INTERVAL=off: " + unprobed.Table
 	if !slices.Contains(bc.RelayModes, app.RelayModeCDC) {
 		return rep, nil
 	}
@@ -840,7 +864,18 @@ func benchEndToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	return rep, nil
 }
 
-func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, batch bool, logger *slog.Logger) (benchReport, error) {
+// readmeRate is the README variant's rate: slow enough that the relay is
+// idle when each event commits, which is when a missed wake-up shows.
+const readmeRate = 50
+
+// publishFunc commits event seq with its business write.
+type publishFunc func(ctx context.Context, a *app.App, seq int) error
+
+func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, batch bool, logger *slog.Logger, publishWith ...publishFunc) (benchReport, error) {
+	publish := benchPublishOne
+	if len(publishWith) > 0 {
+		publish = publishWith[0]
+	}
 	sch, err := newBenchSchema(ctx, cfg, 0)
 	if err != nil {
 		return benchReport{}, err
@@ -934,7 +969,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 					return
 				}
 				time.Sleep(time.Until(prodStart.Add(time.Duration(i) * interval)))
-				if err := benchPublishOne(ctx, a, i); err != nil {
+				if err := publish(ctx, a, i); err != nil {
 					prodErr.Store(err)
 					return
 				}
@@ -989,7 +1024,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 	fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→effect recorded", es["p50_ms"], es["p95_ms"], es["p99_ms"], es["max_ms"])
 	return benchReport{
 		JSON: map[string]any{
-			"params":                map[string]any{"rate_per_sec": bc.Rate, "duration_sec": bc.Duration.Seconds(), "events": total, "relays": 1, "poll_interval_ms": ms(c.WithDefaults().Relay.PollInterval), "relay_mode": mode, "batch_route": batch},
+			"params":                map[string]any{"rate_per_sec": bc.Rate, "duration_sec": bc.Duration.Seconds(), "events": total, "relays": 1, "poll_interval_ms": ms(c.WithDefaults().Relay.PollInterval), "relay_mode": mode, "batch_route": batch, "probe_interval_ms": ms(c.WithDefaults().Relay.ProbeInterval)},
 			"achieved_rate_per_sec": float64(total) / produced.Seconds(),
 			"handled":               handled.Load(),
 			"cdc_streamer":          cdcStats,
@@ -1008,6 +1043,20 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 		},
 		Table: tb.String(),
 	}, nil
+}
+
+// publishAsTheREADME publishes as the README's "Your own service" does:
+// a pgx transaction of the caller's, PublishTx in it, and nothing after
+// the commit (no Committed, no InTx).
+func publishAsTheREADME(ctx context.Context, a *app.App, seq int) error {
+	return pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
+		msg, err := pipeline.NewEvent(ctx, strconv.Itoa(seq%1000), map[string]int{"seq": seq})
+		if err != nil {
+			return err
+		}
+		msg.Metadata.Set(benchSeqKey, strconv.Itoa(seq))
+		return a.Outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), "bench.e2e", msg)
+	})
 }
 
 func benchPublishOne(ctx context.Context, a *app.App, seq int) error {

@@ -75,6 +75,12 @@ func TestBenchSmoke(t *testing.T) {
 	require.EqualValues(t, 200, batchE2E["commit_to_effect"].(map[string]any)["count"])
 	require.Equal(t, true, batchE2E["params"].(map[string]any)["batch_route"])
 	require.Contains(t, e2e["targets"], "commit_to_confirm_p99_met")
+	for _, variant := range []string{"readme", "readme_probe_off"} {
+		readme := e2e[variant].(map[string]any)
+		require.EqualValues(t, 50, readme["handled"], "published as the README does (%s): every event handled", variant)
+		require.EqualValues(t, 50, readme["commit_to_confirm"].(map[string]any)["count"])
+	}
+	require.EqualValues(t, 10, e2e["readme"].(map[string]any)["params"].(map[string]any)["probe_interval_ms"])
 	cdcE2E := e2e["cdc"].(map[string]any)
 	require.EqualValues(t, 200, cdcE2E["handled"], "the CDC relay's end-to-end run")
 	require.EqualValues(t, 200, cdcE2E["cdc_streamer"].(map[string]any)["dispatched"], "every event went by the stream")

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/internal/wait"
 
@@ -38,6 +40,10 @@ const outageBacklog = 100
 
 // chaosDatabase is the database of a run on its own server.
 const chaosDatabase = "chaos"
+
+// consumerStopWait bounds a consumer's graceful stop in a rolling restart:
+// the run's FERRY_SHUTDOWN_TIMEOUT (10s) and the process's exit.
+const consumerStopWait = 20 * time.Second
 
 // maxChargeRequests bounds the provider's requests for one charge: the
 // run's 10 deliveries of a message, each with the 3 quick retries, and a
@@ -84,6 +90,14 @@ type ChaosRun struct {
 	// promoted). The driver retries an order whose commit failed (its
 	// idempotency key makes the retry safe).
 	HA bool
+	// Restarts, if set, makes rolling restarts of the consumers the run's
+	// only fault, with this signal: "sigterm" (a deploy: each process
+	// drains and stops) or "sigkill" (each is killed). Before each roll
+	// the provider fails the next charges, so that held partitions and
+	// retries are in flight when the processes stop. A sigterm run also
+	// requires that no effect ran twice. Default "": every fault, a
+	// rolling restart with SIGTERM among them.
+	Restarts string
 	// Binary is the ferry binary to run. Default: this process's executable.
 	Binary string
 	// DrainTimeout bounds the wait for the pipeline to settle. Default 3m.
@@ -142,7 +156,15 @@ type ChaosReport struct {
 	BatchEffects    int `json:"batch_route_effects"`
 	Orphans         int `json:"effects_without_committed_order"`
 	OrderViolations int `json:"order_violations"`
-	PendingDue      int `json:"undispatched_due_rows"`
+	// ConsumerStops is how many consumer processes the rolling restarts
+	// stopped (each replaced first, as a Deployment rolls).
+	ConsumerStops int `json:"consumer_stops"`
+	// EffectReplays is how many times a handler ran an effect whose
+	// idempotency key (charge, audit) or Message-ID (mail) was done
+	// already: the key kept it single, but the handler ran twice. A
+	// clean stop must cause none; a SIGKILL may.
+	EffectReplays int `json:"effect_replays"`
+	PendingDue    int `json:"undispatched_due_rows"`
 	// MaxChargeRequestsPerOrder is the most requests the provider got for
 	// one charge: bounded by the attempts, however the run went (a hot
 	// loop would show as thousands).
@@ -240,6 +262,56 @@ func (e *chaosEnv) killAndRestart(rng *rand.Rand, role string, extra ...string) 
 	return err
 }
 
+// roll restarts every live child of role, one at a time, as a Deployment
+// rolls: a replacement is started and waited for (its heartbeat row), then
+// the old process gets sig and is waited for. It returns how many it
+// stopped. A process that does not stop within stopWait is killed and
+// reported: a graceful stop must end within the shutdown timeout.
+func (e *chaosEnv) roll(ctx context.Context, pool *pgxpool.Pool, role string, sig syscall.Signal, stopWait time.Duration, extra func() string) (int, error) {
+	e.mu.Lock()
+	var old []*child
+	for _, c := range e.children {
+		select {
+		case <-c.done:
+		default:
+			if c.role == role {
+				old = append(old, c)
+			}
+		}
+	}
+	e.mu.Unlock()
+	stopped := 0
+	for _, victim := range old {
+		if ctx.Err() != nil {
+			return stopped, nil
+		}
+		fresh, err := e.start(role, extra())
+		if err != nil {
+			return stopped, err
+		}
+		if err := wait.For(ctx, func() bool {
+			var n int
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM ferry_instances WHERE pid = $1`, fresh.cmd.Process.Pid).Scan(&n)
+			return n > 0
+		}); err != nil {
+			if ctx.Err() != nil {
+				return stopped, nil
+			}
+			return stopped, fmt.Errorf("the replacement %s did not come up: %w", role, err)
+		}
+		_ = victim.cmd.Process.Signal(sig)
+		select {
+		case <-victim.done:
+		case <-time.After(stopWait):
+			_ = victim.cmd.Process.Kill()
+			<-victim.done
+			return stopped + 1, fmt.Errorf("a %s did not stop within %s of %s", role, stopWait, sig)
+		}
+		stopped++
+	}
+	return stopped, nil
+}
+
 func (e *chaosEnv) stopAll() {
 	e.mu.Lock()
 	children := append([]*child(nil), e.children...)
@@ -283,6 +355,12 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	}
 	if run.RelayMode != app.RelayModeNotify && run.RelayMode != app.RelayModeCDC {
 		return ChaosReport{}, fmt.Errorf("relay mode %q: want %s or %s", run.RelayMode, app.RelayModeNotify, app.RelayModeCDC)
+	}
+	if run.Restarts != "" && run.Restarts != "sigterm" && run.Restarts != "sigkill" {
+		return ChaosReport{}, fmt.Errorf("restarts %q: want sigterm or sigkill", run.Restarts)
+	}
+	if run.Restarts != "" && (run.HA || run.DatabaseOutage > 0 || run.RestartBroker) {
+		return ChaosReport{}, errors.New("a run of rolling restarts has no other faults: not with HA, a database outage or broker restarts")
 	}
 	if run.HA && (run.DatabaseOutage > 0 || run.RestartBroker || run.RelayMode == app.RelayModeCDC) {
 		return ChaosReport{}, errors.New("the HA run has its own database and broker faults: not with a database outage, broker restarts or the CDC relay")
@@ -484,9 +562,36 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			done()
 		}
 	}
+	// rollConsumers restarts the consumers one by one with sig, first
+	// failing the next charges so that partitions are held and retries in
+	// flight when the processes stop.
+	rollConsumers := func(kind string, sig syscall.Signal) {
+		provider.FailNext(12)
+		n, err := env.roll(faultCtx, driver.Pool, "consume", sig, consumerStopWait, faults)
+		if faultCtx.Err() != nil && n > 0 {
+			err = nil // cut short by the run's end: what it stopped counts
+		}
+		recordFault(kind, kind, err, func() { rep.ConsumerStops += n })
+	}
+	if run.Restarts != "" {
+		sig := map[string]syscall.Signal{"sigterm": syscall.SIGTERM, "sigkill": syscall.SIGKILL}[run.Restarts]
+		faultsWG.Go(func() {
+			for {
+				select {
+				case <-faultCtx.Done():
+					return
+				case <-time.After(run.FaultEvery):
+				}
+				rollConsumers("rolling_restart_"+run.Restarts, sig)
+			}
+		})
+	}
 	faultsWG.Go(func() {
+		if run.Restarts != "" {
+			return
+		}
 		frng := rand.New(rand.NewPCG(run.Seed^0xfa17, run.Seed))
-		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8"}
+		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "rolling_restart"}
 		for n := 1; ; n++ {
 			select {
 			case <-faultCtx.Done():
@@ -511,6 +616,9 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				err = env.killAndRestart(frng, "relay", faults())
 			case "kill_consumer":
 				err = env.killAndRestart(frng, "consume", faults())
+			case "rolling_restart":
+				rollConsumers(kind, syscall.SIGTERM)
+				continue // recorded
 			case "terminate_db_backends":
 				gate.RLock()
 				_, err = driver.Pool.Exec(faultCtx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
@@ -757,6 +865,12 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if err != nil {
 		return rep, err
 	}
+	chargeReplays, auditReplays := provider.Replays()
+	rep.EffectReplays = chargeReplays + auditReplays + rep.MailDuplicates
+	if run.Restarts == "sigterm" && rep.EffectReplays > 0 {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("clean stops ran effects twice: %d charges, %d audit events, %d mails came again",
+			chargeReplays, auditReplays, rep.MailDuplicates))
+	}
 	printChaosReport(out, rep, logDir)
 	if rep.OK() {
 		_ = os.RemoveAll(logDir)
@@ -977,7 +1091,7 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	fmt.Fprintf(&b, "  orders committed       %6d   (+%d rolled back after publishing, %d replays deduped)\n", r.OrdersCommitted, r.OrdersRolledBack, r.OrderReplays)
 	var faults []string
 	total := 0
-	for _, k := range []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "restart_broker", "database_refuses_connections",
+	for _, k := range []string{"kill_relay", "kill_consumer", "rolling_restart", "rolling_restart_sigterm", "rolling_restart_sigkill", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "restart_broker", "database_refuses_connections",
 		"broker_node_lost", "database_failover"} {
 		if n, ok := r.Faults[k]; ok {
 			faults = append(faults, fmt.Sprintf("%s %d", k, n))
@@ -997,6 +1111,7 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 		r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges, r.MaxChargeRequestsPerOrder)
 	fmt.Fprintf(&b, "  mails                  %6d   (%d duplicate deliveries dropped by Message-ID)\n", r.Mails, r.MailDuplicates)
 	fmt.Fprintf(&b, "  ordered audit events   %6d   (%d order violations)\n", r.AuditEvents, r.OrderViolations)
+	fmt.Fprintf(&b, "  consumer stops         %6d   (rolling restarts, each process replaced first; %d effects a handler ran again, kept single by their keys)\n", r.ConsumerStops, r.EffectReplays)
 	fmt.Fprintf(&b, "  retries                %6d   (%d durable retries of failed handlers, %d rows that needed more than one relay attempt)\n", r.DurableRetries+r.RelayRetries, r.DurableRetries, r.RelayRetries)
 	fmt.Fprintf(&b, "  poisoned               %6d   %v\n", r.Poisoned, r.PoisonReasons)
 	fmt.Fprintf(&b, "  lost                   %6d\n", r.Lost)

@@ -42,6 +42,9 @@ type PaymentProvider struct {
 	delay    time.Duration // before each charge answer (SetDelay)
 	audit    []AuditEntry
 	auditKey map[string]bool
+	// replays count requests for a key whose effect was already made: a
+	// handler that ran its effect twice (Replays).
+	chargeReplays, auditReplays int
 }
 
 // AuditEntry is one audit event as first received (replays are dropped by
@@ -175,7 +178,9 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, replay := p.byKey[key]
-	if !replay {
+	if replay {
+		p.chargeReplays++
+	} else {
 		c = Charge{
 			ID: fmt.Sprintf("ch_%06d", len(p.charges)+1), IdempotencyKey: key,
 			Amount: req.Amount, Currency: req.Currency, Customer: req.Customer, OrderID: req.Metadata["order_id"],
@@ -186,6 +191,15 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Unlock()
 	writeProviderJSON(w, http.StatusOK, map[string]any{"id": c.ID, "amount": c.Amount, "currency": c.Currency, "replayed": replay})
+}
+
+// Replays counts the requests, charges and audit events, that came again
+// for an idempotency key already done: each is a handler that ran its
+// effect a second time (the key kept the effect single).
+func (p *PaymentProvider) Replays() (charges, audits int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.chargeReplays, p.auditReplays
 }
 
 // Audit returns the audit events in the order they first arrived.
@@ -206,6 +220,8 @@ func (p *PaymentProvider) handleAudit(w http.ResponseWriter, r *http.Request) {
 	if !p.auditKey[key] {
 		p.auditKey[key] = true
 		p.audit = append(p.audit, e)
+	} else {
+		p.auditReplays++
 	}
 	p.mu.Unlock()
 	writeProviderJSON(w, http.StatusOK, map[string]string{"ok": "recorded"})
