@@ -19,9 +19,11 @@ import (
 // AppConfig is the configuration App starts an application with, on
 // schema and the broker configuration rmq (see Schema and Rabbit): the
 // test servers, the admin server off, the HTTP API on a free loopback
-// port, and delays short enough for a test (the relay polls every 20 ms
-// and retries after 50 ms; handlers get two quick retries 5 ms apart and
-// three deliveries 50 ms apart before the poison store).
+// port, and delays short enough for a test (the relay retries a failed
+// publish after 50 ms; handlers get two quick retries 5 ms apart and
+// three deliveries 50 ms apart before the poison store). The relay's
+// wake-ups, probe and poll are the defaults, so a test sees the latency
+// its service will see.
 func AppConfig(schema string, rmq rabbit.Config) app.Config {
 	return app.Config{
 		DatabaseURL:    DatabaseURL(),
@@ -29,8 +31,7 @@ func AppConfig(schema string, rmq rabbit.Config) app.Config {
 		AMQP:           rmq,
 		HTTPAddr:       "127.0.0.1:0",
 		AdminAddr:      "off",
-		Relay: pgoutbox.RelayConfig{PollInterval: 20 * time.Millisecond,
-			Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}},
+		Relay: pgoutbox.RelayConfig{Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}},
 		Retry: middleware.RetryConfig{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond},
 		DurableRetry: middleware.DurableRetryConfig{MaxAttempts: 3,
 			Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond}},

@@ -265,7 +265,7 @@ func startCPUProfile(path string) (stop func(err *error), _ error) {
 
 var cmdChaos = &cli.Command{
 	Name:    "chaos",
-	Summary: "fault-injection run: orders at a steady rate while relay and consumer processes are SIGKILLed, database backends terminated, broker connections cut and handlers fail/panic; exits non-zero if anything was lost or doubled",
+	Summary: "fault-injection run: orders at a steady rate while relay and consumer processes are SIGKILLed, consumers rolled (SIGTERM), database backends terminated, broker connections cut and handlers fail/panic; exits non-zero if anything was lost, doubled or reordered",
 	Flags: func(fs *flag.FlagSet, env *cli.Env) cli.RunFunc {
 		var run chaos.ChaosRun
 		long := fs.Bool("long", false, "the long run: 10,000 orders, broker restarts among the faults")
@@ -277,6 +277,7 @@ var cmdChaos = &cli.Command{
 		fs.DurationVar(&run.FaultEvery, "fault-every", 500*time.Millisecond, "pause between injected faults")
 		fs.BoolVar(&run.RestartBroker, "restart-broker", false, "also restart RabbitMQ (hits every user of the broker)")
 		fs.StringVar(&run.RelayMode, "relay-mode", "notify", "relay processes' mode: notify, or cdc (the CDC variant: the relays stream from a replication slot, one active, one standing by)")
+		fs.StringVar(&run.Restarts, "restarts", "", "make rolling restarts of the consumers (one at a time, the replacement up first, as a Deployment rolls) the only fault, with this signal: sigterm (a deploy: nothing may run twice) or sigkill; by default a SIGTERM roll is one fault among the others")
 		fs.BoolVar(&run.HA, "ha", false, "on clusters of the run's own (3 RabbitMQ nodes, a PostgreSQL primary with a synchronous standby, on loopback ports, removed afterwards), with a broker node's loss and a database failover among the faults")
 		asJSON := fs.Bool("json", false, "print the report as JSON")
 		return func(ctx context.Context, _ []string) error {

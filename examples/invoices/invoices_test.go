@@ -98,7 +98,10 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 	env := append(os.Environ(),
 		"FERRY_DATABASE_URL="+ferrytest.DatabaseURL(), "FERRY_DATABASE_SCHEMA="+schema,
 		"FERRY_AMQP_URL="+rcfg.URL, "FERRY_AMQP_NAMESPACE="+rcfg.Namespace,
-		"FERRY_ADMIN_ADDR=off", "FERRY_RELAY_POLL_INTERVAL=50ms", "FERRY_LOG_FORMAT=json",
+		// A poll far longer than the test: the service publishes as the
+		// README shows, calling nothing after its commits, and only the
+		// relay's probe (on by default) can find them in time.
+		"FERRY_ADMIN_ADDR=off", "FERRY_RELAY_POLL_INTERVAL=1h", "FERRY_LOG_FORMAT=json",
 		"FERRY_RETRY_INITIAL_INTERVAL=5ms", "FERRY_RETRY_MAX_INTERVAL=10ms")
 	cmd := func(args ...string) (string, error) {
 		c := exec.Command(bin, args...)

@@ -41,6 +41,10 @@ const outageBacklog = 100
 // chaosDatabase is the database of a run on its own server.
 const chaosDatabase = "chaos"
 
+// holdingThePartition is the consumers' log line for a partition held
+// behind a failing head (middleware.DurableRetryConfig).
+const holdingThePartition = "holding the partition until the retry"
+
 // consumerStopWait bounds a consumer's graceful stop in a rolling restart:
 // the run's FERRY_SHUTDOWN_TIMEOUT (10s) and the process's exit.
 const consumerStopWait = 20 * time.Second
@@ -159,6 +163,10 @@ type ChaosReport struct {
 	// ConsumerStops is how many consumer processes the rolling restarts
 	// stopped (each replaced first, as a Deployment rolls).
 	ConsumerStops int `json:"consumer_stops"`
+	// PartitionHolds is how many times a consumer held an ordered
+	// partition behind a failing head (its WARN line in the consumers'
+	// logs): the holds the stops met.
+	PartitionHolds int `json:"partition_holds"`
 	// EffectReplays is how many times a handler ran an effect whose
 	// idempotency key (charge, audit) or Message-ID (mail) was done
 	// already: the key kept it single, but the handler ran twice. A
@@ -865,6 +873,9 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if err != nil {
 		return rep, err
 	}
+	if b, err := os.ReadFile(filepath.Join(logDir, "consume.log")); err == nil {
+		rep.PartitionHolds = strings.Count(string(b), holdingThePartition)
+	}
 	chargeReplays, auditReplays := provider.Replays()
 	rep.EffectReplays = chargeReplays + auditReplays + rep.MailDuplicates
 	if run.Restarts == "sigterm" && rep.EffectReplays > 0 {
@@ -1111,7 +1122,7 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 		r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges, r.MaxChargeRequestsPerOrder)
 	fmt.Fprintf(&b, "  mails                  %6d   (%d duplicate deliveries dropped by Message-ID)\n", r.Mails, r.MailDuplicates)
 	fmt.Fprintf(&b, "  ordered audit events   %6d   (%d order violations)\n", r.AuditEvents, r.OrderViolations)
-	fmt.Fprintf(&b, "  consumer stops         %6d   (rolling restarts, each process replaced first; %d effects a handler ran again, kept single by their keys)\n", r.ConsumerStops, r.EffectReplays)
+	fmt.Fprintf(&b, "  consumer stops         %6d   (rolling restarts, each process replaced first; %d partition holds met; %d effects a handler ran again, kept single by their keys)\n", r.ConsumerStops, r.PartitionHolds, r.EffectReplays)
 	fmt.Fprintf(&b, "  retries                %6d   (%d durable retries of failed handlers, %d rows that needed more than one relay attempt)\n", r.DurableRetries+r.RelayRetries, r.DurableRetries, r.RelayRetries)
 	fmt.Fprintf(&b, "  poisoned               %6d   %v\n", r.Poisoned, r.PoisonReasons)
 	fmt.Fprintf(&b, "  lost                   %6d\n", r.Lost)

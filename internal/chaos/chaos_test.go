@@ -54,6 +54,7 @@ func TestChaosRollingRestarts(t *testing.T) {
 				Seed: 23, Restarts: sig, HandlerFail: 0.3})
 			require.GreaterOrEqual(t, rep.ConsumerStops, 10, report)
 			require.Positive(t, rep.DurableRetries, "no durable retry was in flight: %s", report)
+			require.Positive(t, rep.PartitionHolds, "no ordered partition was held: %s", report)
 			require.True(t, rep.OK(), report)
 			require.Equal(t, rep.OrdersCommitted, rep.Charges)
 			require.Equal(t, rep.OrdersCommitted, rep.Mails)

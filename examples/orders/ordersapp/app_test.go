@@ -61,7 +61,7 @@ func testConfigs(t *testing.T) (app.Config, ordersapp.Config, *sandbox.PaymentPr
 		DatabaseURL:    pipelinetest.DatabaseURL(),
 		DatabaseSchema: pipelinetest.Schema(t, exmigrations.Set),
 		AMQP:           pipelinetest.Rabbit(t),
-		Relay:          pgoutbox.RelayConfig{PollInterval: 20 * time.Millisecond, Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}},
+		Relay:          pgoutbox.RelayConfig{Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}},
 		Retry:          middleware.RetryConfig{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond},
 		DurableRetry:   middleware.DurableRetryConfig{MaxAttempts: 3, Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond}},
 		HTTPAddr:       "127.0.0.1:0",
