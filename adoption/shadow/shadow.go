@@ -114,7 +114,7 @@ func Report(ctx context.Context, pool *pgxpool.Pool, o Options) (ReportResult, e
 		WITH intents AS (
 			SELECT DISTINCT topic, aggregate_id FROM `+table+`
 			WHERE created_at >= $1 AND ($2 = '' OR topic = $2) AND topic <> $4
-			  AND (shadowed OR headers->>'`+pipeline.MetaShadow+`' = 'true' OR payload->>'`+pipeline.MetaShadow+`' = 'true' OR topic = ANY($3))),
+			  AND (shadowed OR headers->>'`+pipeline.MetaShadow+`' = 'true' OR topic = ANY($3))),
 		legacy AS (
 			SELECT DISTINCT topic, aggregate_id FROM `+Table+`
 			WHERE recorded_at >= $1 AND ($2 = '' OR topic = $2)),

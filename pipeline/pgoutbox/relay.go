@@ -77,8 +77,9 @@ type RelayConfig struct {
 	Observer func(outcomes []Outcome)
 	// ShadowTopics are topics in shadow mode: their intents are marked
 	// dispatched (and shadowed) without being published, like every intent
-	// with metadata pipeline.MetaShadow "true" or a JSON payload whose top
-	// level has "shadow_mode": true. Switching a topic live is
+	// with metadata pipeline.MetaShadow "true" (set by pipeline.WithShadow).
+	// Never the payload: business data (a client's JSON a producer embeds)
+	// must not be able to suppress its own effect. Switching a topic live is
 	// removing it here. Default: none.
 	ShadowTopics []string
 	// MinAge, if positive, makes the relay claim only rows at least this
@@ -222,7 +223,7 @@ func ClaimSQL(table string, ordered bool) (string, error) {
 func claimSQL(table string, ordered bool, minAge time.Duration) string {
 	return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
-		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true' OR o.payload->>'` + pipeline.MetaShadow + `' = 'true', false)
+		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false)
 		FROM ` + table + ` o
 		WHERE ` + dueSQL(table, ordered, minAge, "$2") + `
 		ORDER BY o.available_at
@@ -272,7 +273,7 @@ func lockSQL(table string, ordered bool) string {
 	return `WITH l AS (
 		SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')) AS payload, o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at) AS due_at,
-		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true' OR o.payload->>'` + pipeline.MetaShadow + `' = 'true', false) AS shadow,
+		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false) AS shadow,
 		       o.dispatched_at IS NOT NULL AS done, o.available_at <= now() AS due
 		FROM ` + table + ` o
 		WHERE o.id = ANY($1::bigint[])
@@ -548,8 +549,8 @@ type claimedRow struct {
 	// dueAt is when the row first became due (due_at; its creation on rows
 	// written before the column).
 	dueAt time.Time
-	// shadowMarked: shadow_mode "true" in the headers, or true at the top
-	// of a JSON payload (the article puts it in the event).
+	// shadowMarked: shadow_mode "true" in the headers (Ferry's metadata,
+	// never the payload).
 	shadowMarked bool
 }
 
