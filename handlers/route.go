@@ -45,9 +45,7 @@ func (r Route) Validate() error {
 	if !validName.MatchString(r.Name) {
 		errs = append(errs, fmt.Errorf("route name %q must match %s", r.Name, validName))
 	}
-	if !validName.MatchString(r.Topic) {
-		errs = append(errs, fmt.Errorf("route %q: topic %q must match %s", r.Name, r.Topic, validName))
-	} else if err := pipeline.ValidateTopicName(r.Topic); err != nil {
+	if err := pipeline.ValidateTopicName(r.Topic); err != nil {
 		errs = append(errs, fmt.Errorf("route %q: %w", r.Name, err))
 	}
 	switch {

@@ -54,22 +54,46 @@ func IsPartition(handlerName string) bool {
 // channel is closed.
 const ReservedTopicPrefix = "amq."
 
-// ValidateTopicName refuses a topic that can never become an exchange:
-// one in RabbitMQ's reserved "amq." namespace, or one holding a character
-// other than ASCII letters, digits and - $ : . _ (watermill-sql's rule for
-// topics, which the outbox's publisher applies). Publishing to a reserved
-// name fails at the broker only after the business transaction committed;
-// refusing it at publish time keeps it out of the outbox.
+// FerryTopicPrefix starts the topics and exchanges Ferry keeps for itself:
+// RetryTopic (durable retries) and the alternate exchange "ferry.unrouted".
+// A producer's event on one would be routed where no route of its own
+// consumes, or refused by the broker at every relay attempt.
+const FerryTopicPrefix = "ferry."
+
+// MaxTopicLength is the longest topic, in bytes: a route's name and topic
+// share the rule (a queue is named after its route, with a partition
+// suffix), and an exchange name with a namespace of up to 64 bytes stays
+// within RabbitMQ's 255.
+const MaxTopicLength = 200
+
+// ValidateTopicName is the one rule for a topic, applied alike to a route's
+// topic and to every event written into the outbox, so that a producer
+// can write no topic that no route could consume: 1 to MaxTopicLength
+// ASCII letters, digits and . _ : -, starting with a letter or digit; not
+// in RabbitMQ's reserved "amq." namespace, nor in Ferry's own "ferry."
+// (only Ferry's own writes use RetryTopic). A topic refused here would
+// otherwise fail at the broker only after the business transaction
+// committed.
 func ValidateTopicName(topic string) error {
 	switch {
+	case topic == "":
+		return fmt.Errorf("%w: topic is empty", ErrInvalidEvent)
+	case len(topic) > MaxTopicLength:
+		return fmt.Errorf("%w: topic %q… is %d bytes long; at most %d", ErrInvalidEvent, CleanText(topic, 40), len(topic), MaxTopicLength)
 	case strings.HasPrefix(topic, ReservedTopicPrefix):
 		return fmt.Errorf("%w: topic %q starts with %q, which RabbitMQ reserves for its own exchanges", ErrInvalidEvent, topic, ReservedTopicPrefix)
-	case strings.IndexFunc(topic, func(r rune) bool { return !topicRune(r) }) >= 0:
-		return fmt.Errorf("%w: topic %q may hold only ASCII letters, digits and - $ : . _", ErrInvalidEvent, CleanText(topic, 100))
+	case strings.HasPrefix(topic, FerryTopicPrefix):
+		return fmt.Errorf("%w: topic %q starts with %q, which Ferry keeps for its own topics (%s, %sunrouted)", ErrInvalidEvent, topic, FerryTopicPrefix, RetryTopic, FerryTopicPrefix)
+	case !alnum(rune(topic[0])) || strings.IndexFunc(topic, func(r rune) bool { return !topicRune(r) }) >= 0:
+		return fmt.Errorf("%w: topic %q may hold only ASCII letters, digits and . _ : -, and starts with a letter or digit", ErrInvalidEvent, CleanText(topic, 100))
 	}
 	return nil
 }
 
+func alnum(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+}
+
 func topicRune(r rune) bool {
-	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-$:._", r)
+	return alnum(r) || strings.ContainsRune("._:-", r)
 }

@@ -197,6 +197,8 @@ func (o Options) validate() error {
 	}
 	if o.Topic == "" {
 		errs = append(errs, errors.New("--topic is required"))
+	} else if err := pipeline.ValidateTopicName(o.Topic); err != nil {
+		errs = append(errs, fmt.Errorf("--topic: %w", err))
 	}
 	if strings.TrimSpace(o.Query) == "" {
 		errs = append(errs, errors.New("a query is required (--query or --query-file)"))
@@ -315,6 +317,11 @@ func toRow(agg, payload any, hasHeaders bool, headers func() any) (row, error) {
 					// Refused here, in the dry run too, not by the
 					// outbox after earlier batches were written.
 					return r, fmt.Errorf("header %q is reserved for Ferry: %w", k, pipeline.ErrReservedMetadata)
+				case strings.HasPrefix(k, "ferry_"):
+					// The outbox's instructions (ferry_topic, ferry_delay,
+					// ferry_deliver_at) would silently override what the
+					// operator asked for.
+					return r, fmt.Errorf("header %q would override the backfill's --topic, --spread or --rate; the query cannot set it: %w", k, pipeline.ErrReservedMetadata)
 				case !pipeline.ValidText(k) || !pipeline.ValidText(s):
 					return r, fmt.Errorf("header %q must be valid UTF-8 without NUL", pipeline.CleanText(k, 100))
 				}

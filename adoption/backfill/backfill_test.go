@@ -146,10 +146,16 @@ func TestQueryRunsAsOneReadOnlyStatementUnderEveryProtocol(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM users`).Scan(&users))
 	require.Equal(t, 25, users, "nothing was deleted")
 
-	for _, key := range []string{"ferry_message_id", "ferry_backfill", "x-delivery-count"} {
+	// The outbox's own instructions too: a row's ferry_topic would send its
+	// intent elsewhere than --topic, its ferry_delay elsewhen than --spread.
+	for _, key := range []string{"ferry_message_id", "ferry_backfill", "x-delivery-count", pipeline.MetaTopic, pipeline.MetaDelay, pipeline.MetaDeliverAt} {
 		_, err = backfill.Run(ctx, pool, pipelinetest.Outbox(t), backfill.Options{Name: "n", Topic: "t",
 			Query: `SELECT id AS aggregate_id, '{}'::jsonb AS payload, json_build_object('` + key + `', 'x') AS headers FROM users`})
 		require.ErrorIs(t, err, pipeline.ErrReservedMetadata, key)
+	}
+	for _, topic := range []string{pipeline.RetryTopic, "ferry.unrouted", "orders$v2"} {
+		_, err = backfill.Run(ctx, pool, pipelinetest.Outbox(t), backfill.Options{Name: "n", Topic: topic, Query: query})
+		require.ErrorIs(t, err, pipeline.ErrInvalidEvent, topic)
 	}
 	require.Zero(t, intents(t, pool))
 }

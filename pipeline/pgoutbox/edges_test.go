@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -147,6 +148,12 @@ func TestInvalidEventsNeverAbortTheCallersTransaction(t *testing.T) {
 		"NUL in the UUID":                {"thing.made", func(m *message.Message) { m.UUID = "id\x00" }},
 		"reserved topic":                 {"amq.invoices.created", func(*message.Message) {}},
 		"control character in the topic": {"thing\x01made", func(*message.Message) {}},
+		// Ferry's own topics: a producer's event there would fail at the
+		// relay for ever, or reach no route.
+		"Ferry's retry topic":           {pipeline.RetryTopic, func(*message.Message) {}},
+		"Ferry's unrouted topic":        {"ferry.unrouted", func(*message.Message) {}},
+		"a topic no route can consume":  {"orders$v2", func(*message.Message) {}},
+		"a topic longer than a route's": {strings.Repeat("t", 230), func(*message.Message) {}},
 	}
 	n := 0
 	for _, path := range publishPaths(t) {

@@ -109,15 +109,18 @@ func (o *Outbox) publisher(db wsql.ContextExecutor, adapter SchemaAdapter) (mess
 	if err != nil {
 		return nil, fmt.Errorf("creating outbox publisher: %w", err)
 	}
-	return checkedPublisher{pub}, nil
+	return checkedPublisher{pub, adapter.republish}, nil
 }
 
 // checkedPublisher checks the topic before watermill-sql does, so that a
 // bad one is refused as pipeline.ErrInvalidEvent with Ferry's reason.
-type checkedPublisher struct{ message.Publisher }
+type checkedPublisher struct {
+	message.Publisher
+	republish bool
+}
 
 func (p checkedPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if err := validateTopic(topic); err != nil {
+	if err := validateTopic(topic, p.republish); err != nil {
 		return err
 	}
 	return p.Publisher.Publish(topic, msgs...)
@@ -135,7 +138,7 @@ func (o *Outbox) PublishEventsTx(ctx context.Context, tx wsql.ContextExecutor, e
 		if e.Msg == nil {
 			return fmt.Errorf("pgoutbox: event %d has no message", i)
 		}
-		if err := validateTopic(e.Topic); err != nil {
+		if err := validateTopic(e.Topic, republish.Is(ctx)); err != nil {
 			return fmt.Errorf("event %d (%s): %w", i, e.Msg.UUID, err)
 		}
 		e.Msg.Metadata.Set(pipeline.MetaTopic, e.Topic)

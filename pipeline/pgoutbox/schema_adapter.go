@@ -17,8 +17,6 @@ import (
 
 // Limits enforced before anything is written.
 const (
-	// MaxTopicLength is RabbitMQ's limit on exchange names.
-	MaxTopicLength = 255
 	// MaxAggregateIDLength keeps the per-aggregate index small.
 	MaxAggregateIDLength = 512
 	// MaxPayloadBytes bounds one event; large blobs belong in object storage,
@@ -68,7 +66,7 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 	if len(msgs) == 0 {
 		return wsql.Query{}, errors.New("no messages to insert")
 	}
-	if err := validateTopic(topic); err != nil {
+	if err := validateTopic(topic, a.republish); err != nil {
 		return wsql.Query{}, err
 	}
 	table, err := QuoteTable(a.Table)
@@ -83,7 +81,7 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 	for i, msg := range msgs {
 		rowTopic := topic
 		if t := msg.Metadata.Get(pipeline.MetaTopic); t != "" {
-			if err := validateTopic(t); err != nil {
+			if err := validateTopic(t, a.republish); err != nil {
 				return wsql.Query{}, fmt.Errorf("message %d (%s): %w", i, msg.UUID, err)
 			}
 			rowTopic = t
@@ -194,12 +192,11 @@ func jsonbCanHold(payload []byte) bool {
 	return json.Valid(payload) && !bytes.Contains(payload, []byte(`\u0000`))
 }
 
-func validateTopic(topic string) error {
-	switch {
-	case topic == "":
-		return fmt.Errorf("%w: topic is empty", pipeline.ErrInvalidEvent)
-	case len(topic) > MaxTopicLength:
-		return fmt.Errorf("%w: topic is longer than %d bytes", pipeline.ErrInvalidEvent, MaxTopicLength)
+// validateTopic is pipeline.ValidateTopicName, except that Ferry's own
+// writes (republish: a durable retry) may use pipeline.RetryTopic.
+func validateTopic(topic string, republish bool) error {
+	if republish && topic == pipeline.RetryTopic {
+		return nil
 	}
 	return pipeline.ValidateTopicName(topic)
 }
