@@ -237,7 +237,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 
 	// The outbox asks the topology (built below, once the route table says
 	// which topics are ordered) whether a topic needs aggregate ids.
-	adapter := pgoutbox.SchemaAdapter{Table: cfg.Relay.Table, Ordered: func(topic string) bool { return a.Topology.Ordered(topic) }}
+	adapter := pgoutbox.SchemaAdapter{Table: cfg.Relay.Table, Ordered: func(topic string) bool { return a.Topology.Ordered(topic) }, MaxDelay: cfg.MaxDelay}
 	if a.Outbox, err = pgoutbox.New(adapter, a.logger); err != nil {
 		return nil, fmt.Errorf("RelayConfig.Table: %w", err)
 	}

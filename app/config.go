@@ -103,8 +103,14 @@ type Config struct {
 	// MCPMaxSessions caps the MCP sessions open at once. Default 1000.
 	// FERRY_MCP_MAX_SESSIONS.
 	MCPMaxSessions int
-	// ShutdownTimeout bounds a graceful stop. FERRY_SHUTDOWN_TIMEOUT.
+	// ShutdownTimeout bounds a graceful stop: consumers drain for up to
+	// this long (the handlers finish and ack what they hold), servers
+	// finish their requests. FERRY_SHUTDOWN_TIMEOUT.
 	ShutdownTimeout time.Duration
+	// MaxDelay bounds how far ahead a producer's event may ask to be
+	// delivered (pipeline.WithDelay, WithDeliverAt). Default a year.
+	// FERRY_MAX_DELAY.
+	MaxDelay time.Duration
 	// LogLevel is debug, info, warn or error. FERRY_LOG_LEVEL.
 	LogLevel string
 	// LogFormat is json, text or auto (text on a terminal). FERRY_LOG_FORMAT.
@@ -301,7 +307,8 @@ func EnvVars() []EnvVar {
 			return err
 		}},
 		{"FERRY_HTTP_MAX_CONNS", strconv.Itoa(DefaultHTTPMaxConns), "API and admin servers: connections held at once, each", intVar(func(c *Config) *int { return &c.HTTPServer.MaxConns }, 1, 1_000_000)},
-		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop: consumers drain (handlers finish and ack what they hold) for up to this long", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+		{"FERRY_MAX_DELAY", pgoutbox.DefaultMaxDelay.String(), "furthest ahead an event may ask to be delivered (ferry_delay, ferry_deliver_at); later is refused at publish", durationVar(func(c *Config) *time.Duration { return &c.MaxDelay })},
 		{"FERRY_LOG_LEVEL", DefaultLogLevel, "debug, info, warn or error", func(c *Config, v string) error { c.LogLevel = v; return nil }},
 		{"FERRY_LOG_FORMAT", DefaultLogFormat, "json, text or auto (text on a terminal)", func(c *Config, v string) error { c.LogFormat = v; return nil }},
 	}
@@ -430,6 +437,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = pgoutbox.DefaultMaxDelay
 	}
 	if c.LogLevel == "" {
 		c.LogLevel = DefaultLogLevel

@@ -129,12 +129,15 @@ func NewEvent(ctx context.Context, aggregateID string, payload any) (*message.Me
 
 // WithDelay asks the outbox to hold msg back for d ("send the welcome mail in
 // three minutes"). The delay is measured on the database's clock at insert.
+// The outbox refuses a delay past its bound (FERRY_MAX_DELAY, a year by
+// default) and a message that also has WithDeliverAt.
 func WithDelay(msg *message.Message, d time.Duration) *message.Message {
 	msg.Metadata.Set(MetaDelay, d.String())
 	return msg
 }
 
-// WithDeliverAt asks the outbox to hold msg back until t.
+// WithDeliverAt asks the outbox to hold msg back until t (at most
+// FERRY_MAX_DELAY ahead; not with WithDelay).
 func WithDeliverAt(msg *message.Message, t time.Time) *message.Message {
 	msg.Metadata.Set(MetaDeliverAt, t.UTC().Format(time.RFC3339Nano))
 	return msg

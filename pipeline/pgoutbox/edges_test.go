@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -154,6 +155,13 @@ func TestInvalidEventsNeverAbortTheCallersTransaction(t *testing.T) {
 		"Ferry's unrouted topic":        {"ferry.unrouted", func(*message.Message) {}},
 		"a topic no route can consume":  {"orders$v2", func(*message.Message) {}},
 		"a topic longer than a route's": {strings.Repeat("t", 230), func(*message.Message) {}},
+		// Delays: bounded (a year by default), and one way at a time.
+		"a delay of 292 years":  {"thing.made", func(m *message.Message) { m.Metadata.Set(pipeline.MetaDelay, "2562047h") }},
+		"delivery in year 9999": {"thing.made", func(m *message.Message) { m.Metadata.Set(pipeline.MetaDeliverAt, "9999-12-31T00:00:00Z") }},
+		"a delay and a time": {"thing.made", func(m *message.Message) {
+			pipeline.WithDelay(m, time.Minute)
+			pipeline.WithDeliverAt(m, time.Now().Add(time.Hour))
+		}},
 	}
 	n := 0
 	for _, path := range publishPaths(t) {

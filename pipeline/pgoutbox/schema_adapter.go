@@ -22,6 +22,8 @@ const (
 	// MaxPayloadBytes bounds one event; large blobs belong in object storage,
 	// with a reference in the event.
 	MaxPayloadBytes = 1 << 20
+	// DefaultMaxDelay is SchemaAdapter.MaxDelay's default.
+	DefaultMaxDelay = 365 * 24 * time.Hour
 )
 
 // ErrInsertOnly is returned by the parts of SchemaAdapter that watermill-sql
@@ -51,6 +53,11 @@ type SchemaAdapter struct {
 	// Ordered (rabbit.Topology.Ordered), the one home of that set. Default:
 	// no topic is ordered.
 	Ordered func(topic string) bool
+	// MaxDelay bounds how far ahead an event may ask to be delivered
+	// (pipeline.WithDelay, pipeline.WithDeliverAt): a delay of centuries is
+	// a bug or an attack that would keep a row pending for ever. Default
+	// DefaultMaxDelay (a year); negative: no bound.
+	MaxDelay time.Duration
 
 	// republish is set on the copy Ferry's own retries and requeues write
 	// through (see Outbox.PublishTx): they carry reserved metadata, and
@@ -86,7 +93,7 @@ func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 			}
 			rowTopic = t
 		}
-		row, err := outboxRowFromMessage(msg, a.Ordered != nil && a.Ordered(rowTopic), a.republish)
+		row, err := outboxRowFromMessage(msg, a.Ordered != nil && a.Ordered(rowTopic), a.republish, a.maxDelay())
 		if err != nil {
 			return wsql.Query{}, fmt.Errorf("message %d (%s): %w", i, msg.UUID, err)
 		}
@@ -122,7 +129,7 @@ type insertRow struct {
 // outboxRowFromMessage checks msg and builds its row. Every check that the
 // database would otherwise make is made here, so that a bad event is
 // refused with a clear error and never aborts the caller's transaction.
-func outboxRowFromMessage(msg *message.Message, ordered, republish bool) (insertRow, error) {
+func outboxRowFromMessage(msg *message.Message, ordered, republish bool, maxDelay time.Duration) (insertRow, error) {
 	var row insertRow
 	row.aggregateID = msg.Metadata.Get(pipeline.MetaAggregateID)
 	switch {
@@ -177,12 +184,44 @@ func outboxRowFromMessage(msg *message.Message, ordered, republish bool) (insert
 			headers[k] = v
 		}
 	}
+	if err := checkDelay(row, republish, maxDelay); err != nil {
+		return row, err
+	}
 	var err error
 	row.headers, err = json.Marshal(headers)
 	if err != nil {
 		return row, fmt.Errorf("encoding headers: %w", err)
 	}
 	return row, nil
+}
+
+func (a SchemaAdapter) maxDelay() time.Duration {
+	if a.MaxDelay == 0 {
+		return DefaultMaxDelay
+	}
+	return a.MaxDelay
+}
+
+// checkDelay refuses a producer's delay past maxDelay, and a delay given
+// twice (a duration and a time: which one was meant?). Ferry's own writes
+// (republish: a durable retry's backoff or deferral) are its own to bound.
+func checkDelay(row insertRow, republish bool, maxDelay time.Duration) error {
+	if republish {
+		return nil
+	}
+	if row.deliverAt != nil && row.delay > 0 {
+		return fmt.Errorf("%w: both %s and %s are set; give one", pipeline.ErrInvalidEvent, pipeline.MetaDelay, pipeline.MetaDeliverAt)
+	}
+	if maxDelay < 0 {
+		return nil
+	}
+	if row.delay > maxDelay {
+		return fmt.Errorf("%w: %s %s is longer than the outbox's bound, %s (FERRY_MAX_DELAY)", pipeline.ErrInvalidEvent, pipeline.MetaDelay, row.delay, maxDelay)
+	}
+	if row.deliverAt != nil && time.Until(*row.deliverAt) > maxDelay {
+		return fmt.Errorf("%w: %s %s is further ahead than the outbox's bound, %s (FERRY_MAX_DELAY)", pipeline.ErrInvalidEvent, pipeline.MetaDeliverAt, row.deliverAt.Format(time.RFC3339), maxDelay)
+	}
+	return nil
 }
 
 // jsonbCanHold reports whether payload is JSON that PostgreSQL's jsonb
