@@ -13,8 +13,8 @@ var (
 	// ErrMissingKey: a keyed tool was called without an idempotency key.
 	ErrMissingKey = errors.New("this tool needs an idempotency key from the host (MCP _meta \"" + MetaIdempotencyKey + "\", or the Idempotency-Key header over HTTP); it is not a tool argument")
 	// ErrInvalidKey: the key is empty after trimming, longer than
-	// MaxKeyLength, or holds a control character.
-	ErrInvalidKey = errors.New("the idempotency key must be 1 to 255 printable characters")
+	// MaxKeyLength, not valid UTF-8, or holds a control character.
+	ErrInvalidKey = errors.New("the idempotency key must be 1 to 255 bytes of printable UTF-8 text")
 	// ErrKeyConflict: the key was used before with other arguments.
 	ErrKeyConflict = errors.New("this idempotency key was already used for a call with other arguments")
 )

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -200,9 +201,18 @@ func KeyFromContext(ctx context.Context) string {
 	return k
 }
 
+// checkKey says what is wrong with a key, if anything: the caller's
+// input, answered as such (400), never as a failure of the call.
 func checkKey(key string) error {
-	if strings.TrimSpace(key) == "" || len(key) > MaxKeyLength || strings.IndexFunc(key, unicode.IsControl) >= 0 {
-		return ErrInvalidKey
+	switch {
+	case strings.TrimSpace(key) == "":
+		return fmt.Errorf("%w: it is empty", ErrInvalidKey)
+	case len(key) > MaxKeyLength:
+		return fmt.Errorf("%w: it is %d bytes long", ErrInvalidKey, len(key))
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: it is not valid UTF-8", ErrInvalidKey)
+	case strings.IndexFunc(key, unicode.IsControl) >= 0:
+		return fmt.Errorf("%w: it holds a control character", ErrInvalidKey)
 	}
 	return nil
 }

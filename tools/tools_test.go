@@ -233,6 +233,12 @@ func TestHTTPHandler(t *testing.T) {
 	require.Equal(t, 409, code)
 	code, _ = post("", `{"text":"x"}`)
 	require.Equal(t, 400, code)
+	// A key that is not UTF-8 is the caller's mistake: 400 with what is
+	// wrong, never a 500 that says "safe to retry".
+	code, out = post("k\xff\xfe", `{"text":"x"}`)
+	require.Equal(t, 400, code, out)
+	require.Equal(t, "invalid_idempotency_key", out["error"].(map[string]any)["code"])
+	require.Contains(t, out["error"].(map[string]any)["message"], "not valid UTF-8")
 	code, out = post("h2", `{"text":""}`)
 	require.Equal(t, 422, code)
 	require.Contains(t, out["error"].(map[string]any)["fields"], "text")

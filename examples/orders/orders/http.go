@@ -112,8 +112,7 @@ func Handler(call ToolCaller, logger *slog.Logger) http.Handler {
 		case errors.As(err, &ie):
 			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "invalid_input", Message: ie.Error(), Fields: ie.Fields})
 		case errors.Is(err, tools.ErrInvalidKey):
-			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "invalid_input", Message: err.Error(),
-				Fields: map[string]string{"idempotency_key": "must be 1 to 255 printable characters"}})
+			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_idempotency_key", Message: err.Error()})
 		case errors.Is(err, tools.ErrKeyConflict):
 			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "idempotency_key_reused", Message: ErrIdempotencyKeyReused.Error()})
 		case err != nil:

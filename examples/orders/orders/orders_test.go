@@ -194,6 +194,8 @@ func TestHTTPCreateOrder(t *testing.T) {
 		code                         string
 	}{
 		{"no key", "", "application/json", ok, 400, "missing_idempotency_key"},
+		{"key not UTF-8", "k\xff\xfe", "application/json", ok, 400, "invalid_idempotency_key"},
+		{"key too long", strings.Repeat("k", 256), "application/json", ok, 400, "invalid_idempotency_key"},
 		{"not JSON", "k", "application/json", `{"user_id":`, 400, "invalid_json"},
 		{"wrong type", "k", "application/json", `{"user_id":"a","amount":"12","currency":"JPY"}`, 400, "invalid_json"},
 		{"float amount", "k", "application/json", `{"user_id":"a","amount":12.5,"currency":"JPY"}`, 400, "invalid_json"},
