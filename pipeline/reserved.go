@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -150,28 +151,66 @@ func ValidText(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
-// RedactURL hides the credentials of a connection URL for messages and
-// logs. A URL that does not parse as its writer meant (a password with an
+// RedactURL hides the credentials of a connection setting for messages
+// and logs, in every form pgx and amqp091 read them from: the user
+// information's password, a query parameter (pgx's password and
+// sslpassword, or any parameter whose name says password, secret or token),
+// and a keyword/value string's password= and sslpassword= (quoted or not).
+// A URL that does not parse as its writer meant (a password with an
 // unescaped "/", "?" or "#" moves the password into the host or path) is
 // masked from the scheme to its last "@", so no reading of it shows the
-// password. Text without "://" is shown as placeholder.
+// password.
 func RedactURL(raw string) string {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
-		if strings.ContainsAny(raw, "=@") {
+		if strings.Contains(raw, "=") {
+			return CleanText(secretKeyword.ReplaceAllString(raw, "${1}=xxxxx"), 400)
+		}
+		if strings.Contains(raw, "@") {
 			return "<connection string>"
 		}
 		return CleanText(raw, 200)
 	}
 	u, err := url.Parse(raw)
 	if err == nil && ValidateConnectionURL(raw) == nil {
+		if q := u.Query(); len(q) > 0 {
+			changed := false
+			for k := range q {
+				if secretParam(k) {
+					q[k] = []string{"xxxxx"}
+					changed = true
+				}
+			}
+			if changed {
+				u.RawQuery = q.Encode()
+			}
+		}
 		return u.Redacted()
 	}
 	at := strings.LastIndex(rest, "@")
 	if at < 0 {
+		if strings.Contains(rest, "?") {
+			// No user information, but a query it cannot read: the
+			// password may be in it.
+			return scheme + "://" + CleanText(rest[:strings.Index(rest, "?")], 200) + "?<unparseable query>"
+		}
 		return scheme + "://<unparseable URL>"
 	}
-	return scheme + "://xxxxx@" + CleanText(rest[at+1:], 200)
+	host := rest[at+1:]
+	if i := strings.Index(host, "?"); i >= 0 {
+		host = host[:i] + "?<query hidden>"
+	}
+	return scheme + "://xxxxx@" + CleanText(host, 200)
+}
+
+// secretKeyword matches a password in a keyword/value connection string
+// (pgx, libpq): password=s3cret, password = 's3 cret', sslpassword=...
+var secretKeyword = regexp.MustCompile(`(?i)\b((?:ssl)?password|[a-z_]*(?:secret|token)[a-z_]*)\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)`)
+
+// secretParam reports whether a URL query parameter carries a credential.
+func secretParam(name string) bool {
+	n := strings.ToLower(name)
+	return strings.Contains(n, "password") || strings.Contains(n, "secret") || strings.Contains(n, "token")
 }
 
 // ValidateConnectionURL refuses a URL whose credentials would be misread:

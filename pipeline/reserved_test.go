@@ -129,13 +129,20 @@ func TestRedactURL(t *testing.T) {
 		"postgres://u:S3cret@h:5432/db?sslmode=disable": "postgres://u:xxxxx@h:5432/db?sslmode=disable",
 		"amqp://guest:guest@127.0.0.1:5672/":            "amqp://guest:xxxxx@127.0.0.1:5672/",
 		"amqp://h:5672/vhost":                           "amqp://h:5672/vhost",
+		// pgx reads a password from the query too.
+		"postgres://u@h/db?password=S3cret&sslmode=disable":     "postgres://u@h/db?password=xxxxx&sslmode=disable",
+		"postgres://h/db?user=u&password=S3cret":                "postgres://h/db?password=xxxxx&user=u",
+		"postgres://u@h/db?sslpassword=S3cret&sslcert=/c.pem":   "postgres://u@h/db?sslcert=%2Fc.pem&sslpassword=xxxxx",
+		"host=h user=u password=S3cret dbname=x":                "host=h user=u password=xxxxx dbname=x",
+		"host=h password='S3 cret' dbname=x sslpassword=S3cret": "host=h password=xxxxx dbname=x sslpassword=xxxxx",
 	} {
 		require.Equal(t, want, pipeline.RedactURL(raw))
 	}
 	for _, raw := range []string{
 		"postgres://u:12/S3cret@h/db", "amqp://u:12/S3cret@h/", "postgres://u:p%zzS3cret@h/db",
 		"postgres://u:a?S3cret@h/db", "postgres://u:a#S3cret@h/db", "postgres://u:a@S3cret@h/db",
-		"host=h password=S3cret dbname=x",
+		"host=h password=S3cret dbname=x", "host=h PASSWORD = S3cret", "postgres://u:a/b@h/db?password=S3cret",
+		"postgres://h/db?password=S3cret&x=%zz", "postgres://u@h/db?api_token=S3cret",
 	} {
 		got := pipeline.RedactURL(raw)
 		require.NotContains(t, got, "S3cret", raw)

@@ -113,6 +113,27 @@ func TestUnreachableDatabaseIsReported(t *testing.T) {
 	require.Equal(t, 1, strings.Count(errOut.String(), "\n"))
 }
 
+// A credential never shows, in whatever form pgx takes it: the user
+// information, a password= query parameter, a keyword/value string. The
+// commands that print the database's address (status, run, relay) print
+// it redacted.
+func TestCredentialsNeverPrinted(t *testing.T) {
+	for _, url := range []string{
+		"postgres://postgres@127.0.0.1:1/none?password=S3cretPw&connect_timeout=2",
+		"postgres://postgres:S3cretPw@127.0.0.1:1/none?connect_timeout=2",
+		"postgres://postgres@127.0.0.1:1/none?sslpassword=S3cretPw&connect_timeout=2",
+	} {
+		for _, cmd := range [][]string{{"status"}, {"run"}, {"relay"}} {
+			t.Setenv("FERRY_DATABASE_URL", url)
+			var out, errOut strings.Builder
+			code := run(cmd, &out, &errOut)
+			require.NotZero(t, code, "%v with an unreachable database", cmd)
+			require.NotContains(t, out.String()+errOut.String(), "S3cretPw", "%v printed the password of %s", cmd, url)
+			require.Contains(t, out.String()+errOut.String(), "127.0.0.1", "%v still says where", cmd)
+		}
+	}
+}
+
 func TestWrongCredentialsAreOneActionableLine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")

@@ -175,14 +175,9 @@ func DropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	return nil
 }
 
-// Redact hides the password of a database URL for messages and logs (see
-// pipeline.RedactURL); a keyword/value string is not shown at all.
-func Redact(raw string) string {
-	if !strings.Contains(raw, "://") {
-		return "<database URL>"
-	}
-	return pipeline.RedactURL(raw)
-}
+// Redact hides the credentials of a database setting, URL or
+// keyword/value string, for messages and logs (pipeline.RedactURL).
+func Redact(raw string) string { return pipeline.RedactURL(raw) }
 
 // Unavailable reports whether err says the database could not do the work
 // for a reason of its own rather than the statement's: the server
