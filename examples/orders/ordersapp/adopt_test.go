@@ -49,7 +49,7 @@ func TestShadowIntentsNeverReachTheBroker(t *testing.T) {
 	// The legacy code records its effects in its own transaction.
 	require.NoError(t, shadow.RecordLegacy(ctx, tx, "legacy.receipt", "order-9"))
 	require.NoError(t, tx.Commit())
-	publishEvent(t, h, "legacy.receipt", "order-10", map[string]int{"order": 10})                      // live
+	publishEvent(t, h, "legacy.receipt", "order-10", map[string]int{"order": 10}) // live
 	// Business data never shadows an intent: a client's JSON embedded in
 	// the payload could otherwise suppress its own effect.
 	publishEvent(t, h, "legacy.receipt", "order-11", map[string]any{"order": 11, "shadow_mode": true})
