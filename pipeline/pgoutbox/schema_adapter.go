@@ -1,7 +1,6 @@
 package pgoutbox
 
 import (
-	"bytes"
 	stdsql "database/sql"
 	"encoding/json"
 	"errors"
@@ -147,7 +146,7 @@ func outboxRowFromMessage(msg *message.Message, ordered, republish bool, maxDela
 	if len(msg.Payload) > MaxPayloadBytes {
 		return row, fmt.Errorf("%w: payload is %d bytes, more than %d", pipeline.ErrInvalidEvent, len(msg.Payload), MaxPayloadBytes)
 	}
-	if jsonbCanHold(msg.Payload) {
+	if JSONBCanHold(msg.Payload) {
 		text := string(msg.Payload)
 		row.jsonPayload = &text
 	}
@@ -222,13 +221,6 @@ func checkDelay(row insertRow, republish bool, maxDelay time.Duration) error {
 		return fmt.Errorf("%w: %s %s is further ahead than the outbox's bound, %s (FERRY_MAX_DELAY)", pipeline.ErrInvalidEvent, pipeline.MetaDeliverAt, row.deliverAt.Format(time.RFC3339), maxDelay)
 	}
 	return nil
-}
-
-// jsonbCanHold reports whether payload is JSON that PostgreSQL's jsonb
-// accepts: valid JSON, and no \u0000 escape (jsonb cannot store NUL in
-// text). Anything else is still published, as bytes only.
-func jsonbCanHold(payload []byte) bool {
-	return json.Valid(payload) && !bytes.Contains(payload, []byte(`\u0000`))
 }
 
 // validateTopic is pipeline.ValidateTopicName, except that Ferry's own
