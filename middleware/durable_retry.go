@@ -124,7 +124,7 @@ func (c DurableRetryConfig) Middleware(logger *slog.Logger) (message.HandlerMidd
 			}
 			c.recordRetry(handler, deferred)
 			logger.WarnContext(ctx, "handler failed; durable retry scheduled",
-				"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.CleanText(err.Error(), maxLastErrorLength))
+				"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.ErrorText(err, maxLastErrorLength))
 			return nil, nil
 		}
 	}, nil
@@ -172,7 +172,7 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := f(rctx); err != nil {
-			logger.WarnContext(ctx, "cannot record the partition's hold", "handler", handler, "error", pipeline.CleanText(err.Error(), 300))
+			logger.WarnContext(ctx, "cannot record the partition's hold", "handler", handler, "error", pipeline.ErrorText(err, 300))
 		}
 	}
 	defer func() {
@@ -195,11 +195,11 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 			since = time.Now()
 		}
 		record(func(rctx context.Context) error {
-			return c.Holds.Held(rctx, handler, pipeline.MessageID(msg), attempt, since, pipeline.CleanText(err.Error(), maxLastErrorLength))
+			return c.Holds.Held(rctx, handler, pipeline.MessageID(msg), attempt, since, pipeline.ErrorText(err, maxLastErrorLength))
 		})
 		c.recordRetry(handler, deferred)
 		logger.WarnContext(ctx, "handler of an ordered topic failed; holding the partition until the retry",
-			"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.CleanText(err.Error(), maxLastErrorLength))
+			"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.ErrorText(err, maxLastErrorLength))
 		// A stop ends the wait, never a nack-requeue: the consumer gives
 		// the delivery back with its channel, first in line (rabbit.Consumer).
 		if err := pipeline.Sleep(ctx, delay); err != nil {
@@ -221,8 +221,8 @@ func (c DurableRetryConfig) nextTry(msg *message.Message, attempt int, err error
 		msg.Metadata.Set(pipeline.MetaFirstFailedAt, now)
 	}
 	msg.Metadata.Set(pipeline.MetaLastFailedAt, now)
-	msg.Metadata.Set(pipeline.MetaLastError, pipeline.CleanText(err.Error(), maxLastErrorLength))
-	pipeline.AppendErrorHistory(msg, pipeline.FailedAttempt{Attempt: attempt, At: now, Error: pipeline.CleanText(err.Error(), maxHistoryErrorLength)})
+	msg.Metadata.Set(pipeline.MetaLastError, pipeline.ErrorText(err, maxLastErrorLength))
+	pipeline.AppendErrorHistory(msg, pipeline.FailedAttempt{Attempt: attempt, At: now, Error: pipeline.ErrorText(err, maxHistoryErrorLength)})
 	switch {
 	case pipeline.IsPermanent(err):
 		return attempt, 0, false, err

@@ -98,7 +98,7 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 				recorderOr(c.Recorder).Record(pipeline.RouteName(message.HandlerNameFromCtx(msg.Context())), OutcomePoisoned)
 				logger.WarnContext(msg.Context(), "message moved to the poison store",
 					"handler", message.HandlerNameFromCtx(msg.Context()), "final_attempt", pipeline.DeliveryAttempt(msg),
-					"reason", pipeline.CleanText(handlerErr.Error(), maxReasonInLog))
+					"reason", pipeline.ErrorText(handlerErr, maxReasonInLog))
 			}
 			return produced, err
 		}
@@ -165,7 +165,7 @@ func (p *patientPublisher) Publish(topic string, msgs ...*message.Message) error
 		if last := p.lastLog.Load(); now-last >= int64(PoisonStoreLogInterval) && p.lastLog.CompareAndSwap(last, now) {
 			p.logger.ErrorContext(ctx, "poison store refuses a message; holding it and trying again (logged once per interval, every refusal counted)",
 				"handler", handler, "refusals", n, "wait", delay, "interval", PoisonStoreLogInterval,
-				"error", pipeline.CleanText(err.Error(), 1024))
+				"error", pipeline.ErrorText(err, 1024))
 		}
 		if serr := pipeline.Sleep(ctx, delay); serr != nil {
 			return fmt.Errorf("storing poisoned message: %w (stopped: %w)", err, serr)

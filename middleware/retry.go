@@ -121,7 +121,7 @@ func (c RetryConfig) middleware(logger *slog.Logger, rec Recorder) (message.Hand
 					handler := message.HandlerNameFromCtx(msg.Context())
 					recorderOr(rec).Record(pipeline.RouteName(handler), OutcomeRetried)
 					logger.WarnContext(msg.Context(), "handler failed; retrying in process",
-						"handler", handler, "retry", p.RetryNum+1, "max_retries", retries, "error", pipeline.CleanText(p.Err.Error(), maxLastErrorLength))
+						"handler", handler, "retry", p.RetryNum+1, "max_retries", retries, "error", pipeline.ErrorText(p.Err, maxLastErrorLength))
 				}
 				return true
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 	"time"
 
@@ -238,25 +237,18 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 // MaxStatusErrorLength bounds an error or reason intent_status shows.
 const MaxStatusErrorLength = 300
 
-var (
-	emailPattern = regexp.MustCompile(`[^\s<>@"',;:()\[\]]+@[^\s<>@"',;:()\[\]]+`)
-	// Card and account numbers: twelve digits or more, spaces or dashes
-	// between them allowed.
-	longNumberPattern = regexp.MustCompile(`\d(?:[ -]?\d){11,}`)
-)
 
 // summary is what intent_status shows of an error: intent_status answers
 // an agent (a model) and needs no token, so an error text that quotes a
 // provider's answer must not carry personal data to it. Handlers should
 // keep such data out of their errors in the first place (the example's
 // charge handler keeps the status and the provider's code only); this is
-// the second line: addresses and long numbers masked, the text cleaned and
-// cut to MaxStatusErrorLength bytes.
+// the second line: Ferry's one redaction (pipeline.RedactPersonal: mail
+// addresses, phone, card and account numbers), the text cleaned and cut to
+// MaxStatusErrorLength bytes.
 func summary(s string) string {
 	s = pipeline.CleanText(s, 4*MaxStatusErrorLength)
-	s = emailPattern.ReplaceAllString(s, "<redacted>")
-	s = longNumberPattern.ReplaceAllString(s, "<number>")
-	return pipeline.CleanText(s, MaxStatusErrorLength)
+	return pipeline.CleanText(pipeline.RedactPersonal(s), MaxStatusErrorLength)
 }
 
 func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func(pgx.Rows) error) error {

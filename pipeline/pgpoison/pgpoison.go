@@ -80,6 +80,11 @@ func (SchemaAdapter) InsertQuery(_ string, msgs message.Messages) (wsql.Query, e
 		for k, v := range m.Metadata {
 			md[pipeline.CleanText(k, maxKeyLength)] = pipeline.CleanText(v, MaxHeaderLength)
 		}
+		// The reason is a handler's error text: personal data it quotes
+		// stays out of the store (pipeline.RedactPersonal).
+		if r, ok := md[wmw.ReasonForPoisonedKey]; ok {
+			md[wmw.ReasonForPoisonedKey] = pipeline.CleanText(pipeline.RedactPersonal(r), MaxHeaderLength)
+		}
 		headers, err := json.Marshal(map[string]string(md))
 		if err != nil {
 			return wsql.Query{}, fmt.Errorf("encoding headers of %s: %w", m.UUID, err)

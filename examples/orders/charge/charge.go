@@ -95,7 +95,7 @@ func NewHTTPClient(baseURL string) (*HTTPClient, error) {
 type StatusError struct {
 	Status int
 	// Code is the provider's error code when it gave one that looks like a
-	// code (letters, digits, _ . -; at most 64 bytes), else "".
+	// code (see looksLikeCode), else "".
 	Code string
 }
 
@@ -106,7 +106,18 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("payment provider answered %d (%s)", e.Status, e.Code)
 }
 
-var codeLike = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+var codeLike = regexp.MustCompile(`^(?:[A-Za-z][A-Za-z0-9_.-]{0,63}|[0-9]{1,4})$`)
+
+// looksLikeCode: a word-like code ("card_declined", "E1001": starting with
+// a letter, letters, digits and _ . -, at most 64 bytes, no run of five
+// digits or more) or a short numeric one ("05", "51", ISO 8583's). A card
+// number, a phone number or a mail address a provider put where its code
+// goes is not a code, and never reaches an error text.
+func looksLikeCode(s string) bool {
+	return codeLike.MatchString(s) && !fiveDigits.MatchString(s)
+}
+
+var fiveDigits = regexp.MustCompile(`[0-9]{5}`)
 
 // errorCode finds a provider's error code in its answer: Stripe's
 // {"error": {"code": ...}} (or "type"), or a top-level "code" or "error"
@@ -125,7 +136,7 @@ func errorCode(body []byte) string {
 	}
 	candidates = append(candidates, v.Code, v.Error)
 	for _, c := range candidates {
-		if s, ok := c.(string); ok && codeLike.MatchString(s) {
+		if s, ok := c.(string); ok && looksLikeCode(s) {
 			return s
 		}
 	}

@@ -68,6 +68,15 @@ func TestProviderAnswersNeverLeakIntoErrors(t *testing.T) {
 		`{"error":"` + pii + `"}`:                                    "payment provider answered 402",
 		pii:                                                          "payment provider answered 402",
 		"Kunde ung\xfcltig: erin@example.com":                        "payment provider answered 402",
+		// What a provider puts where its code goes is a code only if it
+		// looks like one: a card number, a phone number, an address is not.
+		`{"error":{"code":"4242424242424242"}}`: "payment provider answered 402",
+		`{"error":{"code":"4242-4242-4242"}}`:   "payment provider answered 402",
+		`{"code":"erin@example.com"}`:           "payment provider answered 402",
+		`{"code":"15551234567"}`:                "payment provider answered 402",
+		`{"code":"acct_4242424242"}`:            "payment provider answered 402",
+		`{"error":{"code":"51"}}`:               "payment provider answered 402 (51)",
+		`{"error":{"code":"E1001"}}`:            "payment provider answered 402 (E1001)",
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusPaymentRequired)

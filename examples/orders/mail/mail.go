@@ -15,7 +15,6 @@ import (
 	netmail "net/mail"
 	"net/smtp"
 	"net/textproto"
-	"regexp"
 	"strings"
 	"time"
 
@@ -191,12 +190,10 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-var addressPattern = regexp.MustCompile(`[^\s<>@"',;:()\[\]]+@[^\s<>@"',;:()\[\]]+`)
-
-// RedactAddresses replaces every mail address in s with "<redacted>".
-func RedactAddresses(s string) string {
-	return addressPattern.ReplaceAllString(s, "<redacted>")
-}
+// RedactAddresses masks the personal data in an SMTP error: Ferry's one
+// redaction (pipeline.RedactPersonal), quoted local parts, address
+// literals and phone numbers included.
+func RedactAddresses(s string) string { return pipeline.RedactPersonal(s) }
 
 func (s *SMTPSender) send(ctx context.Context, m Mail) error {
 	ctx, cancel := context.WithTimeout(ctx, s.Timeout)

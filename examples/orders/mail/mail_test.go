@@ -93,6 +93,20 @@ func TestSMTPRepliesAreClassifiedAndRedacted(t *testing.T) {
 	}
 }
 
+// A server's reply quotes addresses in every form RFC 5321 allows, and a
+// phone number now and then: the sender's errors show none of them (one
+// redaction, pipeline.RedactPersonal, the same intent_status uses).
+func TestRedactAddressesCoversEveryForm(t *testing.T) {
+	t.Parallel()
+	for _, pii := range []string{`"Dave Smith"@example.com`, "dave@[10.0.0.1]", "dave@example.com", "+1 555 123 4567", "(555) 123-4567"} {
+		got := mail.RedactAddresses("550 5.1.1 <" + pii + ">: mailbox unavailable")
+		require.NotContains(t, got, pii)
+		require.NotContains(t, got, "Dave")
+		require.NotContains(t, got, "dave")
+		require.Contains(t, got, "550 5.1.1")
+	}
+}
+
 // Recipients are built with a real address parser: what could carry an
 // ESMTP parameter or a second address into RCPT TO is refused before any
 // connection, as Permanent.

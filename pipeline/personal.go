@@ -1,0 +1,47 @@
+package pipeline
+
+import "regexp"
+
+// Written here because no library of this stack masks personal data in free
+// text; the patterns err on the side of masking, since what they meet is an
+// error's text on its way to logs, retry headers, the poison store and an
+// agent's intent_status.
+var (
+	// A mail address (RFC 5322 addr-spec): a dot-atom or quoted local part
+	// ("Dave Smith"@example.com), then a domain or an address literal
+	// (dave@[10.0.0.1], dave@[IPv6:2001:db8::1]).
+	mailAddress = regexp.MustCompile(`(?:"(?:[^"\\\r\n]|\\.)*"|[^\s<>@"',;:()\[\]]+)@(?:\[[^\]\s]*\]|[^\s<>@"',;:()\[\]]+)`)
+	// Phone numbers: international (+44 20 7946 0958, +1-555-123-4567), an
+	// area code in parentheses ((555) 123-4567), the North American
+	// 555-123-4567 / 555.123.4567 forms.
+	phoneNumber = regexp.MustCompile(`\+\d[\d ().-]{5,}\d|\(\d{1,4}\)[ .-]?\d{2,4}(?:[ .-]?\d{2,5}){1,2}|\b\d{3}[.-]\d{3}[.-]\d{4}\b`)
+	// Card, account and plain phone numbers: ten digits or more, spaces or
+	// dashes between them allowed.
+	longNumber = regexp.MustCompile(`\d(?:[ -]?\d){9,}`)
+)
+
+// RedactPersonal masks the personal data an error text may quote from a
+// provider or a client: mail addresses become <redacted>, phone, card and
+// account numbers <number>. Ferry applies it to every handler error it
+// stores or shows (retry headers, the poison store's reason, logs,
+// intent_status); a handler should still keep such data out of its errors
+// in the first place.
+func RedactPersonal(s string) string {
+	s = mailAddress.ReplaceAllString(s, "<redacted>")
+	s = phoneNumber.ReplaceAllString(s, "<number>")
+	return longNumber.ReplaceAllString(s, "<number>")
+}
+
+// ErrorText is how Ferry stores and logs a handler's error: personal data
+// masked (RedactPersonal), then made storable and cut to max bytes
+// (CleanText).
+func ErrorText(err error, max int) string {
+	if err == nil {
+		return ""
+	}
+	text := err.Error()
+	if max > 0 {
+		text = CleanText(text, 4*max) // a bound on the patterns' work first
+	}
+	return CleanText(RedactPersonal(text), max)
+}

@@ -1,0 +1,40 @@
+package pipeline_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// One redaction for every error text Ferry stores or shows: the address
+// forms a plain pattern misses (quoted local parts, address literals),
+// phone numbers in their usual forms, card and account numbers; and what
+// an operator needs from the same text (status codes, SMTP's enhanced
+// codes, times, hosts and ports, short ids) stays.
+func TestRedactPersonal(t *testing.T) {
+	t.Parallel()
+	for _, pii := range []string{
+		"dave@example.com", `"Dave Smith"@example.com`, `"dave\"q"@example.com`, "dave@[10.0.0.1]", "dave@[IPv6:2001:db8::1]",
+		"dave.o'neil+tag@sub.example.co.uk",
+		"+1 (555) 123-4567", "+44 20 7946 0958", "+81-3-1234-5678", "(555) 123-4567", "555-123-4567", "555.123.4567", "5551234567",
+		"4242424242424242", "4242 4242 4242 4242", "4242-4242-4242-4242", "DE89 3704 0044 0532 0130 00",
+	} {
+		text := "550 5.1.1 refused for " + pii + " at 2026-12-04T10:00:00Z (order 1234, host 10.0.0.1:25)"
+		got := pipeline.RedactPersonal(text)
+		require.NotContains(t, got, pii, "%q -> %q", pii, got)
+		for _, kept := range []string{"550 5.1.1 refused for", "2026-12-04T10:00:00Z", "order 1234", "10.0.0.1:25"} {
+			require.Contains(t, got, kept, "%q -> %q", pii, got)
+		}
+	}
+	for _, clean := range []string{"payment provider answered 402 (card_declined)", "gave up after 5 attempts", "451 4.7.1 try again later",
+		"dial tcp 127.0.0.1:5432: connection refused", "timeout after 30s", "version 1.2.3"} {
+		require.Equal(t, clean, pipeline.RedactPersonal(clean))
+	}
+	long := strings.Repeat("x", 5000) + " dave@example.com"
+	require.Equal(t, 300, len(pipeline.ErrorText(errors.New(long), 300)))
+	require.Equal(t, "to <redacted>: 550", pipeline.ErrorText(errors.New("to \"Dave Smith\"@example.com: 550"), 300))
+}
