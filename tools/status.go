@@ -237,7 +237,6 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 // MaxStatusErrorLength bounds an error or reason intent_status shows.
 const MaxStatusErrorLength = 300
 
-
 // summary is what intent_status shows of an error: intent_status answers
 // an agent (a model) and needs no token, so an error text that quotes a
 // provider's answer must not carry personal data to it. Handlers should
