@@ -24,6 +24,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -137,9 +139,12 @@ func ServeStdio(ctx context.Context, r *tools.Runner, impl *mcp.Implementation, 
 const (
 	DefaultSessionTimeout = 30 * time.Minute
 	DefaultMaxSessions    = 1000
-	// hardBodyLimit is the most of an oversized request read to find its
-	// JSON-RPC id; a larger one gets a plain 413.
+	// hardBodyLimit is the SDK's own bound, behind limits' (which never
+	// lets it see more than MaxRequestBytes).
 	hardBodyLimit = 8 << 20
+	// idScanBytes is how much of a refused request is read to find its
+	// JSON-RPC id.
+	idScanBytes = 4 << 10
 )
 
 // HTTPOptions configure HTTPHandler.
@@ -204,14 +209,25 @@ func limits(srv *mcp.Server, o HTTPOptions, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, hardBodyLimit))
+		// Never more than the limit in memory: a request that announces
+		// more is refused before its body is read, one that sends more is
+		// cut one byte past the limit.
+		tooLarge := func(body []byte, size string) {
+			writeRPCError(w, http.StatusOK, body, -32602, fmt.Sprintf("the request is %s bytes, more than the %d this server takes (a tool's arguments: at most %d); nothing was done",
+				size, MaxRequestBytes, tools.MaxArgumentsBytes))
+		}
+		if r.ContentLength > MaxRequestBytes {
+			head, _ := io.ReadAll(io.LimitReader(r.Body, idScanBytes)) // the id, to answer under it
+			tooLarge(head, strconv.FormatInt(r.ContentLength, 10))
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, MaxRequestBytes+1))
 		if err != nil {
-			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+			http.Error(w, "the request body could not be read", http.StatusBadRequest)
 			return
 		}
 		if len(body) > MaxRequestBytes {
-			writeRPCError(w, http.StatusOK, body, -32602, fmt.Sprintf("the request is %d bytes, more than the %d this server takes (a tool's arguments: at most %d); nothing was done",
-				len(body), MaxRequestBytes, tools.MaxArgumentsBytes))
+			tooLarge(body, "more than "+strconv.Itoa(MaxRequestBytes))
 			return
 		}
 		if r.Header.Get("Mcp-Session-Id") == "" {
@@ -230,13 +246,20 @@ func limits(srv *mcp.Server, o HTTPOptions, next http.Handler) http.Handler {
 	})
 }
 
+var idPrefix = regexp.MustCompile(`"id"\s*:\s*(-?[0-9]+|"(?:[^"\\]|\\.)*")`)
+
 // writeRPCError answers the request in body with a JSON-RPC error, under
 // the request's own id so the client can match it.
 func writeRPCError(w http.ResponseWriter, status int, body []byte, code int, msg string) {
 	var req struct {
 		ID json.RawMessage `json:"id"`
 	}
-	_ = json.Unmarshal(body, &req)
+	if json.Unmarshal(body, &req) != nil {
+		// A request cut short: its id, if it came early, as clients send it.
+		if m := idPrefix.FindSubmatch(body[:min(len(body), idScanBytes)]); m != nil {
+			req.ID = m[1]
+		}
+	}
 	id := req.ID
 	if len(id) == 0 {
 		id = json.RawMessage("null")

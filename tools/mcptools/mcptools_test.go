@@ -1,8 +1,11 @@
 package mcptools_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -94,6 +97,40 @@ func TestMCPOverHTTPEdges(t *testing.T) {
 		require.Contains(t, text(res), "must be a string")
 		require.NotContains(t, text(res), "needs an idempotency key")
 	}
+}
+
+// /mcp never holds more than its limit of a request in memory: one that
+// announces a larger body is answered before the body arrives (the
+// client here sends only its first 4 KiB of the 8 MiB it announced), under
+// its own JSON-RPC id; one without a length is cut one byte past the limit.
+func TestMCPRefusesOversizedRequestsBeforeReadingThem(t *testing.T) {
+	t.Parallel()
+	url := serve(t, mcptools.HTTPOptions{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	head := `{"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + strings.Repeat("x", 4<<10)
+	_, err = fmt.Fprintf(conn, "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n%s", 8<<20, head)
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "answered without waiting for the 8 MiB announced")
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	require.Contains(t, string(body), `"id":77`)
+	require.Contains(t, string(body), "more than")
+
+	// No length: read up to the limit, no further.
+	big := `{"jsonrpc":"2.0","id":78,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + strings.Repeat("x", 2*mcptools.MaxRequestBytes) + `"}}}`
+	req, err := http.NewRequest(http.MethodPost, url+"/mcp", io.MultiReader(strings.NewReader(big))) // chunked: no Content-Length
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	require.Contains(t, string(b), `"id":78`)
+	require.Contains(t, string(b), "more than")
 }
 
 // Sessions are capped, and an idle one is closed after the timeout, which
