@@ -22,7 +22,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/net/netutil"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-dev/ferry/adoption/cutoff"
@@ -880,9 +879,12 @@ func (a *App) listen(name, addr string, h http.Handler) (*server, error) {
 		return nil, fmt.Errorf("%s: listening on %s: %w", name, addr, err)
 	}
 	c := a.cfg.HTTPServer
-	s := &server{name: name, ln: netutil.LimitListener(ln, c.MaxConns)}
+	guard := newConnGuard(ln, c.MaxConns, c.MaxConnsPerClient)
+	s := &server{name: name, ln: guard}
 	s.srv = &http.Server{
-		Handler:           guardHosts(a.allowedHosts(s), h),
+		ConnState:         guard.track,
+		ConnContext:       withConn,
+		Handler:           guard.minBodyRate(guardHosts(a.allowedHosts(s), h), c.MinBodyRate, c.ReadHeaderTimeout, c.ReadTimeout),
 		ReadHeaderTimeout: c.ReadHeaderTimeout,
 		ReadTimeout:       c.ReadTimeout,
 		WriteTimeout:      c.WriteTimeout,

@@ -125,6 +125,8 @@ const (
 	DefaultHTTPIdleTimeout       = 2 * time.Minute
 	DefaultHTTPMaxHeaderBytes    = 64 << 10
 	DefaultHTTPMaxConns          = 1024
+	DefaultHTTPMaxConnsPerClient = 64
+	DefaultHTTPMinBodyRate       = 8 << 10
 	// MinAdminTokenLength keeps the admin token out of guessing range.
 	MinAdminTokenLength = 16
 )
@@ -144,9 +146,19 @@ type HTTPServerConfig struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's headers. Default 64 KiB.
 	MaxHeaderBytes int
-	// MaxConns caps the connections one server holds at once; more wait
-	// in the listen backlog. Default 1024.
+	// MaxConns caps the connections one server holds at once. At the cap
+	// a newcomer takes the slot of the connection that has waited longest
+	// without a request in progress (still to send its headers, or idle);
+	// it waits only when every slot carries a request. Default 1024.
 	MaxConns int
+	// MaxConnsPerClient caps the connections of one client address, by the
+	// same rule: a client's new connection takes the slot of its own
+	// longest-waiting one. Default 64.
+	MaxConnsPerClient int
+	// MinBodyRate is the slowest a request's body may arrive, in bytes a
+	// second, after ReadHeaderTimeout's grace: a body announced and not
+	// sent is cut then, not at ReadTimeout. Default 8192; negative: off.
+	MinBodyRate int
 	// AllowedHosts are the Host names (without port) the servers answer;
 	// "*" answers any. Others get 421: a defence against DNS rebinding.
 	// Default: on a server bound to loopback, localhost, 127.0.0.1, ::1;
@@ -162,6 +174,8 @@ func (c HTTPServerConfig) WithDefaults() HTTPServerConfig {
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultHTTPIdleTimeout)
 	c.MaxHeaderBytes = cmp.Or(c.MaxHeaderBytes, DefaultHTTPMaxHeaderBytes)
 	c.MaxConns = cmp.Or(c.MaxConns, DefaultHTTPMaxConns)
+	c.MaxConnsPerClient = cmp.Or(c.MaxConnsPerClient, DefaultHTTPMaxConnsPerClient)
+	c.MinBodyRate = cmp.Or(c.MinBodyRate, DefaultHTTPMinBodyRate)
 	return c
 }
 
@@ -306,7 +320,9 @@ func EnvVars() []EnvVar {
 			c.HTTPServer.AllowedHosts = hosts
 			return err
 		}},
-		{"FERRY_HTTP_MAX_CONNS", strconv.Itoa(DefaultHTTPMaxConns), "API and admin servers: connections held at once, each", intVar(func(c *Config) *int { return &c.HTTPServer.MaxConns }, 1, 1_000_000)},
+		{"FERRY_HTTP_MAX_CONNS", strconv.Itoa(DefaultHTTPMaxConns), "API and admin servers: connections held at once, each; at the cap a newcomer takes the slot of the longest-waiting connection without a request in progress", intVar(func(c *Config) *int { return &c.HTTPServer.MaxConns }, 1, 1_000_000)},
+		{"FERRY_HTTP_MAX_CONNS_PER_CLIENT", strconv.Itoa(DefaultHTTPMaxConnsPerClient), "API and admin servers: connections of one client address, by the same rule", intVar(func(c *Config) *int { return &c.HTTPServer.MaxConnsPerClient }, 1, 1_000_000)},
+		{"FERRY_HTTP_MIN_BODY_RATE", strconv.Itoa(DefaultHTTPMinBodyRate), "API and admin servers: slowest request body accepted, bytes/s, after FERRY_HTTP_READ_HEADER_TIMEOUT's grace (-1: off)", intVar(func(c *Config) *int { return &c.HTTPServer.MinBodyRate }, -1, 1<<30)},
 		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop: consumers drain (handlers finish and ack what they hold) for up to this long", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 		{"FERRY_MAX_DELAY", pgoutbox.DefaultMaxDelay.String(), "furthest ahead an event may ask to be delivered (ferry_delay, ferry_deliver_at); later is refused at publish", durationVar(func(c *Config) *time.Duration { return &c.MaxDelay })},
 		{"FERRY_LOG_LEVEL", DefaultLogLevel, "debug, info, warn or error", func(c *Config, v string) error { c.LogLevel = v; return nil }},

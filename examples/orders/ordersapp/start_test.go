@@ -128,6 +128,76 @@ func TestHTTPServersBoundSlowAndIdleClients(t *testing.T) {
 	}
 }
 
+// Slow clients cannot hold the servers' slots: with connections held to
+// the admin server and the API sending half a header, and requests
+// announcing a body and sending nothing, more than the servers' bounds
+// allow (all from one address, as a loopback test must), /readyz and a
+// real order are still answered at once; the silent bodies are cut after
+// the header timeout's grace, not at ReadTimeout.
+func TestSlowClientsCannotHoldTheServers(t *testing.T) {
+	t.Parallel()
+	cfg, _, _ := testConfig(t)
+	cfg.AdminAddr = "127.0.0.1:0"
+	cfg.HTTPServer = app.HTTPServerConfig{MaxConns: 40, MaxConnsPerClient: 30, ReadHeaderTimeout: 2 * time.Second}
+	logs := &pipelinetest.SyncBuffer{}
+	a := newApp(t, cfg, logs)
+	stop, err := a.Start(context.Background(), app.All)
+	require.NoError(t, err)
+	defer stop()
+	api := listenAddr(t, logs.String(), "HTTP API listening")
+	admin := listenAddr(t, logs.String(), "admin listening")
+
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	hold := func(addr, text string, n int) {
+		for range n {
+			c, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			_, err = c.Write([]byte(text))
+			require.NoError(t, err)
+			held = append(held, c)
+		}
+	}
+	hold(admin, "GET /readyz HTTP/1.1\r\nHost: local", 60)
+	hold(api, "GET /healthz HTTP/1.1\r\nHost: local", 60)
+	silent := len(held)
+	hold(api, "POST /orders HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nIdempotency-Key: silent\r\nContent-Length: 100000\r\n\r\n", 30)
+	time.Sleep(200 * time.Millisecond)
+
+	client := &http.Client{Timeout: 3 * time.Second}
+	start := time.Now()
+	resp, err := client.Get("http://" + admin + "/readyz")
+	require.NoError(t, err, "the admin server answers past the slow clients")
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	req, err := http.NewRequest(http.MethodPost, "http://"+api+"/orders", strings.NewReader(`{"user_id":"alice","amount":1200,"currency":"JPY"}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "slow-clients-real")
+	resp, err = client.Do(req)
+	require.NoError(t, err, "the API answers past the slow clients")
+	resp.Body.Close()
+	require.Less(t, resp.StatusCode, 300)
+	require.Less(t, time.Since(start), 3*time.Second)
+
+	// A silent body is cut after the grace (2 s here), far before
+	// ReadTimeout (30 s).
+	c := held[silent]
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	start = time.Now()
+	buf := make([]byte, 512)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			break
+		}
+	}
+	require.Less(t, time.Since(start), 6*time.Second, "the silent body's connection was closed")
+}
+
 func listenAddr(t *testing.T, logs, line string) string {
 	t.Helper()
 	for _, l := range strings.Split(logs, "\n") {
