@@ -192,6 +192,13 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			return nil, err
 		}
 		otel.SetTracerProvider(tp)
+		// OpenTelemetry reports export failures to its global handler,
+		// which writes plain text to stderr: into the application's log
+		// instead, in its format (and throttled as every error is).
+		logger := opts.Logger
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			logger.Error("OpenTelemetry: exporting spans failed", "error", err)
+		}))
 		opts.TracerProvider, shutdownTracing = tp, tp.Shutdown
 	}
 	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, Metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider), shutdownTracing: shutdownTracing}

@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/ferry-dev/ferry/pipeline"
 )
@@ -30,12 +31,19 @@ func NewLogger(cfg Config, w io.Writer) (*slog.Logger, error) {
 			}
 		}
 	}
-	// Lines logged with a message's context carry its ids (pipeline.LogHandler).
+	// Lines logged with a message's context carry its ids (pipeline.LogHandler);
+	// an error repeated by an outage is written once per ErrorLogInterval.
+	var h slog.Handler = slog.NewJSONHandler(w, opts)
 	if format == "text" {
-		return slog.New(pipeline.LogHandler(slog.NewTextHandler(w, opts))), nil
+		h = slog.NewTextHandler(w, opts)
 	}
-	return slog.New(pipeline.LogHandler(slog.NewJSONHandler(w, opts))), nil
+	return slog.New(pipeline.ThrottleErrors(pipeline.LogHandler(h), ErrorLogInterval)), nil
 }
+
+// ErrorLogInterval is how often, at most, one ERROR message is written;
+// the repeats in between are counted and the next line says how many
+// ("suppressed").
+const ErrorLogInterval = 30 * time.Second
 
 // readableDurations writes a duration as "30s": the JSON handler would
 // write nanoseconds (30000000000), which nobody reads at 3 a.m. and no log

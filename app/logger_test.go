@@ -3,12 +3,14 @@ package app_test
 import (
 	"bytes"
 	"encoding/json"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // A duration in a log line reads as the configuration writes it ("30s"),
@@ -30,4 +32,49 @@ func TestLogDurationsAreReadable(t *testing.T) {
 			require.EqualValues(t, 3, line["count"], "other values keep their kind")
 		}
 	}
+}
+
+// An outage repeats the same error many times a second: the log writes it
+// once per ErrorLogInterval and says how many it held back; other errors,
+// warnings and the lines of other loggers derived from it are not held.
+func TestRepeatedErrorsAreThrottled(t *testing.T) {
+	var buf bytes.Buffer
+	logger, err := app.NewLogger(app.Config{LogFormat: "json"}, &buf)
+	require.NoError(t, err)
+	relay := logger.With("component", "relay")
+	for range 79 {
+		relay.Error("relay batch failed", "error", "dial tcp 127.0.0.1:5432: connection refused")
+		logger.Warn("infrastructure unavailable; waiting", "message_id", "m")
+	}
+	logger.Error("another failure")
+	lines := bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n"))
+	errors, warns := 0, 0
+	for _, l := range lines {
+		var line map[string]any
+		require.NoError(t, json.Unmarshal(l, &line))
+		switch line["level"] {
+		case "ERROR":
+			errors++
+		case "WARN":
+			warns++
+		}
+	}
+	require.Equal(t, 2, errors, "one line per repeated error, and the other one")
+	require.Equal(t, 79, warns, "warnings are not held back")
+}
+
+// The count of what was held back comes with the next line written.
+func TestThrottledErrorsSayHowManyWereSuppressed(t *testing.T) {
+	var buf bytes.Buffer
+	logger := slog.New(pipeline.ThrottleErrors(slog.NewJSONHandler(&buf, nil), 100*time.Millisecond))
+	for range 5 {
+		logger.Error("broker unreachable")
+	}
+	time.Sleep(150 * time.Millisecond)
+	logger.Error("broker unreachable")
+	lines := bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n"))
+	require.Len(t, lines, 2)
+	var last map[string]any
+	require.NoError(t, json.Unmarshal(lines[1], &last))
+	require.EqualValues(t, 4, last["suppressed"])
 }

@@ -3,6 +3,8 @@ package pipeline
 import (
 	"context"
 	"log/slog"
+	"sync"
+	"time"
 )
 
 type logAttrsKey struct{}
@@ -66,3 +68,68 @@ func Logger(ctx context.Context) *slog.Logger {
 	}
 	return slog.Default()
 }
+
+// ThrottleErrors wraps h so that an ERROR record whose message was logged
+// less than interval ago is counted instead of written; the next one
+// written carries "suppressed", how many were counted meanwhile. An outage
+// makes every component fail the same way many times a second: one line
+// per cause and interval says as much, without burying what else happens.
+// Lines below ERROR pass untouched (per-message warnings carry ids).
+func ThrottleErrors(h slog.Handler, interval time.Duration) slog.Handler {
+	return &throttle{Handler: h, interval: interval, state: &throttleState{seen: map[string]*throttled{}}}
+}
+
+type throttle struct {
+	slog.Handler
+	interval time.Duration
+	state    *throttleState
+}
+
+type throttleState struct {
+	mu   sync.Mutex
+	seen map[string]*throttled
+}
+
+type throttled struct {
+	last       time.Time
+	suppressed int
+}
+
+func (t *throttle) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level < slog.LevelError {
+		return t.Handler.Handle(ctx, r)
+	}
+	t.state.mu.Lock()
+	s := t.state.seen[r.Message]
+	if s == nil {
+		if len(t.state.seen) > maxThrottledMessages {
+			clear(t.state.seen) // bounded: a flood of distinct messages starts over
+		}
+		s = &throttled{}
+		t.state.seen[r.Message] = s
+	}
+	if !s.last.IsZero() && r.Time.Sub(s.last) < t.interval {
+		s.suppressed++
+		t.state.mu.Unlock()
+		return nil
+	}
+	suppressed := s.suppressed
+	s.last, s.suppressed = r.Time, 0
+	t.state.mu.Unlock()
+	if suppressed > 0 {
+		r = r.Clone()
+		r.AddAttrs(slog.Int("suppressed", suppressed), slog.String("suppressed_over", t.interval.String()))
+	}
+	return t.Handler.Handle(ctx, r)
+}
+
+func (t *throttle) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &throttle{Handler: t.Handler.WithAttrs(attrs), interval: t.interval, state: t.state}
+}
+
+func (t *throttle) WithGroup(name string) slog.Handler {
+	return &throttle{Handler: t.Handler.WithGroup(name), interval: t.interval, state: t.state}
+}
+
+// maxThrottledMessages bounds ThrottleErrors' memory.
+const maxThrottledMessages = 1024

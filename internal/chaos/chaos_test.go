@@ -40,7 +40,7 @@ func TestChaosShortCDC(t *testing.T) {
 
 // Rolling restarts of the consumers, as a deploy makes them: three
 // `ferry consume` processes, each replaced one at a time (the new one up,
-// then the old one stopped) at least ten times while orders flow, with
+// then the old one stopped) at least ten times while 2,000 orders flow, with
 // charges failing before each roll (partitions held, durable retries in
 // flight) and handlers failing 30% of their first tries (in-process
 // retries). Stopped with SIGTERM, every process drains: no ordered event
@@ -50,7 +50,7 @@ func TestChaosShortCDC(t *testing.T) {
 func TestChaosRollingRestarts(t *testing.T) {
 	for _, sig := range []string{"sigterm", "sigkill"} {
 		t.Run(sig, func(t *testing.T) {
-			rep, report := runChaos(t, chaos.ChaosRun{Orders: 3000, Rate: 150, Consumers: 3, FaultEvery: 300 * time.Millisecond,
+			rep, report := runChaos(t, chaos.ChaosRun{Orders: 2000, Rate: 150, Consumers: 3, FaultEvery: 300 * time.Millisecond,
 				Seed: 23, Restarts: sig, HandlerFail: 0.3})
 			require.GreaterOrEqual(t, rep.ConsumerStops, 10, report)
 			require.Positive(t, rep.DurableRetries, "no durable retry was in flight: %s", report)
