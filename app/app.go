@@ -444,9 +444,8 @@ func (a *App) QueueStatsOn(conn *amqp.Connection) ([]rabbit.QueueStat, error) {
 			}
 			seen[sub.Queue] = true
 			st, err := rabbit.QueueStats(conn, sub.Queue)
-			var ae *amqp.Error
 			switch {
-			case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+			case rabbit.IsQueueMissing(err):
 				continue
 			case err != nil:
 				return out, err
@@ -853,6 +852,7 @@ func (a *App) APIHandler() (http.Handler, error) {
 		return nil, fmt.Errorf("FERRY_MCP_TOKEN: %w", err)
 	}
 	var plain http.Handler = tools.HTTPHandler(a.Tools, a.logger)
+	open := app // the application's health checks: never behind the token
 	if a.cfg.MCPToken != "" {
 		// The application's routes follow the tools' rule: a plain POST
 		// places the same order an agent's tool call does.
@@ -867,6 +867,10 @@ func (a *App) APIHandler() (http.Handler, error) {
 	mux.Handle("/tools/", plain)
 	if app != nil {
 		mux.Handle("/", app)
+		// A probe (a load balancer, Kubernetes) has no token, and a
+		// health answer says nothing a token protects.
+		mux.Handle("GET /healthz", open)
+		mux.Handle("GET /readyz", open)
 	}
 	return mux, nil
 }

@@ -436,11 +436,18 @@ func inspectBroker(ctx context.Context, cfg app.Config, env *Env, rep *statusRep
 		return fmt.Errorf("cannot reach RabbitMQ: %s", amqpReason(err))
 	}
 	defer conn.Close()
-	n, err := rabbit.QueueDepth(conn, topo.QueueName(rabbit.UnroutedName))
-	if err != nil {
+	unrouted := topo.QueueName(rabbit.UnroutedName)
+	n, err := rabbit.QueueDepth(conn, unrouted)
+	switch {
+	case rabbit.IsQueueMissing(err):
+		// The broker answered: a queue not declared yet is not an
+		// unreachable broker.
+		rep.QueuesError = fmt.Sprintf("the queue %s does not exist: no relay has declared Ferry's topology on this broker and vhost (FERRY_AMQP_URL, FERRY_AMQP_NAMESPACE) yet; start %s relay", unrouted, binaryName)
+	case err != nil:
 		return err
+	default:
+		rep.Unrouted = &n
 	}
-	rep.Unrouted = &n
 	if env.Options.App == nil {
 		return nil
 	}

@@ -21,6 +21,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -29,9 +30,11 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -64,11 +67,52 @@ type Config struct {
 
 // Console is the console's handler.
 type Console struct {
-	cfg   Config
-	pool  *pgxpool.Pool
-	store *pgpoison.Store
-	tmpl  *template.Template
-	mux   *http.ServeMux
+	cfg    Config
+	pool   *pgxpool.Pool
+	store  *pgpoison.Store
+	tmpl   *template.Template
+	mux    *http.ServeMux
+	logins loginLimiter
+}
+
+// Login attempts allowed per client address: LoginBurst at once, then one
+// every LoginEvery. Guessing a 16-character token is hopeless anyway; the
+// bound keeps a script from trying and fills no log.
+const (
+	LoginBurst = 5
+	LoginEvery = 12 * time.Second
+)
+
+// loginLimiter bounds login attempts per client address (golang.org/x/time/rate
+// per address, the oldest forgotten past maxLoginClients).
+type loginLimiter struct {
+	mu      sync.Mutex
+	clients map[string]*rate.Limiter
+}
+
+const maxLoginClients = 10_000
+
+func (l *loginLimiter) allow(r *http.Request) (bool, time.Duration) {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clients == nil || len(l.clients) > maxLoginClients {
+		l.clients = map[string]*rate.Limiter{}
+	}
+	lim := l.clients[host]
+	if lim == nil {
+		lim = rate.NewLimiter(rate.Every(LoginEvery), LoginBurst)
+		l.clients[host] = lim
+	}
+	res := lim.Reserve()
+	if d := res.Delay(); d > 0 {
+		res.Cancel()
+		return false, d
+	}
+	return true, 0
 }
 
 const sessionCookie = "ferry_console"
@@ -224,6 +268,11 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if ok, wait := c.logins.allow(r); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+		c.fail(w, r, http.StatusTooManyRequests, fmt.Sprintf("Too many login attempts from this address: try again in %d s.", int(wait.Seconds())+1))
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	if c.cfg.Token == "" || r.ParseForm() != nil || subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(c.cfg.Token)) != 1 {
 		w.WriteHeader(http.StatusUnauthorized)

@@ -126,10 +126,15 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 	}
 	var brokerErr string
 	if c.cfg.Unrouted != nil {
-		if n, err := c.cfg.Unrouted(ctx); err != nil {
+		n, err := c.cfg.Unrouted(ctx)
+		switch {
+		case rabbit.IsQueueMissing(err):
+			// The broker answered: the queue is not declared yet.
+			o.UnroutedErr = "none yet (no relay has declared the topology)"
+		case err != nil:
 			o.UnroutedErr = "unknown (broker not reachable)"
 			brokerErr = pipeline.CleanText(err.Error(), 300)
-		} else {
+		default:
 			o.Unrouted = &n
 		}
 	}

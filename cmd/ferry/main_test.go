@@ -488,6 +488,25 @@ func TestConfigurationEdgesAreRefusedByVariable(t *testing.T) {
 	})
 }
 
+// A broker that answers but has no Ferry topology yet (no relay has run on
+// the vhost, or FERRY_AMQP_NAMESPACE names another) is not reported as
+// unreachable: status says which queue is missing and what to start.
+func TestStatusTellsAMissingQueueFromAnUnreachableBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL and RabbitMQ; skipped with -short")
+	}
+	rmq := pipelinetest.Rabbit(t) // a namespace nothing was declared in
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", pipelinetest.Schema(t))
+	t.Setenv("FERRY_AMQP_URL", rmq.URL)
+	t.Setenv("FERRY_AMQP_NAMESPACE", rmq.Namespace)
+	var out, errOut strings.Builder
+	run([]string{"status"}, &out, &errOut)
+	require.NotContains(t, out.String(), "RabbitMQ unreachable", out.String()+errOut.String())
+	require.Contains(t, out.String(), rmq.Namespace+"ferry.unrouted does not exist")
+	require.Contains(t, out.String(), "relay")
+}
+
 // On a schema without Ferry's tables (never migrated, or the wrong
 // FERRY_DATABASE_SCHEMA), the reading commands fail at once with one line
 // that says what to do, printing nothing else; with the broker unreachable

@@ -337,6 +337,14 @@ func QueueStats(conn *amqp.Connection, queue string) (QueueStat, error) {
 	return QueueStat{Queue: queue, Ready: q.Messages, Consumers: q.Consumers}, nil
 }
 
+// IsQueueMissing reports whether err says a queue does not exist (a
+// passive declare's 404): the broker answered, the topology is not
+// declared yet. Not to be reported as an unreachable broker.
+func IsQueueMissing(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.NotFound
+}
+
 // Purge empties every queue this Topology declared. It is for demos that
 // start over.
 func (t *Topology) Purge(conn *amqp.Connection) error {

@@ -116,6 +116,12 @@ func TestAllowedHostsAndTheTokenCoverEveryRoute(t *testing.T) {
 	}
 	status, body := do(t, hostCase{method: "POST", url: api + "/orders", host: "shop.example", token: cfg.MCPToken, body: order})
 	require.Less(t, status, 300, body)
+	// A health probe has no token: /healthz answers without it, as the
+	// docs say, and only GET.
+	status, body = do(t, hostCase{method: "GET", url: api + "/healthz", host: "shop.example"})
+	require.Equal(t, http.StatusOK, status, body)
+	status, _ = do(t, hostCase{method: "POST", url: api + "/healthz", host: "shop.example", body: "{}"})
+	require.Equal(t, http.StatusUnauthorized, status, "only the probe's GET is open")
 
 	_, err = app.ConfigFromLookup(lookup("http://shop.example:8080"))
 	require.ErrorContains(t, err, "FERRY_HTTP_ALLOWED_HOSTS")
