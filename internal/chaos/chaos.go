@@ -245,9 +245,10 @@ func (e *chaosEnv) start(role string, extra ...string) (*child, error) {
 	return c, nil
 }
 
-// kill SIGKILLs one live child of role and starts a replacement.
-func (e *chaosEnv) killAndRestart(rng *rand.Rand, role string, extra ...string) error {
+// live returns the children of role still running.
+func (e *chaosEnv) live(role string) []*child {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	var live []*child
 	for _, c := range e.children {
 		select {
@@ -258,7 +259,12 @@ func (e *chaosEnv) killAndRestart(rng *rand.Rand, role string, extra ...string) 
 			}
 		}
 	}
-	e.mu.Unlock()
+	return live
+}
+
+// kill SIGKILLs one live child of role and starts a replacement.
+func (e *chaosEnv) killAndRestart(rng *rand.Rand, role string, extra ...string) error {
+	live := e.live(role)
 	if len(live) == 0 {
 		_, err := e.start(role, extra...)
 		return err
@@ -276,20 +282,8 @@ func (e *chaosEnv) killAndRestart(rng *rand.Rand, role string, extra ...string) 
 // stopped. A process that does not stop within stopWait is killed and
 // reported: a graceful stop must end within the shutdown timeout.
 func (e *chaosEnv) roll(ctx context.Context, pool *pgxpool.Pool, role string, sig syscall.Signal, stopWait time.Duration, extra func() string) (int, error) {
-	e.mu.Lock()
-	var old []*child
-	for _, c := range e.children {
-		select {
-		case <-c.done:
-		default:
-			if c.role == role {
-				old = append(old, c)
-			}
-		}
-	}
-	e.mu.Unlock()
 	stopped := 0
-	for _, victim := range old {
+	for _, victim := range e.live(role) {
 		if ctx.Err() != nil {
 			return stopped, nil
 		}
@@ -831,19 +825,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		name  string
 		count int
 	}{{"relay", run.Relays}, {"consume", run.Consumers}} {
-		env.mu.Lock()
-		live := 0
-		for _, ch := range env.children {
-			select {
-			case <-ch.done:
-			default:
-				if ch.role == role.name {
-					live++
-				}
-			}
-		}
-		env.mu.Unlock()
-		for ; live < role.count; live++ {
+		for live := len(env.live(role.name)); live < role.count; live++ {
 			if _, err := env.start(role.name, faults()); err != nil {
 				return rep, err
 			}
