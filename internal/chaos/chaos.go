@@ -838,12 +838,17 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	}
 	dctx, cancel := context.WithTimeout(ctx, run.DrainTimeout)
 	defer cancel()
+	// Settled when every effect of every committed order is there or its
+	// message is poisoned: the batch route's counts too, which a message
+	// waiting out the database outage (its wait grows to 30 s) may still
+	// owe after the mails are out.
 	settled := func() bool {
-		var pending, poisoned int
-		_ = driver.Pool.QueryRow(dctx, `SELECT (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL), (SELECT count(*) FROM poison_messages)`).Scan(&pending, &poisoned)
+		var pending, poisoned, counted int
+		_ = driver.Pool.QueryRow(dctx, `SELECT (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL), (SELECT count(*) FROM poison_messages),
+			(SELECT count(*) FROM `+ChaosBatchTable+`)`).Scan(&pending, &poisoned, &counted)
 		charges, mails := chargesByOrder(provider), mailsByOrder(sink)
 		return pending == 0 && len(charges)+poisoned >= rep.OrdersCommitted && len(mails)+poisoned >= rep.OrdersCommitted &&
-			len(provider.Audit())+poisoned >= expectAudit
+			len(provider.Audit())+poisoned >= expectAudit && counted+poisoned >= rep.OrdersCommitted
 	}
 	drainErr := wait.For(dctx, settled)
 	time.Sleep(500 * time.Millisecond) // room for a late duplicate to show
