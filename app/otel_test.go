@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 )
 
@@ -24,7 +25,8 @@ func TestOpenTelemetryErrorsGoToTheApplicationsLog(t *testing.T) {
 	logger, err := app.NewLogger(app.Config{LogFormat: "json", LogLevel: "error"}, &buf)
 	require.NoError(t, err)
 	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), DatabaseSchema: pipelinetest.Schema(t), AdminAddr: "off"}
-	a, err := app.New(context.Background(), cfg, app.Options{Logger: logger, Migrate: true, WithoutBroker: true})
+	none := func(app.Deps) ([]handlers.Route, error) { return nil, nil }
+	a, err := app.New(context.Background(), cfg, app.Options{Logger: logger, Migrate: true, WithoutBroker: true, Routes: none})
 	require.NoError(t, err)
 	defer a.Close()
 	otel.Handle(errors.New("traces export: connection refused"))

@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -305,6 +306,9 @@ type statusReport struct {
 	Queues []rabbit.QueueStat `json:"queues,omitempty"`
 	// QueuesError is why the route table's queues could not be read.
 	QueuesError string `json:"queues_error,omitempty"`
+	// UnroutedError is why the unrouted queue could not be read while the
+	// broker answered (it does not exist yet).
+	UnroutedError string `json:"unrouted_error,omitempty"`
 	// Attention lists what needs a human; empty when all is well.
 	Attention []string `json:"attention"`
 	// Audit is the newest entries of the audit log (ferry audit).
@@ -442,7 +446,7 @@ func inspectBroker(ctx context.Context, cfg app.Config, env *Env, rep *statusRep
 	case rabbit.IsQueueMissing(err):
 		// The broker answered: a queue not declared yet is not an
 		// unreachable broker.
-		rep.QueuesError = fmt.Sprintf("the queue %s does not exist: no relay has declared Ferry's topology on this broker and vhost (FERRY_AMQP_URL, FERRY_AMQP_NAMESPACE) yet; start %s relay", unrouted, binaryName)
+		rep.UnroutedError = fmt.Sprintf("the queue %s does not exist: no relay has declared Ferry's topology on this broker and vhost (FERRY_AMQP_URL, FERRY_AMQP_NAMESPACE) yet; start %s relay", unrouted, binaryName)
 	case err != nil:
 		return err
 	default:
@@ -538,7 +542,7 @@ func printStatus(w io.Writer, rep statusReport) error {
 	if rep.Unrouted != nil {
 		fmt.Fprintf(tw, "unrouted (broker): %d message(s)\n", *rep.Unrouted)
 	} else {
-		fmt.Fprintf(tw, "unrouted (broker): unknown: %s\n", cell(rep.BrokerError, maxReasonCell))
+		fmt.Fprintf(tw, "unrouted (broker): unknown: %s\n", cell(cmp.Or(rep.UnroutedError, rep.BrokerError), maxReasonCell))
 	}
 	if c := rep.CDC; c != nil {
 		if c.Exists {
