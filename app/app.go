@@ -274,6 +274,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err := handlers.ValidateRoutes(a.Routes); err != nil {
 		return nil, fmt.Errorf("invalid route table: %w", err)
 	}
+	for _, r := range a.Routes {
+		a.Metrics.InitRoutes(r.Name)
+	}
 	if opts.Tools != nil {
 		ts, err := opts.Tools(Deps{Config: cfg, Logger: a.logger, Pool: a.Pool, DB: a.DB, Outbox: a.Outbox})
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -86,6 +87,14 @@ type Metrics struct {
 	// refreshed: the outbox gauges hold a reading (Counters reports no
 	// depth before the first).
 	refreshed atomic.Bool
+
+	// Under refreshMu: the labels each gauge vector has shown (a label
+	// that goes is set to 0, never dropped, so that an alert sees the
+	// drop and an increase() its start), and the holds of ordered
+	// partitions as tracked across their heads.
+	refreshMu sync.Mutex
+	shown     map[*prometheus.GaugeVec]map[string]bool
+	holds     heldTracker
 }
 
 // New creates the collectors, with Go runtime and process collectors.
@@ -306,6 +315,79 @@ func (m *Metrics) Counters() pgstatus.Counters {
 	return c
 }
 
+// setGauges sets vec's series to values, and to 0 every label it showed
+// before and values lacks. The caller holds refreshMu.
+func (m *Metrics) setGauges(vec *prometheus.GaugeVec, values map[string]float64) {
+	if m.shown == nil {
+		m.shown = map[*prometheus.GaugeVec]map[string]bool{}
+	}
+	shown := m.shown[vec]
+	if shown == nil {
+		shown = map[string]bool{}
+		m.shown[vec] = shown
+	}
+	for label := range shown {
+		if _, ok := values[label]; !ok {
+			vec.WithLabelValues(label).Set(0)
+		}
+	}
+	for label, v := range values {
+		shown[label] = true
+		vec.WithLabelValues(label).Set(v)
+	}
+}
+
+// heldGap is how long an ordered partition may show no hold and still be
+// the same hold: between a head poisoned and the next one failing, the
+// partition is not released, only its row replaced.
+const heldGap = 2 * time.Minute
+
+// heldTracker follows each ordered partition's hold across its heads:
+// ferry_partition_held_seconds counts from the first head that held it,
+// not from the current one (a head is poisoned after its attempts and
+// the next one would start again at 0, below any alert's threshold).
+type heldTracker struct {
+	since, seen map[string]time.Time
+}
+
+// update takes the holds now recorded (partition → when its current head
+// began to hold it) and returns each partition's held seconds: 0 for one
+// released longer than heldGap ago (shown until it is forgotten).
+func (h *heldTracker) update(now time.Time, current map[string]time.Time) map[string]float64 {
+	if h.since == nil {
+		h.since, h.seen = map[string]time.Time{}, map[string]time.Time{}
+	}
+	out := make(map[string]float64, len(h.since)+len(current))
+	for p, s := range current {
+		if first, ok := h.since[p]; !ok || now.Sub(h.seen[p]) > heldGap || s.Before(first) {
+			h.since[p] = s
+		}
+		h.seen[p] = now
+	}
+	for p, first := range h.since {
+		if now.Sub(h.seen[p]) > heldGap {
+			delete(h.since, p)
+			delete(h.seen, p)
+			out[p] = 0
+			continue
+		}
+		out[p] = now.Sub(first).Seconds()
+	}
+	return out
+}
+
+// InitRoutes creates the consumer outcome series of routes at 0, so that
+// the first failure or poisoning of a route shows as an increase (a
+// counter that appears at 1 shows none) and a quiet route as 0.
+func (m *Metrics) InitRoutes(routes ...string) {
+	for _, r := range routes {
+		for _, o := range []middleware.Outcome{middleware.OutcomeHandled, middleware.OutcomeRetried, middleware.OutcomeRetryScheduled,
+			middleware.OutcomeDeferred, middleware.OutcomePoisoned, middleware.OutcomeInfrastructureRetry} {
+			m.consumer.WithLabelValues(r, string(o))
+		}
+	}
+}
+
 // Record implements middleware.Recorder.
 func (m *Metrics) Record(handler string, outcome middleware.Outcome) {
 	m.consumer.WithLabelValues(handler, string(outcome)).Inc()
@@ -332,39 +414,44 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	m.pending.Reset()
-	m.pendingDue.Reset()
+	m.refreshMu.Lock()
+	defer m.refreshMu.Unlock()
+	pending, due := map[string]float64{}, map[string]float64{}
 	var maxAttempts int
 	var oldest float64
 	for _, b := range backlog {
-		m.pending.WithLabelValues(b.Topic).Set(float64(b.Pending))
-		m.pendingDue.WithLabelValues(b.Topic).Set(float64(b.Due))
+		pending[b.Topic], due[b.Topic] = float64(b.Pending), float64(b.Due)
 		maxAttempts = max(maxAttempts, b.MaxAttempts)
 		oldest = max(oldest, b.OldestDueAgeS)
 	}
+	m.setGauges(m.pending, pending)
+	m.setGauges(m.pendingDue, due)
 	m.maxAttempts.Set(float64(maxAttempts))
 	m.oldestPendingAge.Set(oldest)
 	m.refreshed.Store(true)
-	m.poison.Reset()
+	byTopic := map[string]float64{}
 	for topic, n := range poison {
-		m.poison.WithLabelValues(topic).Set(float64(n))
+		byTopic[topic] = float64(n)
 	}
+	m.setGauges(m.poison, byTopic)
 	retrying, _, err := pgstatus.Retrying(ctx, pool, m.OutboxTable, 1000)
 	if err != nil {
 		return err
 	}
-	m.retrying.Reset()
+	byHandler := map[string]float64{}
 	for _, g := range retrying {
-		m.retrying.WithLabelValues(g.Handler).Add(float64(g.Count))
+		byHandler[g.Handler] += float64(g.Count)
 	}
+	m.setGauges(m.retrying, byHandler)
 	held, err := pgstatus.HeldPartitions(ctx, pool)
 	if err != nil {
 		return err
 	}
-	m.held.Reset()
+	since := make(map[string]time.Time, len(held))
 	for _, h := range held {
-		m.held.WithLabelValues(h.Consumer).Set(time.Since(h.Since).Seconds())
+		since[h.Consumer] = h.Since
 	}
+	m.setGauges(m.held, m.holds.update(time.Now(), since))
 	instances, err := pgstatus.Instances(ctx, pool)
 	if err != nil {
 		return err

@@ -173,6 +173,47 @@ func TestGrafanaDashboardUsesFerrysMetrics(t *testing.T) {
 	}
 }
 
+// Every paging alert can be acted on: the dashboard charts each metric its
+// rule reads, and its runbook link points at a runbook in
+// docs/operations.md.
+func TestEveryPagingAlertHasAPanelAndARunbook(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../deploy/prometheus/alerts.yml")
+	require.NoError(t, err)
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Expr        string            `yaml:"expr"`
+				Labels      map[string]string `yaml:"labels"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &rules))
+	dash, err := os.ReadFile("../../deploy/grafana/dashboards/ferry.json")
+	require.NoError(t, err)
+	ops, err := os.ReadFile("../../docs/operations.md")
+	require.NoError(t, err)
+	metric := regexp.MustCompile(`\b(outbox_[a-z_0-9]+|ferry_[a-z_0-9]+)\b`)
+	paging := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			anchor := "#runbook-" + strings.ToLower(r.Alert)
+			require.True(t, strings.HasSuffix(r.Annotations["runbook"], "docs/operations.md"+anchor), "%s: runbook link %q", r.Alert, r.Annotations["runbook"])
+			require.Contains(t, string(ops), "### Runbook: "+r.Alert+"\n", "%s has no runbook", r.Alert)
+			if r.Labels["severity"] != "page" {
+				continue
+			}
+			paging++
+			for _, m := range metric.FindAllString(r.Expr, -1) {
+				require.Contains(t, string(dash), m, "%s pages on %s, which no dashboard panel charts", r.Alert, m)
+			}
+		}
+	}
+	require.GreaterOrEqual(t, paging, 8)
+}
+
 // The image listens on every interface of its container (its loopback is
 // unreachable through EXPOSE), and its build context leaves out what the
 // build does not need.
