@@ -550,13 +550,14 @@ func (a *App) Chain() (middleware.Chain, error) {
 		durable.Holds = pgstatus.PartitionHolds{Pool: a.Pool}
 	}
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
-		Poison:       middleware.PoisonConfig{Publisher: a.poisonPublisher},
-		DurableRetry: durable,
-		Retry:        a.cfg.Retry,
-		Idempotency:  a.Idempotency,
-		Logger:       a.logger,
-		Recorder:     a.Metrics,
-		Tracing:      a.tracer.Consumer,
+		Poison:         middleware.PoisonConfig{Publisher: a.poisonPublisher},
+		DurableRetry:   durable,
+		Retry:          a.cfg.Retry,
+		Idempotency:    a.Idempotency,
+		Logger:         a.logger,
+		Recorder:       a.Metrics,
+		Tracing:        a.tracer.Consumer,
+		TracingAttempt: a.tracer.Attempt,
 	})
 	if err != nil {
 		return nil, err

@@ -14,14 +14,15 @@ import (
 
 // Names of the links of the default chain, for Chain.InsertBefore/InsertAfter.
 const (
-	LinkCorrelation  = "correlation"
-	LinkTracing      = "tracing"
-	LinkPoison       = "poison"
-	LinkDurableRetry = "durable-retry"
-	LinkInfra        = "infrastructure"
-	LinkRetry        = "retry"
-	LinkRecoverer    = "recoverer"
-	LinkIdempotency  = "idempotency"
+	LinkCorrelation    = "correlation"
+	LinkTracing        = "tracing"
+	LinkTracingAttempt = "tracing-attempt"
+	LinkPoison         = "poison"
+	LinkDurableRetry   = "durable-retry"
+	LinkInfra          = "infrastructure"
+	LinkRetry          = "retry"
+	LinkRecoverer      = "recoverer"
+	LinkIdempotency    = "idempotency"
 )
 
 // Link is one named middleware of a chain.
@@ -114,6 +115,10 @@ type ChainConfig struct {
 	// Tracing, if set, is the link that continues the message's trace (see
 	// Tracing); it sits right inside correlation.
 	Tracing message.HandlerMiddleware
+	// TracingAttempt, if set, is the link that gives each attempt its own
+	// span; it sits right inside the durable retry, which runs the
+	// attempts of a held partition one after another.
+	TracingAttempt message.HandlerMiddleware
 }
 
 // DefaultChain returns Ferry's consumer chain, outermost first. This is the
@@ -196,7 +201,12 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 	if cfg.Tracing != nil {
 		// Right inside correlation: the span covers poisoning and retry
 		// scheduling too, and every log line below can carry its trace id.
-		return chain.InsertAfter(LinkCorrelation, Link{LinkTracing, cfg.Tracing})
+		if chain, err = chain.InsertAfter(LinkCorrelation, Link{LinkTracing, cfg.Tracing}); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.TracingAttempt != nil {
+		return chain.InsertAfter(LinkDurableRetry, Link{LinkTracingAttempt, cfg.TracingAttempt})
 	}
 	return chain, nil
 }

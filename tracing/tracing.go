@@ -12,6 +12,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
@@ -101,13 +102,44 @@ func (t *Tracer) Consumer(h message.HandlerFunc) message.HandlerFunc {
 			msg.Metadata.Set(pipeline.MetaTraceID, tid.String())
 		}
 		msg.SetContext(withPipelineContext(ctx))
+		failedBefore, poisonedBefore := msg.Metadata.Get(pipeline.MetaLastFailedAt), msg.Metadata.Get(pipeline.MetaPoisonedAt)
 		produced, err := h(msg)
-		if err != nil {
+		switch {
+		case err != nil:
 			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			span.SetStatus(codes.Error, pipeline.CleanText(err.Error(), 1024))
+		case msg.Metadata.Get(pipeline.MetaPoisonedAt) != poisonedBefore:
+			// Acked because the poison store has it: the delivery failed.
+			span.SetStatus(codes.Error, "poisoned: "+pipeline.CleanText(msg.Metadata.Get(pipeline.MetaLastError), 1024))
+		case msg.Metadata.Get(pipeline.MetaLastFailedAt) != failedBefore:
+			// Acked because a durable retry is scheduled: it failed too.
+			span.SetStatus(codes.Error, "failed; durable retry scheduled: "+pipeline.CleanText(msg.Metadata.Get(pipeline.MetaLastError), 1024))
 		}
 		for _, p := range produced {
 			propagator.Inject(ctx, metadataCarrier(p.Metadata))
+		}
+		return produced, err
+	}
+}
+
+// Attempt is the chain link, inside the durable retry, that gives every
+// attempt of a delivery its own span ("attempt <n> <topic>", a child of
+// the consumer span), failed ones with status Error: a head held in
+// process through its retries shows one span per try, not one open span
+// for the whole hold.
+func (t *Tracer) Attempt(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		parent := msg.Context()
+		attempt := pipeline.DeliveryAttempt(msg)
+		ctx, span := t.tracer.Start(parent, "attempt "+strconv.Itoa(attempt)+" "+pipeline.OriginalTopic(msg, message.SubscribeTopicFromCtx(parent)),
+			trace.WithAttributes(attribute.Int("ferry.attempt", attempt)))
+		defer span.End()
+		msg.SetContext(ctx)
+		defer msg.SetContext(parent)
+		produced, err := h(msg)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, pipeline.CleanText(err.Error(), 1024))
 		}
 		return produced, err
 	}
