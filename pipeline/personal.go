@@ -1,6 +1,9 @@
 package pipeline
 
-import "regexp"
+import (
+	"regexp"
+	"strings"
+)
 
 // Written here because no library of this stack masks personal data in free
 // text; the patterns err on the side of masking, since what they meet is an
@@ -15,9 +18,9 @@ var (
 	// area code in parentheses ((555) 123-4567), the North American
 	// 555-123-4567 / 555.123.4567 forms.
 	phoneNumber = regexp.MustCompile(`\+\d[\d ().-]{5,}\d|\(\d{1,4}\)[ .-]?\d{2,4}(?:[ .-]?\d{2,5}){1,2}|\b\d{3}[.-]\d{3}[.-]\d{4}\b`)
-	// Card, account and plain phone numbers: ten digits or more, spaces or
-	// dashes between them allowed.
-	longNumber = regexp.MustCompile(`\d(?:[ -]?\d){9,}`)
+	// Card, account (an IBAN with its country) and plain phone numbers:
+	// ten digits or more, spaces or dashes between them allowed.
+	longNumber = regexp.MustCompile(`(?:[A-Z]{2})?\d(?:[ -]?\d){9,}`)
 )
 
 // RedactPersonal masks the personal data an error text may quote from a
@@ -28,8 +31,34 @@ var (
 // in the first place.
 func RedactPersonal(s string) string {
 	s = mailAddress.ReplaceAllString(s, "<redacted>")
-	s = phoneNumber.ReplaceAllString(s, "<number>")
-	return longNumber.ReplaceAllString(s, "<number>")
+	s = replaceBounded(phoneNumber, s, "<number>")
+	return replaceBounded(longNumber, s, "<number>")
+}
+
+// replaceBounded replaces the matches of re that stand alone: not inside
+// a longer token of letters, digits and dashes, such as a message's UUID
+// (83920417-5521-4…), which stays whole (ids are what an operator needs,
+// and a cut one no longer groups with its kind).
+func replaceBounded(re *regexp.Regexp, s, repl string) string {
+	var b strings.Builder
+	last := 0
+	for _, m := range re.FindAllStringIndex(s, -1) {
+		if (m[0] > 0 && tokenByte(s[m[0]-1])) || (m[1] < len(s) && tokenByte(s[m[1]])) {
+			continue
+		}
+		b.WriteString(s[last:m[0]])
+		b.WriteString(repl)
+		last = m[1]
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+func tokenByte(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-'
 }
 
 // ErrorText is how Ferry stores and logs a handler's error: personal data

@@ -34,6 +34,13 @@ func TestRedactPersonal(t *testing.T) {
 		"dial tcp 127.0.0.1:5432: connection refused", "timeout after 30s", "version 1.2.3"} {
 		require.Equal(t, clean, pipeline.RedactPersonal(clean))
 	}
+	// Ids stay whole, all-digit stretches of a UUID included.
+	for _, id := range []string{"83920417-5521-4abc-9def-123456789012", "3b2f1c5e-aa81-46f1-9a61-ad7f4dd09bfd", "order-1234567890123"} {
+		text := "charging " + id + ": provider answered 503"
+		require.Equal(t, text, pipeline.RedactPersonal(text))
+	}
+	require.Equal(t, "card acct_<number> refused", pipeline.RedactPersonal("card acct_4242424242424242 refused"))
+	require.Equal(t, "cards <number>, <number>", pipeline.RedactPersonal("cards 4242424242424242, 5555555555554444"))
 	long := strings.Repeat("x", 5000) + " dave@example.com"
 	require.Equal(t, 300, len(pipeline.ErrorText(errors.New(long), 300)))
 	require.Equal(t, "to <redacted>: 550", pipeline.ErrorText(errors.New("to \"Dave Smith\"@example.com: 550"), 300))
