@@ -287,6 +287,11 @@ func (e *chaosEnv) roll(ctx context.Context, pool *pgxpool.Pool, role string, si
 		if ctx.Err() != nil {
 			return stopped, nil
 		}
+		select {
+		case <-victim.done:
+			continue // another fault got it first: not this roll's to stop
+		default:
+		}
 		fresh, err := e.start(role, extra())
 		if err != nil {
 			return stopped, err
@@ -570,30 +575,37 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	rollConsumers := func(kind string, sig syscall.Signal) {
 		provider.FailNext(12)
 		n, err := env.roll(faultCtx, driver.Pool, "consume", sig, consumerStopWait, faults)
-		if faultCtx.Err() != nil && n > 0 {
+		if faultCtx.Err() != nil {
+			if n == 0 {
+				return // cut short before it stopped anything: not a fault injected
+			}
 			err = nil // cut short by the run's end: what it stopped counts
 		}
 		recordFault(kind, kind, err, func() { rep.ConsumerStops += n })
 	}
+	// The rolls run beside the other faults, one after another: a roll
+	// takes seconds (each replacement must come up first) and would hold
+	// the other faults back.
+	kind, sig := "rolling_restart", syscall.SIGTERM
 	if run.Restarts != "" {
-		sig := map[string]syscall.Signal{"sigterm": syscall.SIGTERM, "sigkill": syscall.SIGKILL}[run.Restarts]
-		faultsWG.Go(func() {
-			for {
-				select {
-				case <-faultCtx.Done():
-					return
-				case <-time.After(run.FaultEvery):
-				}
-				rollConsumers("rolling_restart_"+run.Restarts, sig)
-			}
-		})
+		kind, sig = "rolling_restart_"+run.Restarts, map[string]syscall.Signal{"sigterm": syscall.SIGTERM, "sigkill": syscall.SIGKILL}[run.Restarts]
 	}
+	faultsWG.Go(func() {
+		for {
+			select {
+			case <-faultCtx.Done():
+				return
+			case <-time.After(run.FaultEvery):
+			}
+			rollConsumers(kind, sig)
+		}
+	})
 	faultsWG.Go(func() {
 		if run.Restarts != "" {
 			return
 		}
 		frng := rand.New(rand.NewPCG(run.Seed^0xfa17, run.Seed))
-		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "rolling_restart"}
+		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8"}
 		for n := 1; ; n++ {
 			select {
 			case <-faultCtx.Done():
@@ -618,9 +630,6 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				err = env.killAndRestart(frng, "relay", faults())
 			case "kill_consumer":
 				err = env.killAndRestart(frng, "consume", faults())
-			case "rolling_restart":
-				rollConsumers(kind, syscall.SIGTERM)
-				continue // recorded
 			case "terminate_db_backends":
 				gate.RLock()
 				_, err = driver.Pool.Exec(faultCtx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)

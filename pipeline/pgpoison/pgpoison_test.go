@@ -189,7 +189,7 @@ func TestStoreTakesAnyTextCleaned(t *testing.T) {
 }
 
 // Fingerprints keep what tells failures apart (a provider's decline code,
-// an HTTP status, an AMQP reply code) and normalise what does not (ids,
+// an HTTP status, an AMQP reply code, an SMTP reply code) and normalise what does not (ids,
 // counts, addresses).
 func TestFingerprintsSeparateWhatDiffers(t *testing.T) {
 	t.Parallel()
@@ -203,6 +203,12 @@ func TestFingerprintsSeparateWhatDiffers(t *testing.T) {
 		`charging order 3: payment provider answered 429 from 10.0.0.3`,
 		`publishing message 5: Exception (403) Reason: "ACCESS_REFUSED - operation not permitted"`,
 		`publishing message 6: Exception (406) Reason: "PRECONDITION_FAILED - inequivalent arg"`,
+		// SMTP: a permanent refusal and a "try later" are different failures.
+		`mailing order 1: SMTP RCPT TO: 550 5.1.1 <redacted>: mailbox unavailable`,
+		`mailing order 2: SMTP RCPT TO: 550 5.1.1 <redacted>: mailbox unavailable`,
+		`mailing order 3: SMTP RCPT TO: 451 4.7.1 <redacted>: try again later`,
+		`mailing order 4: SMTP DATA: 552 5.3.4 message too big`,
+		`mailing order 5: SMTP DATA: 452 4.3.1 insufficient storage`,
 	}
 	for i, r := range reasons {
 		_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ($1, 't', 'h', '{}', $2)`, fmt.Sprint(i), r)
@@ -216,6 +222,6 @@ func TestFingerprintsSeparateWhatDiffers(t *testing.T) {
 	for _, g := range groups {
 		counts[g.Count]++
 	}
-	require.Len(t, groups, 6, "stolen_card, insufficient_funds, 503, 429, 403, 406: %+v", groups)
-	require.Equal(t, map[int]int{2: 2, 1: 4}, counts, "the two stolen_card declines and the two 503s group together")
+	require.Len(t, groups, 10, "stolen_card, insufficient_funds, 503, 429, 403, 406, SMTP 550, 451, 552, 452: %+v", groups)
+	require.Equal(t, map[int]int{2: 3, 1: 7}, counts, "the two stolen_card declines, the two 503s and the two 550s group together")
 }
