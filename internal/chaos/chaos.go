@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -296,7 +297,17 @@ func (e *chaosEnv) roll(ctx context.Context, pool *pgxpool.Pool, role string, si
 		if err != nil {
 			return stopped, err
 		}
+		// Up: its heartbeat row is there. A replacement can also die at
+		// start (another fault cut its database sessions): then this roll
+		// ends, and the next one starts over.
+		exited := false
 		if err := wait.For(ctx, func() bool {
+			select {
+			case <-fresh.done:
+				exited = true
+				return true
+			default:
+			}
 			var n int
 			_ = pool.QueryRow(ctx, `SELECT count(*) FROM ferry_instances WHERE pid = $1`, fresh.cmd.Process.Pid).Scan(&n)
 			return n > 0
@@ -305,6 +316,9 @@ func (e *chaosEnv) roll(ctx context.Context, pool *pgxpool.Pool, role string, si
 				return stopped, nil
 			}
 			return stopped, fmt.Errorf("the replacement %s did not come up: %w", role, err)
+		}
+		if exited {
+			return stopped, fmt.Errorf("the replacement %s exited at start (%v)", role, fresh.cmd.ProcessState)
 		}
 		_ = victim.cmd.Process.Signal(sig)
 		select {
@@ -523,10 +537,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	// Every child gets the chaos route table (relays need it too: it makes
 	// the audit topic ordered); only consumers run handlers, so only they
 	// meet the faults. Each process draws its faults from a seed of its own.
-	spawned := 0
+	// Children are started by the fault loop and the rolls at once.
+	var spawned atomic.Uint64
 	faults := func() string {
-		spawned++
-		return fmt.Sprintf("FERRY_CHAOS_FAULTS=fail=%g,panic=%g,seed=%d", run.HandlerFail, run.HandlerPanic, run.Seed*1000+uint64(spawned))
+		return fmt.Sprintf("FERRY_CHAOS_FAULTS=fail=%g,panic=%g,seed=%d", run.HandlerFail, run.HandlerPanic, run.Seed*1000+spawned.Add(1))
 	}
 	defer env.stopAll()
 	for range run.Relays {
