@@ -61,16 +61,20 @@ func tokenByte(c byte) bool {
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-'
 }
 
-// ErrorText is how Ferry stores and logs a handler's error: personal data
-// masked (RedactPersonal), then made storable and cut to max bytes
-// (CleanText).
+// ErrorText is how Ferry stores and logs a handler's error: RedactText
+// of its text.
 func ErrorText(err error, max int) string {
 	if err == nil {
 		return ""
 	}
-	text := err.Error()
+	return RedactText(err.Error(), max)
+}
+
+// RedactText is s with its personal data masked (RedactPersonal), made
+// storable and cut to max bytes (CleanText; max <= 0: no cut).
+func RedactText(s string, max int) string {
 	if max > 0 {
-		text = CleanText(text, 4*max) // a bound on the patterns' work first
+		s = CleanText(s, 4*max) // a bound on the patterns' work first
 	}
-	return CleanText(RedactPersonal(text), max)
+	return CleanText(RedactPersonal(s), max)
 }

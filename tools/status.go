@@ -245,10 +245,7 @@ const MaxStatusErrorLength = 300
 // the second line: Ferry's one redaction (pipeline.RedactPersonal: mail
 // addresses, phone, card and account numbers), the text cleaned and cut to
 // MaxStatusErrorLength bytes.
-func summary(s string) string {
-	s = pipeline.CleanText(s, 4*MaxStatusErrorLength)
-	return pipeline.CleanText(pipeline.RedactPersonal(s), MaxStatusErrorLength)
-}
+func summary(s string) string { return pipeline.RedactText(s, MaxStatusErrorLength) }
 
 func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func(pgx.Rows) error) error {
 	if len(ids) == 0 {

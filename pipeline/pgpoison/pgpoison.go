@@ -83,7 +83,7 @@ func (SchemaAdapter) InsertQuery(_ string, msgs message.Messages) (wsql.Query, e
 		// The reason is a handler's error text: personal data it quotes
 		// stays out of the store (pipeline.RedactPersonal).
 		if r, ok := md[wmw.ReasonForPoisonedKey]; ok {
-			md[wmw.ReasonForPoisonedKey] = pipeline.CleanText(pipeline.RedactPersonal(r), MaxHeaderLength)
+			md[wmw.ReasonForPoisonedKey] = pipeline.RedactText(r, MaxHeaderLength)
 		}
 		headers, err := json.Marshal(map[string]string(md))
 		if err != nil {
