@@ -1,11 +1,15 @@
 package ferry_test
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -124,4 +128,94 @@ func rig(imp string) bool {
 		}
 	}
 	return false
+}
+
+// Every table has one owner: only the package that owns a table writes SQL
+// over it, and pgstatus is the one reader for reports. A statement is
+// found by the table named after FROM, INTO, UPDATE, JOIN, TABLE or
+// TRUNCATE in a string literal, or by the owner's table name or quoting
+// function used elsewhere. Migrations (DDL), the binary's tree, the
+// examples, the rigs, ferrytest (a test reads the tables it asserts on)
+// and tests are outside the rule.
+func TestEveryTableHasOneOwner(t *testing.T) {
+	owners := map[string][]string{
+		"outbox":                {"pipeline/pgoutbox"},
+		"outbox_archive":        {"pipeline/pgoutbox"},
+		"poison_messages":       {"pipeline/pgpoison"},
+		"processed_messages":    {"pipeline/pgledger"},
+		"ferry_audit_log":       {"pipeline/pgaudit"},
+		"ferry_tool_calls":      {"pipeline/pgtoolcalls"},
+		"budget_usage":          {"pipeline/pgbudget"},
+		"ferry_backfill_items":  {"adoption/backfill"},
+		"ferry_legacy_effects":  {"adoption/shadow"},
+		"ferry_instances":       {"pipeline/pgstatus"},
+		"ferry_held_partitions": {"pipeline/pgstatus"},
+		"ferry_samples":         {"pipeline/pgstatus"},
+	}
+	// Names that stand for a table in code: the owner's constant or
+	// quoting function. pgcdc names the outbox in its publication (DDL).
+	handles := map[string][]string{
+		"pgoutbox.QuoteTable":   {"pipeline/pgoutbox", "pipeline/pgstatus", "pipeline/pgcdc"},
+		"pgpoison.Table":        {"pipeline/pgpoison", "pipeline/pgstatus"},
+		"pgtoolcalls.Table":     {"pipeline/pgtoolcalls", "tools"},
+		"shadow.Table":          {"adoption/shadow", "pipeline/pgstatus", "metrics"},
+		"backfill.ItemsTable":   {"adoption/backfill"},
+		"pgledger.DefaultTable": {"pipeline/pgledger", "pipeline/pgstatus"},
+	}
+	outside := func(dir string) bool {
+		return dir == "." || dir == "migrations" || dir == "ferrytest" || strings.HasPrefix(dir, "cmd/") || strings.HasPrefix(dir, "examples/") ||
+			strings.HasPrefix(dir, "internal/") || strings.HasPrefix(dir, "ferrylint")
+	}
+	verb := regexp.MustCompile(`(?i)\b(from|into|update|join|table|truncate)\s+(?:only\s+)?(?:"?[a-z_]+"?\.)?"?([a-z_]+)\b`)
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != "." {
+			return filepath.SkipDir
+		}
+		dir := filepath.ToSlash(filepath.Dir(path))
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || outside(dir) {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.BasicLit:
+				if n.Kind != token.STRING {
+					return true
+				}
+				s, err := strconv.Unquote(n.Value)
+				if err != nil {
+					return true
+				}
+				for _, m := range verb.FindAllStringSubmatch(s, -1) {
+					table := strings.ToLower(m[2])
+					allowed, known := owners[table]
+					if !known || slices.Contains(allowed, dir) {
+						continue
+					}
+					if dir == "pipeline/pgstatus" && !strings.Contains(strings.ToLower(s), "insert") && !strings.Contains(strings.ToLower(s), "update ") && !strings.Contains(strings.ToLower(s), "delete") {
+						continue // the one reader for reports
+					}
+					t.Errorf("%s: SQL over %s outside its owner %v: %q", path, table, allowed, m[0])
+				}
+			case *ast.SelectorExpr:
+				if x, ok := n.X.(*ast.Ident); ok {
+					name := x.Name + "." + n.Sel.Name
+					if allowed, ok := handles[name]; ok && !slices.Contains(allowed, dir) {
+						t.Errorf("%s: uses %s outside the table's owner %v: ask the owner for what you need", path, name, allowed)
+					}
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/internal/attention"
 	"github.com/ferry-dev/ferry/internal/display"
+	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
@@ -175,9 +176,7 @@ func openMigrated(ctx context.Context, name string) (app.Config, *pgxpool.Pool, 
 	if err != nil {
 		return cfg, pool, err
 	}
-	var missing []string
-	err = pool.QueryRow(ctx, `SELECT coalesce(array_agg(t) FILTER (WHERE to_regclass(quote_ident(t)) IS NULL), '{}')
-		FROM unnest($1::text[]) t`, ferryTables).Scan(&missing)
+	missing, err := migrations.MissingTables(ctx, pool, migrations.ReadTables)
 	if err == nil && len(missing) == 0 {
 		return cfg, pool, nil
 	}
@@ -192,9 +191,6 @@ func openMigrated(ctx context.Context, name string) (app.Config, *pgxpool.Pool, 
 	return cfg, nil, fmt.Errorf("%w: schema %q has no %s; run `%s migrate up` with the FERRY_DATABASE_URL and FERRY_DATABASE_SCHEMA of your service (is FERRY_DATABASE_SCHEMA the one it uses?)",
 		ErrNotMigrated, schema, strings.Join(missing, ", "), binaryName)
 }
-
-// ferryTables are the tables the reading commands need.
-var ferryTables = []string{pgoutbox.DefaultTable, pgpoison.Table, "processed_messages", "ferry_instances", "ferry_audit_log"}
 
 // openConfigured loads the configuration and connects with it, for the
 // commands that need both.
@@ -655,27 +651,10 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 			if dry {
 				verb = dryVerb
 			}
-			var done pgpoison.Summary
+			// Each page's audit entry is written in the page's transaction.
 			err = streamActions(out, asJSON, verb, func(fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
-				sum, err := act(ctx, sel, dry, fn)
-				done = sum
-				return sum, err
+				return act(ctx, sel, pgpoison.Run{DryRun: dry, Actor: pgaudit.CLIActor()}, fn)
 			})
-			if !dry && (done.Done > 0 || done.Skipped > 0) {
-				scope := "all"
-				switch {
-				case len(sel.IDs) > 0:
-					scope = "ids " + joinIDs(sel.IDs)
-				case sel.Topic != "":
-					scope = "topic " + sel.Topic
-				case sel.Filter.String() != "all":
-					scope = "filter " + sel.Filter.String()
-				}
-				if aerr := pgaudit.Record(ctx, store.Pool(), pgaudit.Entry{Actor: pgaudit.CLIActor(), Action: "poison." + sub, Scope: scope,
-					Count: done.Done, Detail: map[string]any{"skipped": done.Skipped, "not_found": done.NotFound}}); aerr != nil && err == nil {
-					err = aerr
-				}
-			}
 			return err
 		}
 	}

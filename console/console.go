@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/time/rate"
 
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -70,6 +71,7 @@ type Console struct {
 	cfg    Config
 	pool   *pgxpool.Pool
 	store  *pgpoison.Store
+	ops    *pgoutbox.Operator
 	tmpl   *template.Template
 	mux    *http.ServeMux
 	logins loginLimiter
@@ -129,7 +131,11 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Console{cfg: cfg, pool: pool, store: store}
+	ops, err := pgoutbox.NewOperator(pool, cfg.OutboxTable)
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{cfg: cfg, pool: pool, store: store, ops: ops}
 	tmpl, err := template.New("").Funcs(c.funcs()).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, err
@@ -193,6 +199,10 @@ func (c *Console) authed(r *http.Request) bool {
 	}
 	return false
 }
+
+// actor is who acts, for the audit log: the console and where the
+// request came from.
+func (c *Console) actor(r *http.Request) string { return "console " + r.RemoteAddr }
 
 // SessionLifetime is how long a console login lasts.
 const SessionLifetime = 12 * time.Hour

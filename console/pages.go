@@ -14,8 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/ferry-dev/ferry/internal/attention"
 	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
@@ -96,28 +94,18 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 		return o, err
 	}
 	o.Report = rep
-	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
+	if o.P95, err = c.ops.DispatchP95(ctx, latencyWindow); err != nil {
+		return o, err
+	}
+	if o.Failing, err = c.ops.FailingCount(ctx); err != nil {
+		return o, err
+	}
+	byHandler, err := c.store.CountByHandler(ctx)
 	if err != nil {
 		return o, err
 	}
-	if err := c.pool.QueryRow(ctx, `SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM dispatched_at - COALESCE(due_at, created_at)))
-		FROM `+t+` WHERE dispatched_at > now() - $1 * interval '1 second' AND NOT shadowed`, latencyWindow.Seconds()).Scan(&o.P95); err != nil {
-		return o, fmt.Errorf("dispatch latency: %w", err)
-	}
-	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` WHERE dispatched_at IS NULL AND attempts > 0 AND last_error IS NOT NULL`).Scan(&o.Failing); err != nil {
-		return o, err
-	}
-	rows, err := c.pool.Query(ctx, `SELECT handler, count(*) FROM poison_messages GROUP BY handler ORDER BY 2 DESC, 1`)
-	if err != nil {
-		return o, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var cr countRow
-		if err := rows.Scan(&cr.Name, &cr.Count); err != nil {
-			return o, err
-		}
-		o.PoisonByHdl = append(o.PoisonByHdl, cr)
+	for _, h := range byHandler {
+		o.PoisonByHdl = append(o.PoisonByHdl, countRow{Name: h.Name, Count: h.Count})
 	}
 	if c.cfg.Queues != nil {
 		if o.Queues, err = c.cfg.Queues(ctx); err != nil {
@@ -137,9 +125,6 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 		default:
 			o.Unrouted = &n
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return o, err
 	}
 	pts, err := pgstatus.History(ctx, c.pool, time.Hour, time.Minute)
 	if err != nil {
@@ -367,46 +352,9 @@ func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "detail", map[string]any{"D": d})
 }
 
-type failingGroup struct {
-	Fingerprint string
-	Count       int
-	Topics      string
-	Example     string
-	MaxAttempts int
-	FirstSeen   time.Time
-	LastSeen    time.Time
-	NextTry     time.Time
-}
-
-type failingRow struct {
-	ID          int64
-	Topic       string
-	AggregateID string
-	Attempts    int
-	LastError   string
-	CreatedAt   time.Time
-	NextTry     time.Time
-}
-
-// failingColumns are the outbox's columns for the console's filters.
-var failingColumns = pgpoison.Columns{Topic: "topic", AggregateID: "aggregate_id", Text: "last_error",
-	Fingerprint: "ferry_fingerprint(last_error)", Time: "created_at", CorrelationID: "headers->>'correlation_id'", MessageID: "message_uuid"}
-
-// failingWhere is the failing-rows filter as SQL over the outbox,
-// arguments from $first.
-func failingWhere(f pgpoison.Filter, first int) (string, []any) {
-	cond, args := f.SQL(first, failingColumns)
-	return "dispatched_at IS NULL AND attempts > 0 AND last_error IS NOT NULL AND " + cond, args
-}
-
 // failingPage shows the rows the relay keeps failing to publish, grouped
 // by error fingerprint, filtered and paged by id like the poison store.
 func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
-	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
-	if err != nil {
-		c.internal(w, r, err)
-		return
-	}
 	q := r.URL.Query()
 	f, err := filterFrom(q)
 	if err != nil {
@@ -414,27 +362,12 @@ func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, "failing", map[string]any{"Error": err.Error(), "Q": q})
 		return
 	}
-	where, args := failingWhere(f, 1)
-	rows, err := c.pool.Query(r.Context(), `SELECT ferry_fingerprint(last_error), count(*), string_agg(DISTINCT topic, ', '),
-		(array_agg(last_error ORDER BY id DESC))[1], max(attempts), min(created_at), max(created_at), min(available_at)
-		FROM `+t+` WHERE `+where+` GROUP BY 1 ORDER BY 2 DESC LIMIT 100`, args...)
+	groups, err := c.ops.FailingGroups(r.Context(), f, 100)
 	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
-	groups, err := pgx.CollectRows(rows, pgx.RowToStructByPos[failingGroup])
-	if err != nil {
-		c.internal(w, r, err)
-		return
-	}
-	where, args = failingWhere(f, 3)
-	rows, err = c.pool.Query(r.Context(), `SELECT id, topic, aggregate_id, attempts, last_error, created_at, available_at
-		FROM `+t+` WHERE id > $1 AND `+where+` ORDER BY id LIMIT $2`, append([]any{f.AfterID, pageSize}, args...)...)
-	if err != nil {
-		c.internal(w, r, err)
-		return
-	}
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByPos[failingRow])
+	list, err := c.ops.FailingRows(r.Context(), f, pageSize)
 	if err != nil {
 		c.internal(w, r, err)
 		return
@@ -539,18 +472,13 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		run = c.store.DiscardEach
 	}
 	var skipped []string
-	sum, err := run(r.Context(), sel, false, func(a pgpoison.Action) error {
+	sum, err := run(r.Context(), sel, pgpoison.Run{Actor: c.actor(r), Scope: scopeText(scope, sel)}, func(a pgpoison.Action) error {
 		if !a.Done && len(skipped) < 20 {
 			skipped = append(skipped, fmt.Sprintf("#%d: %s", a.Record.ID, a.Why))
 		}
 		return nil
 	})
 	if err != nil {
-		c.internal(w, r, err)
-		return
-	}
-	if err := pgaudit.Record(r.Context(), c.pool, pgaudit.Entry{Actor: "console " + r.RemoteAddr, Action: "poison." + act,
-		Scope: scopeText(scope, sel), Count: sum.Done, Detail: map[string]any{"skipped": sum.Skipped, "not_found": sum.NotFound, "asked": n}}); err != nil {
 		c.internal(w, r, err)
 		return
 	}
@@ -631,79 +559,59 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "kind must be retrying or failing, action retry-now or discard, scope group or selected")
 		return
 	}
-	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
-	if err != nil {
-		c.internal(w, r, err)
-		return
-	}
-	fingerprint, handler := form.Get("fingerprint"), form.Get("handler")
-	where := `dispatched_at IS NULL AND topic <> $1 AND attempts > 0 AND last_error IS NOT NULL AND ferry_fingerprint(last_error) = $2`
-	args := []any{pipeline.RetryTopic, fingerprint}
-	scope := "failing rows with fingerprint " + fingerprint
+	sel := pgoutbox.Stuck{Kind: pgoutbox.PendingKind(kind), Fingerprint: form.Get("fingerprint")}
 	if kind == "retrying" {
-		where = `dispatched_at IS NULL AND topic = $1 AND ferry_fingerprint(headers->>'` + pipeline.MetaLastError + `') = $2 AND coalesce(headers->>'` + pipeline.MetaRetryQueue + `', '') = $3`
-		args = append(args, handler)
-		scope = "retries of " + handler + " with fingerprint " + fingerprint
+		sel.Handler = form.Get("handler")
 	}
-	var ids []int64
 	if scopeName == "selected" {
+		sel.Fingerprint, sel.Handler = "", ""
 		for _, v := range form["id"] {
 			id, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || id <= 0 {
 				c.fail(w, r, http.StatusBadRequest, "a selected id is not an outbox row id")
 				return
 			}
-			ids = append(ids, id)
+			sel.IDs = append(sel.IDs, id)
 		}
-		if len(ids) == 0 {
+		if len(sel.IDs) == 0 {
 			c.fail(w, r, http.StatusBadRequest, "select at least one row")
 			return
 		}
-		// The kind still bounds the rows: a retry is acted on as a retry,
-		// a failing row as one.
-		cond := `topic <> $1`
-		if kind == "retrying" {
-			cond = `topic = $1`
-		}
-		where, args = `dispatched_at IS NULL AND `+cond+` AND id = ANY($2)`, []any{pipeline.RetryTopic, ids}
-		scope = "rows " + strings.Trim(strings.Join(strings.Fields(fmt.Sprint(ids)), ","), "[]")
 	}
-	var n int
-	if err := c.pool.QueryRow(r.Context(), `SELECT count(*) FROM `+t+` WHERE `+where, args...).Scan(&n); err != nil {
+	if err := sel.Validate(); err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	n, err := c.ops.Count(r.Context(), sel)
+	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
-	confirmToken := c.mac("outbox\x00" + kind + "\x00" + act + "\x00" + scope)
+	confirmToken := c.mac("outbox\x00" + act + "\x00" + sel.String())
 	if got := form.Get("confirm"); got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(confirmToken)) != 1 {
-		fields := [][2]string{{"fingerprint", fingerprint}}
+		fields := [][2]string{{"fingerprint", sel.Fingerprint}}
 		if kind == "retrying" {
-			fields = append(fields, [2]string{"handler", handler})
+			fields = append(fields, [2]string{"handler", sel.Handler})
 		}
 		if scopeName == "selected" {
 			fields = fields[:0]
-			for _, id := range ids {
+			for _, id := range sel.IDs {
 				fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
 			}
 		}
 		c.render(w, r, "outbox-confirm", map[string]any{"Kind": kind, "Action": act, "Scope": scopeName, "Count": n, "Fields": fields, "Confirm": confirmToken})
 		return
 	}
-	stmt := `UPDATE ` + t + ` SET available_at = now() WHERE ` + where
+	do := c.ops.RetryNow
 	if act == "discard" {
-		stmt = `DELETE FROM ` + t + ` WHERE ` + where
+		do = c.ops.Discard
 	}
-	tag, err := c.pool.Exec(r.Context(), stmt, args...)
+	done, err := do(r.Context(), sel, c.actor(r))
 	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
-	done := int(tag.RowsAffected())
-	if err := pgaudit.Record(r.Context(), c.pool, pgaudit.Entry{Actor: "console " + r.RemoteAddr, Action: "outbox." + kind + "." + act,
-		Scope: scope, Count: done, Detail: map[string]any{"asked": n}}); err != nil {
-		c.internal(w, r, err)
-		return
-	}
-	flash := fmt.Sprintf("%s: %d row(s)", act, done)
+	flash := fmt.Sprintf("%s: %d row(s)", act, len(done.IDs))
 	http.Redirect(w, r, c.cfg.Prefix+"/"+kind+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
 }
 
@@ -727,20 +635,8 @@ func (c *Console) outboxRowPage(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, "no such outbox row")
 		return
 	}
-	t, err := pgoutbox.QuoteTable(c.cfg.OutboxTable)
-	if err != nil {
-		c.internal(w, r, err)
-		return
-	}
-	var row outboxRow
-	var uuid *string
-	var payload []byte
-	var headers map[string]string
-	err = c.pool.QueryRow(r.Context(), `SELECT id, message_uuid, topic, aggregate_id, coalesce(last_error, ''),
-		COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers, attempts, created_at, available_at, dispatched_at IS NOT NULL
-		FROM `+t+` WHERE id = $1`, id).Scan(&row.ID, &uuid, &row.Topic, &row.AggregateID, &row.LastError, &payload, &headers,
-		&row.Attempts, &row.CreatedAt, &row.AvailableAt, &row.Dispatched)
-	if errors.Is(err, pgx.ErrNoRows) {
+	got, err := c.ops.Row(r.Context(), id)
+	if errors.Is(err, pgoutbox.ErrNoRow) {
 		c.fail(w, r, http.StatusNotFound, "no such outbox row")
 		return
 	}
@@ -748,9 +644,9 @@ func (c *Console) outboxRowPage(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	if uuid != nil {
-		row.MessageID = *uuid
-	}
+	row := outboxRow{ID: got.ID, MessageID: got.MessageID, Topic: got.Topic, AggregateID: got.AggregateID, LastError: got.LastError,
+		Attempts: got.Attempts, CreatedAt: got.CreatedAt, AvailableAt: got.AvailableAt, Dispatched: got.Dispatched}
+	payload, headers := got.Payload, got.Headers
 	if len(payload) > maxDetailBytes {
 		payload = payload[:maxDetailBytes]
 	}

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgconn"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -155,15 +156,18 @@ func TeardownTopology(t testing.TB, topo *rabbit.Topology) {
 	})
 }
 
-// RequireDrained waits until pool's outbox has no undispatched row that is
-// due, failing the test after timeout.
+// RequireDrained waits until pool's outbox has nothing left to do: no
+// undispatched row that is due, none waiting in the relay's backoff after a
+// failed publish, and no handler's durable retry waiting for its time.
+// Only rows delayed on purpose and never tried (Delay, DeliverAt) may
+// still wait. It fails the test after timeout.
 func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var pending int
 	for {
 		err := pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND available_at <= now()`).Scan(&pending)
+			`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND (available_at <= now() OR attempts > 0 OR topic = $1)`, pipeline.RetryTopic).Scan(&pending)
 		if err != nil {
 			t.Fatalf("counting pending outbox rows: %v", err)
 		}
@@ -171,7 +175,7 @@ func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("outbox not drained after %s: %d row(s) still due", timeout, pending)
+			t.Fatalf("outbox not drained after %s: %d row(s) still due, in backoff or retrying", timeout, pending)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -53,8 +53,9 @@ func Typed[T any](fn func(ctx context.Context, event *T) error, opts ...TypedOpt
 }
 
 // MaxPayloadBytes is the largest payload Decode accepts: what the outbox
-// accepts. A larger one did not come through Ferry and is refused.
-const MaxPayloadBytes = 1 << 20
+// accepts (pipeline.MaxPayloadBytes, the one limit). A larger one did not
+// come through Ferry and is refused.
+const MaxPayloadBytes = pipeline.MaxPayloadBytes
 
 // Decode decodes msg's payload as a T, checking its schema version against
 // versions (default: pipeline.DefaultSchemaVersion). Its errors are Permanent.

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -472,23 +473,13 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 			}
 		}
 	}
-	legacy, err := pool.Query(ctx, `SELECT topic, count(*) FROM ferry_legacy_effects WHERE recorded_at > now() - interval '24 hours' GROUP BY topic`)
+	legacy, err := pgstatus.LegacyEffects(ctx, pool, shadow.Table)
 	if err != nil {
-		return fmt.Errorf("counting legacy effects: %w", err)
+		return err
 	}
 	m.legacyEffects.Reset()
-	for legacy.Next() {
-		var topic string
-		var n int
-		if err := legacy.Scan(&topic, &n); err != nil {
-			legacy.Close()
-			return err
-		}
+	for topic, n := range legacy {
 		m.legacyEffects.WithLabelValues(topic).Set(float64(n))
-	}
-	legacy.Close()
-	if err := legacy.Err(); err != nil {
-		return err
 	}
 	if m.Queues != nil {
 		stats, err := m.Queues(ctx)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pressly/goose/v3"
 )
 
@@ -160,4 +161,20 @@ func versionTableExists(ctx context.Context, db *sql.DB, table string) (bool, er
 		return false, fmt.Errorf("looking for the migration table: %w", err)
 	}
 	return exists, nil
+}
+
+// ReadTables are the tables the reading commands (status, poison,
+// audit) need: a schema without them was not migrated, or is not the
+// service's.
+var ReadTables = []string{"outbox", "poison_messages", "processed_messages", "ferry_instances", "ferry_audit_log"}
+
+// MissingTables returns which of tables the connection's search_path does
+// not find.
+func MissingTables(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, tables []string) ([]string, error) {
+	var missing []string
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(t) FILTER (WHERE to_regclass(quote_ident(t)) IS NULL), '{}')
+		FROM unnest($1::text[]) t`, tables).Scan(&missing)
+	return missing, err
 }

@@ -97,3 +97,9 @@ func alnum(r rune) bool {
 func topicRune(r rune) bool {
 	return alnum(r) || strings.ContainsRune("._:-", r)
 }
+
+// MaxPayloadBytes is the one payload limit: the outbox refuses a larger
+// event before anything is written, and a typed handler refuses a larger
+// message as one that did not come through Ferry. Large blobs belong in
+// object storage, with a reference in the event.
+const MaxPayloadBytes = 1 << 20

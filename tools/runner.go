@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgtoolcalls"
 )
 
 // MetaIdempotencyKey is the MCP request _meta key a host puts its
@@ -29,7 +30,7 @@ const MetaIdempotencyKey = "dev.ferry/idempotency-key"
 const MaxKeyLength = 255
 
 // CallsTable is the call record table (migration 00011).
-const CallsTable = "ferry_tool_calls"
+const CallsTable = pgtoolcalls.Table
 
 // Runner runs tools: it owns their transaction, their call records and
 // their idempotency. It is safe for concurrent use.
@@ -127,23 +128,19 @@ func (r *Runner) Call(ctx context.Context, name, key string, args json.RawMessag
 		// The record first: a concurrent call with the same key waits here
 		// until this one commits (and then replays it) or rolls back (and
 		// then runs it itself).
-		tag, err := q.Exec(ctx, `INSERT INTO `+CallsTable+` (tool, idempotency_key, args_sha256) VALUES ($1, $2, $3)
-			ON CONFLICT DO NOTHING`, name, res.Key, digest[:])
+		claimed, err := pgtoolcalls.Claim(ctx, q, name, res.Key, digest[:])
 		if err != nil {
-			return fmt.Errorf("recording the call: %w", err)
+			return err
 		}
-		if tag.RowsAffected() == 0 {
-			var stored []byte
-			var output []byte
-			var ids []string
-			if err := q.QueryRow(ctx, `SELECT args_sha256, result, intent_ids FROM `+CallsTable+`
-				WHERE tool = $1 AND idempotency_key = $2`, name, res.Key).Scan(&stored, &output, &ids); err != nil {
+		if !claimed {
+			earlier, err := pgtoolcalls.Get(ctx, q, name, res.Key)
+			if err != nil {
 				return fmt.Errorf("reading the earlier call: %w", err)
 			}
-			if !bytes.Equal(stored, digest[:]) {
+			if !bytes.Equal(earlier.Digest, digest[:]) {
 				return fmt.Errorf("%w (tool %s)", ErrKeyConflict, name)
 			}
-			res.Output, res.Replay, res.IntentIDs = output, true, ids
+			res.Output, res.Replay, res.IntentIDs = earlier.Result, true, earlier.IntentIDs
 			return nil
 		}
 		tx, err := q.Tx(ctx)
@@ -159,8 +156,7 @@ func (r *Runner) Call(ctx context.Context, name, key string, args json.RawMessag
 			return fmt.Errorf("encoding the result: %w", err)
 		}
 		res.IntentIDs = append(res.IntentIDs, emit.ids...)
-		p.Queue(`UPDATE `+CallsTable+` SET result = $3, intent_ids = $4 WHERE tool = $1 AND idempotency_key = $2`,
-			name, res.Key, string(res.Output), res.IntentIDs)
+		pgtoolcalls.QueueResult(p, name, res.Key, res.Output, res.IntentIDs)
 		return nil
 	})
 	if err != nil {

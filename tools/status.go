@@ -3,14 +3,14 @@ package tools
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/pgtoolcalls"
 )
 
 // IntentStatusName is the read-only status tool every Runner has.
@@ -56,41 +56,16 @@ const (
 )
 
 // IntentState is one intent and what became of it.
-type IntentState struct {
-	MessageID    string      `json:"message_id"`
-	Topic        string      `json:"topic"`
-	AggregateID  string      `json:"aggregate_id,omitempty"`
-	State        string      `json:"state" jsonschema:"pending, scheduled, retrying, dispatched, handled or poisoned"`
-	CreatedAt    time.Time   `json:"created_at"`
-	AvailableAt  time.Time   `json:"available_at"`
-	DispatchedAt *time.Time  `json:"dispatched_at,omitempty"`
-	Attempts     int         `json:"attempts" jsonschema:"relay attempts"`
-	LastError    string      `json:"last_error,omitempty"`
-	HandledBy    []Handling  `json:"handled_by"`
-	Retrying     []Retrying  `json:"retrying"`
-	Poisoned     []Poisoning `json:"poisoned"`
-}
+type IntentState = pgstatus.Intent
 
 // Handling is one handler that processed an intent.
-type Handling struct {
-	Handler string    `json:"handler"`
-	At      time.Time `json:"at"`
-}
+type Handling = pgstatus.Handled
 
 // Retrying is a handler's durable retry waiting in the outbox.
-type Retrying struct {
-	Handler   string    `json:"handler"`
-	Attempt   string    `json:"next_attempt"`
-	LastError string    `json:"last_error"`
-	Due       time.Time `json:"due"`
-}
+type Retrying = pgstatus.RetryWait
 
 // Poisoning is a handler that gave up on an intent.
-type Poisoning struct {
-	Handler string    `json:"handler"`
-	Reason  string    `json:"reason"`
-	At      time.Time `json:"at"`
-}
+type Poisoning = pgstatus.Poisoning
 
 // StatusOutput is intent_status's answer.
 type StatusOutput struct {
@@ -118,93 +93,28 @@ func intentStatusTool(outboxTable string) Tool {
 // outbox table ("" for the default).
 func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusInput) (StatusOutput, error) {
 	out := StatusOutput{Intents: []IntentState{}}
-	table, err := pgoutbox.QuoteTable(outboxTable)
-	if err != nil {
-		return out, err
-	}
 	var ids []string
 	if in.AggregateID == "" {
-		err := q.QueryRow(ctx, `SELECT intent_ids FROM `+CallsTable+` WHERE tool = $1 AND idempotency_key = $2`, in.Tool, in.IdempotencyKey).Scan(&ids)
-		if errors.Is(err, pgx.ErrNoRows) {
+		call, err := pgtoolcalls.Get(ctx, q, in.Tool, in.IdempotencyKey)
+		if errors.Is(err, pgtoolcalls.ErrNoCall) {
 			return out, &InputError{Fields: map[string]string{"idempotency_key": "no call of this tool with this key is recorded"}}
 		}
 		if err != nil {
-			return out, fmt.Errorf("reading the tool call: %w", err)
+			return out, err
 		}
+		ids = call.IntentIDs
 		if len(ids) == 0 {
 			return out, nil
 		}
 	}
-	rows, err := q.Query(ctx, `SELECT coalesce(message_uuid, id::text), topic, aggregate_id, created_at, available_at, dispatched_at, attempts, coalesce(last_error, '')
-		FROM `+table+` WHERE topic <> $1 AND (CASE WHEN $2 <> '' THEN aggregate_id = $2 ELSE message_uuid = ANY($3) END)
-		ORDER BY id LIMIT $4`, pipeline.RetryTopic, in.AggregateID, ids, MaxStatusIntents+1)
+	var now time.Time
+	var err error
+	out.Intents, now, err = pgstatus.Intents(ctx, q, outboxTable, in.AggregateID, ids, MaxStatusIntents+1)
 	if err != nil {
-		return out, fmt.Errorf("reading intents: %w", err)
-	}
-	out.Intents, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (IntentState, error) {
-		s := IntentState{HandledBy: []Handling{}, Retrying: []Retrying{}, Poisoned: []Poisoning{}}
-		err := row.Scan(&s.MessageID, &s.Topic, &s.AggregateID, &s.CreatedAt, &s.AvailableAt, &s.DispatchedAt, &s.Attempts, &s.LastError)
-		return s, err
-	})
-	if err != nil {
-		return out, fmt.Errorf("reading intents: %w", err)
+		return out, err
 	}
 	if len(out.Intents) > MaxStatusIntents {
 		out.Intents, out.Truncated = out.Intents[:MaxStatusIntents], true
-	}
-	idx := map[string]*IntentState{}
-	ids = ids[:0]
-	for i := range out.Intents {
-		idx[out.Intents[i].MessageID] = &out.Intents[i]
-		ids = append(ids, out.Intents[i].MessageID)
-	}
-	if err := scanInto(ctx, q, `SELECT message_id, consumer, processed_at FROM processed_messages WHERE message_id = ANY($1) ORDER BY processed_at`, ids,
-		func(row pgx.Rows) error {
-			var id string
-			var h Handling
-			if err := row.Scan(&id, &h.Handler, &h.At); err != nil {
-				return err
-			}
-			if s := idx[id]; s != nil {
-				s.HandledBy = append(s.HandledBy, h)
-			}
-			return nil
-		}); err != nil {
-		return out, err
-	}
-	if err := scanInto(ctx, q, `SELECT message_uuid, coalesce(headers->>'`+pipeline.MetaRetryQueue+`', ''), coalesce(headers->>'`+pipeline.MetaAttempt+`', ''),
-		coalesce(headers->>'`+pipeline.MetaLastError+`', ''), available_at FROM `+table+`
-		WHERE topic = '`+pipeline.RetryTopic+`' AND dispatched_at IS NULL AND message_uuid = ANY($1) ORDER BY id`, ids,
-		func(row pgx.Rows) error {
-			var id string
-			var r Retrying
-			if err := row.Scan(&id, &r.Handler, &r.Attempt, &r.LastError, &r.Due); err != nil {
-				return err
-			}
-			if s := idx[id]; s != nil {
-				s.Retrying = append(s.Retrying, r)
-			}
-			return nil
-		}); err != nil {
-		return out, err
-	}
-	if err := scanInto(ctx, q, `SELECT message_id, handler, reason, poisoned_at FROM poison_messages WHERE message_id = ANY($1) ORDER BY id`, ids,
-		func(row pgx.Rows) error {
-			var id string
-			var p Poisoning
-			if err := row.Scan(&id, &p.Handler, &p.Reason, &p.At); err != nil {
-				return err
-			}
-			if s := idx[id]; s != nil {
-				s.Poisoned = append(s.Poisoned, p)
-			}
-			return nil
-		}); err != nil {
-		return out, err
-	}
-	var now time.Time
-	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return out, err
 	}
 	for i := range out.Intents {
 		s := &out.Intents[i]
@@ -246,20 +156,3 @@ const MaxStatusErrorLength = 300
 // addresses, phone, card and account numbers), the text cleaned and cut to
 // MaxStatusErrorLength bytes.
 func summary(s string) string { return pipeline.RedactText(s, MaxStatusErrorLength) }
-
-func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func(pgx.Rows) error) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	rows, err := q.Query(ctx, sql, ids)
-	if err != nil {
-		return fmt.Errorf("reading intent state: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := each(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
-}

@@ -19,8 +19,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
 // Table holds the legacy side's effects (migration 00012).
@@ -98,53 +97,18 @@ func Report(ctx context.Context, pool *pgxpool.Pool, o Options) (ReportResult, e
 	if o.Since <= 0 {
 		return res, errors.New("shadow: Report needs a positive Since")
 	}
-	table, err := pgoutbox.QuoteTable(o.OutboxTable)
-	if err != nil {
-		return res, err
-	}
 	if o.ShadowTopics == nil {
 		o.ShadowTopics = []string{}
 	}
 	if err := pool.QueryRow(ctx, `SELECT now() - $1 * interval '1 microsecond'`, o.Since.Microseconds()).Scan(&res.Since); err != nil {
 		return res, fmt.Errorf("computing the window: %w", err)
 	}
-	// One pass over both sides, per topic: counts, and samples of each
-	// side's missing aggregates (the sets themselves stay in the database).
-	rows, err := pool.Query(ctx, `
-		WITH intents AS (
-			SELECT DISTINCT topic, aggregate_id FROM `+table+`
-			WHERE created_at >= $1 AND ($2 = '' OR topic = $2) AND topic <> $4
-			  AND (shadowed OR headers->>'`+pipeline.MetaShadow+`' = 'true' OR topic = ANY($3))),
-		legacy AS (
-			SELECT DISTINCT topic, aggregate_id FROM `+Table+`
-			WHERE recorded_at >= $1 AND ($2 = '' OR topic = $2)),
-		joined AS (
-			SELECT coalesce(i.topic, l.topic) AS topic, coalesce(i.aggregate_id, l.aggregate_id) AS aggregate_id,
-			       i.topic IS NOT NULL AS has_intent, l.topic IS NOT NULL AS has_legacy
-			FROM intents i FULL JOIN legacy l ON i.topic = l.topic AND i.aggregate_id = l.aggregate_id)
-		SELECT topic,
-		       count(*) FILTER (WHERE has_intent), count(*) FILTER (WHERE has_legacy),
-		       count(*) FILTER (WHERE has_intent AND has_legacy),
-		       count(*) FILTER (WHERE has_legacy AND NOT has_intent),
-		       coalesce((array_agg(aggregate_id ORDER BY aggregate_id) FILTER (WHERE has_legacy AND NOT has_intent))[1:$5], '{}'),
-		       count(*) FILTER (WHERE has_intent AND NOT has_legacy),
-		       coalesce((array_agg(aggregate_id ORDER BY aggregate_id) FILTER (WHERE has_intent AND NOT has_legacy))[1:$5], '{}')
-		FROM joined GROUP BY topic ORDER BY topic`,
-		res.Since, o.Topic, o.ShadowTopics, pipeline.RetryTopic, MaxSample)
+	sides, err := pgstatus.CompareShadow(ctx, pool, o.OutboxTable, Table, res.Since, o.Topic, o.ShadowTopics, MaxSample)
 	if err != nil {
-		return res, fmt.Errorf("comparing shadow intents with legacy effects: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var t TopicReport
-		if err := rows.Scan(&t.Topic, &t.Intents, &t.LegacyEffects, &t.Matched, &t.MissingInOutboxCount, &t.MissingInOutbox,
-			&t.MissingInLegacyCount, &t.MissingInLegacy); err != nil {
-			return res, err
-		}
-		res.Topics = append(res.Topics, t)
-	}
-	if err := rows.Err(); err != nil {
 		return res, err
+	}
+	for _, t := range sides {
+		res.Topics = append(res.Topics, TopicReport(t))
 	}
 	if res.Topics == nil {
 		res.Topics = []TopicReport{}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -26,15 +27,23 @@ type Entry struct {
 	Detail map[string]any `json:"detail"`
 }
 
-// Record writes e (At and ID are set by the database).
-func Record(ctx context.Context, pool *pgxpool.Pool, e Entry) error {
+// Execer is a pool, a connection or a transaction. An action records its
+// entry in the action's own transaction: an audit that cannot be written
+// undoes the action, and an action that fails leaves no entry.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Record writes e (At and ID are set by the database) on q: the
+// transaction of the action it records.
+func Record(ctx context.Context, q Execer, e Entry) error {
 	if e.Actor == "" || e.Action == "" {
 		return errors.New("pgaudit: an entry needs an actor and an action")
 	}
 	if e.Detail == nil {
 		e.Detail = map[string]any{}
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO ferry_audit_log (actor, action, scope, count, detail) VALUES ($1, $2, $3, $4, $5)`,
+	if _, err := q.Exec(ctx, `INSERT INTO ferry_audit_log (actor, action, scope, count, detail) VALUES ($1, $2, $3, $4, $5)`,
 		e.Actor, e.Action, e.Scope, e.Count, e.Detail); err != nil {
 		return fmt.Errorf("recording the audit entry: %w", err)
 	}

@@ -375,8 +375,8 @@ func (s *Streamer) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (pglogre
 	if err != nil {
 		return 0, fmt.Errorf("replication slot %s's start %q: %w", s.slot, res.ConsistentPoint, err)
 	}
-	var pending int64
-	_ = s.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{s.nspname, s.relname}.Sanitize()+` WHERE dispatched_at IS NULL`).Scan(&pending)
+	// Only for the log line: a count that fails leaves it at 0.
+	pending, _ := pgoutbox.PendingCount(ctx, s.pool, s.table)
 	log := s.logger.Info
 	if pending > 0 {
 		log = s.logger.Warn

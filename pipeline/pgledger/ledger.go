@@ -328,3 +328,25 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 	}
 	return results, nil
 }
+
+// CountBefore counts the ledger rows (DefaultTable) processed before
+// cutoff: what retention would remove.
+func CountBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time) (int64, error) {
+	var n int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+DefaultTable+` WHERE processed_at < $1`, cutoff).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting prunable ledger rows: %w", err)
+	}
+	return n, nil
+}
+
+// DeleteBefore deletes at most n ledger rows processed before cutoff,
+// skipping rows others hold, and says how many went.
+func DeleteBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, n int) (int64, error) {
+	tag, err := pool.Exec(ctx, `WITH doomed AS (
+		SELECT consumer, message_id FROM `+DefaultTable+` WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+		DELETE FROM `+DefaultTable+` p USING doomed d WHERE p.consumer = d.consumer AND p.message_id = d.message_id`, cutoff, n)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}

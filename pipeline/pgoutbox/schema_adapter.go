@@ -18,9 +18,9 @@ import (
 const (
 	// MaxAggregateIDLength keeps the per-aggregate index small.
 	MaxAggregateIDLength = 512
-	// MaxPayloadBytes bounds one event; large blobs belong in object storage,
-	// with a reference in the event.
-	MaxPayloadBytes = 1 << 20
+	// MaxPayloadBytes bounds one event (pipeline.MaxPayloadBytes, the one
+	// limit).
+	MaxPayloadBytes = pipeline.MaxPayloadBytes
 	// DefaultMaxDelay is SchemaAdapter.MaxDelay's default.
 	DefaultMaxDelay = 365 * 24 * time.Hour
 )

@@ -50,7 +50,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"a.topic": 1, "b.topic": 1}, depth)
 
-	res, err := store.Requeue(context.Background(), pgpoison.Selector{All: true}, false)
+	res, err := store.Requeue(context.Background(), pgpoison.Selector{All: true}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, res.Requeued, 2, "payloads go back byte for byte, JSON or not")
 	require.Empty(t, res.Skipped)
@@ -94,7 +94,7 @@ func TestRequeueSkipsWhatCannotBeStoredAndDryRunAgrees(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, all, 4)
 
-	dry, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, true)
+	dry, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, pgpoison.Run{DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dry.Requeued, 3)
 	require.Len(t, dry.Skipped, 1)
@@ -103,7 +103,7 @@ func TestRequeueSkipsWhatCannotBeStoredAndDryRunAgrees(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&outbox))
 	require.Zero(t, outbox, "a dry run writes nothing")
 
-	res, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, false)
+	res, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, res.Requeued, len(dry.Requeued), "the dry run said what the real run did")
 	require.Len(t, res.Skipped, 1)
@@ -112,10 +112,10 @@ func TestRequeueSkipsWhatCannotBeStoredAndDryRunAgrees(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, left, 1, "the skipped message stays in the store")
 
-	gone, err := store.Discard(context.Background(), pgpoison.Selector{IDs: []int64{left[0].ID}}, false)
+	gone, err := store.Discard(context.Background(), pgpoison.Selector{IDs: []int64{left[0].ID}}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, gone, 1)
-	sum, err := store.DiscardEach(context.Background(), pgpoison.Selector{IDs: []int64{left[0].ID, 999}}, false, func(pgpoison.Action) error { return nil })
+	sum, err := store.DiscardEach(context.Background(), pgpoison.Selector{IDs: []int64{left[0].ID, 999}}, pgpoison.Run{Actor: "test"}, func(pgpoison.Action) error { return nil })
 	require.NoError(t, err)
 	require.Equal(t, []int64{left[0].ID, 999}, sum.NotFound)
 }
@@ -183,7 +183,7 @@ func TestStoreTakesAnyTextCleaned(t *testing.T) {
 	require.LessOrEqual(t, len(byID["h1"].Reason), pgpoison.MaxReasonLength)
 	require.True(t, utf8.ValidString(byID["h1"].Reason))
 
-	res, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, false)
+	res, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, res.Requeued, 3, "skipped: %+v", res.Skipped)
 }
@@ -224,4 +224,51 @@ func TestFingerprintsSeparateWhatDiffers(t *testing.T) {
 	}
 	require.Len(t, groups, 10, "stolen_card, insufficient_funds, 503, 429, 403, 406, SMTP 550, 451, 552, 452: %+v", groups)
 	require.Equal(t, map[int]int{2: 3, 1: 7}, counts, "the two stolen_card declines, the two 503s and the two 550s group together")
+}
+
+// An operator's action and its audit entry commit together: the entry
+// names the ids acted on, and when the audit cannot be written the action
+// is undone instead of reported as failed after it happened.
+func TestActionAndItsAuditCommitTogether(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	db := pgconn.SQLDB(pool)
+	defer db.Close()
+	pub, err := pgpoison.NewPublisher(db)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("ignored", poisoned("1", "a.topic", `{}`), poisoned("2", "a.topic", `{}`), poisoned("3", "a.topic", `{}`)))
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	all, err := store.List(ctx, "", 0)
+	require.NoError(t, err)
+
+	_, err = store.Discard(ctx, pgpoison.Selector{IDs: []int64{all[0].ID}}, pgpoison.Run{})
+	require.ErrorContains(t, err, "actor", "a real action names who acts")
+
+	gone, err := store.Discard(ctx, pgpoison.Selector{IDs: []int64{all[0].ID, all[1].ID}}, pgpoison.Run{Actor: "ops@test"})
+	require.NoError(t, err)
+	require.Len(t, gone, 2)
+	var actor, action string
+	var count int
+	var ids []int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT actor, action, count, ARRAY(SELECT jsonb_array_elements_text(detail->'ids')::bigint) FROM ferry_audit_log`).
+		Scan(&actor, &action, &count, &ids))
+	require.Equal(t, "ops@test", actor)
+	require.Equal(t, "poison.discard", action)
+	require.Equal(t, 2, count)
+	require.Equal(t, []int64{all[0].ID, all[1].ID}, ids, "the audit keeps the ids")
+
+	// The audit log refuses writes: the requeue is rolled back with it.
+	_, err = pool.Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON ferry_audit_log FOR EACH ROW EXECUTE FUNCTION refuse()`)
+	require.NoError(t, err)
+	_, err = store.Requeue(ctx, pgpoison.Selector{All: true}, pgpoison.Run{Actor: "ops@test"})
+	require.ErrorContains(t, err, "audit refused")
+	left, err := store.List(ctx, "", 0)
+	require.NoError(t, err)
+	require.Len(t, left, 1, "the message is still poisoned: no action without its audit")
+	var outbox int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
+	require.Zero(t, outbox, "nothing was requeued")
 }

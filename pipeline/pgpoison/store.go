@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +15,8 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/internal/republish"
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgfilter"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
@@ -86,7 +87,7 @@ type Selector struct {
 }
 
 // MaxLimit bounds Selector.Limit and Filter.Limit.
-const MaxLimit = 10_000_000
+const MaxLimit = pgfilter.MaxLimit
 
 // pageSize is how many records one transaction takes: memory and lock
 // time stay flat however many messages a command selects.
@@ -101,7 +102,7 @@ func (s Selector) Validate() error {
 	if len(s.IDs) > 0 {
 		n++
 	}
-	if s.Topic != "" || s.Filter.narrows() {
+	if s.Topic != "" || s.Filter.Narrows() {
 		n++
 	}
 	if s.All {
@@ -113,126 +114,18 @@ func (s Selector) Validate() error {
 	return Filter{AfterID: s.AfterID, Limit: s.Limit}.Validate()
 }
 
-// Filter chooses poisoned messages to read, oldest first. Every field set
-// narrows the choice.
-type Filter struct {
-	// Topic keeps the messages of one original topic ("" for all).
-	Topic string
-	// Handler keeps the messages one route gave up on.
-	Handler string
-	// AggregateID keeps one aggregate's messages.
-	AggregateID string
-	// Text keeps messages whose reason contains it (case-insensitive).
-	Text string
-	// Fingerprint keeps one group: the reason with ids, numbers and
-	// addresses normalised away (ferry_fingerprint, migration 00013).
-	Fingerprint string
-	// CorrelationID keeps the messages of one request's chain.
-	CorrelationID string
-	// MessageID keeps one message (all its poisonings).
-	MessageID string
-	// Since and Until bound the time the messages were poisoned.
-	Since, Until time.Time
-	// AfterID starts after this poison id.
-	AfterID int64
-	// Limit caps how many are read; 0 means all.
-	Limit int
-}
+// Filter chooses poisoned messages to read, oldest first (see pgfilter).
+type Filter = pgfilter.Filter
 
-// String is the filter's criteria, for messages and the audit log.
-func (f Filter) String() string {
-	var parts []string
-	for _, kv := range [][2]string{{"topic", f.Topic}, {"handler", f.Handler}, {"aggregate", f.AggregateID}, {"text", f.Text}, {"fingerprint", f.Fingerprint},
-		{"correlation", f.CorrelationID}, {"message", f.MessageID}} {
-		if kv[1] != "" {
-			parts = append(parts, kv[0]+"="+kv[1])
-		}
-	}
-	if !f.Since.IsZero() {
-		parts = append(parts, "since="+f.Since.UTC().Format(time.RFC3339))
-	}
-	if !f.Until.IsZero() {
-		parts = append(parts, "until="+f.Until.UTC().Format(time.RFC3339))
-	}
-	if len(parts) == 0 {
-		return "all"
-	}
-	return strings.Join(parts, ",")
-}
-
-// narrows reports whether f selects anything narrower than everything.
-func (f Filter) narrows() bool {
-	return f.Topic != "" || f.Handler != "" || f.AggregateID != "" || f.Text != "" || f.Fingerprint != "" || !f.Since.IsZero() || !f.Until.IsZero()
-}
-
-// Columns name what a Filter's criteria compare in a table: an empty name
-// leaves that criterion out (the outbox has no handler).
-type Columns struct {
-	Topic, Handler, AggregateID, Text, Fingerprint, Time, CorrelationID, MessageID string
-}
+// Columns name what a Filter's criteria compare in a table.
+type Columns = pgfilter.Columns
 
 // PoisonColumns are the poison store's.
 var PoisonColumns = Columns{Topic: "topic", Handler: "handler", AggregateID: "aggregate_id", Text: "reason",
 	Fingerprint: "fingerprint", Time: "poisoned_at", CorrelationID: "correlation_id", MessageID: "message_id"}
 
-// SQL is f's criteria as a SQL condition over a table with the columns
-// c, its arguments numbered from $first. Only column names and placeholders
-// are written into the SQL; every value is an argument.
-func (f Filter) SQL(first int, c Columns) (string, []any) {
-	conds := []string{"true"}
-	var args []any
-	add := func(col, op string, v any) {
-		if col == "" {
-			return
-		}
-		args = append(args, v)
-		p := "$" + strconv.Itoa(first+len(args)-1)
-		conds = append(conds, strings.NewReplacer("{c}", col, "{p}", p).Replace(op))
-	}
-	if f.Topic != "" {
-		add(c.Topic, "{c} = {p}", f.Topic)
-	}
-	if f.Handler != "" {
-		add(c.Handler, "{c} = {p}", f.Handler)
-	}
-	if f.AggregateID != "" {
-		add(c.AggregateID, "{c} = {p}", f.AggregateID)
-	}
-	if f.Text != "" {
-		add(c.Text, "strpos(lower({c}), lower({p})) > 0", f.Text)
-	}
-	if f.Fingerprint != "" {
-		add(c.Fingerprint, "{c} = {p}", f.Fingerprint)
-	}
-	if f.CorrelationID != "" {
-		add(c.CorrelationID, "{c} = {p}", f.CorrelationID)
-	}
-	if f.MessageID != "" {
-		add(c.MessageID, "{c} = {p}", f.MessageID)
-	}
-	if !f.Since.IsZero() {
-		add(c.Time, "{c} >= {p}", f.Since)
-	}
-	if !f.Until.IsZero() {
-		add(c.Time, "{c} < {p}", f.Until)
-	}
-	return strings.Join(conds, " AND "), args
-}
-
 // where is f's criteria over poison_messages.
-func (f Filter) where(first int) (string, []any) { return f.SQL(first, PoisonColumns) }
-
-// Validate rejects out-of-range paging.
-func (f Filter) Validate() error {
-	var errs []error
-	if f.Limit < 0 || f.Limit > MaxLimit {
-		errs = append(errs, fmt.Errorf("limit must be in [0, %d] (0: no cap), got %d", MaxLimit, f.Limit))
-	}
-	if f.AfterID < 0 {
-		errs = append(errs, fmt.Errorf("after-id must not be negative, got %d", f.AfterID))
-	}
-	return errors.Join(errs...)
-}
+func where(f Filter, first int) (string, []any) { return f.SQL(first, PoisonColumns) }
 
 // Store reads and acts on the poison store.
 type Store struct {
@@ -292,7 +185,7 @@ func (s *Store) Each(ctx context.Context, f Filter, fn func(Record) error) error
 		if n <= 0 {
 			return nil
 		}
-		where, args := f.where(3)
+		where, args := where(f, 3)
 		rows, err := s.pool.Query(ctx, `SELECT `+columns+` FROM `+Table+`
 			WHERE id > $1 AND `+where+` ORDER BY id LIMIT $2`, append([]any{after, n}, args...)...)
 		if err != nil {
@@ -333,7 +226,7 @@ func (s *Store) PageOf(ctx context.Context, f Filter, before, after int64, limit
 	if limit <= 0 || before < 0 || after < 0 || (before > 0 && after > 0) {
 		return p, errors.New("pgpoison: PageOf needs a positive limit and at most one of before and after")
 	}
-	where, args := f.where(3)
+	where, args := where(f, 3)
 	q := `SELECT ` + columns + ` FROM ` + Table + ` WHERE ($1 = 0 OR id < $1) AND ` + where + ` ORDER BY id DESC LIMIT $2`
 	bound := before
 	if after > 0 {
@@ -369,7 +262,7 @@ func (s *Store) PageOf(ctx context.Context, f Filter, before, after int64, limit
 // Count counts the poisoned messages f chooses (its AfterID and Limit
 // ignored).
 func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
-	where, args := f.where(1)
+	where, args := where(f, 1)
 	var n int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+Table+` WHERE `+where, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting poisoned messages: %w", err)
@@ -401,7 +294,7 @@ type Group struct {
 // Groups groups the messages f chooses by error fingerprint, the biggest
 // first, at most limit groups (0: all). It reads over the fingerprint index.
 func (s *Store) Groups(ctx context.Context, f Filter, limit int) ([]Group, error) {
-	where, args := f.where(2)
+	where, args := where(f, 2)
 	rows, err := s.pool.Query(ctx, `SELECT fingerprint, count(*), min(poisoned_at), max(poisoned_at),
 		(array_agg(reason ORDER BY id DESC))[1], string_agg(DISTINCT handler, ', '), string_agg(DISTINCT topic, ', ')
 		FROM `+Table+` WHERE `+where+` GROUP BY fingerprint ORDER BY 2 DESC, 1 LIMIT NULLIF($1, 0)`, append([]any{limit}, args...)...)
@@ -487,11 +380,45 @@ type RequeueResult struct {
 	DryRun     bool     `json:"dry_run"`
 }
 
+// Run says how Requeue and Discard act: for real or dry, and on whose
+// behalf.
+type Run struct {
+	// DryRun takes every step and rolls it back.
+	DryRun bool
+	// Actor names who acts (pgaudit.CLIActor, "console <identity>"): every
+	// page of a real run records an audit entry, with the ids it acted on,
+	// in the page's own transaction. Required unless DryRun.
+	Actor string
+	// Scope says what the operator chose, for the audit entry; the
+	// selector's own words when empty.
+	Scope string
+}
+
+// Scope is sel in words, for the audit log.
+func (sel Selector) Scope() string {
+	switch {
+	case len(sel.IDs) > 0:
+		ids := make([]string, len(sel.IDs))
+		for i, id := range sel.IDs {
+			ids[i] = fmt.Sprint(id)
+		}
+		return "ids " + strings.Join(ids, ",")
+	case sel.All:
+		return "all"
+	}
+	f := sel.Filter
+	if sel.Topic != "" {
+		f.Topic = sel.Topic
+	}
+	return "filter " + f.String()
+}
+
 // Requeue is RequeueEach collecting every action: for selections a
 // command line makes, use RequeueEach, which streams.
-func (s *Store) Requeue(ctx context.Context, sel Selector, dryRun bool) (RequeueResult, error) {
+func (s *Store) Requeue(ctx context.Context, sel Selector, run Run) (RequeueResult, error) {
+	dryRun := run.DryRun
 	res := RequeueResult{DryRun: dryRun}
-	sum, err := s.RequeueEach(ctx, sel, dryRun, func(a Action) error {
+	sum, err := s.RequeueEach(ctx, sel, run, func(a Action) error {
 		if a.Done {
 			res.Requeued = append(res.Requeued, a.Record)
 			if !dryRun {
@@ -518,8 +445,8 @@ func (s *Store) Requeue(ctx context.Context, sel Selector, dryRun bool) (Requeue
 // and the rest go on. A dry run takes exactly the same steps and rolls
 // everything back, so it reports the same skips. fn is told each action as
 // its page commits (a dry run's as it is tried).
-func (s *Store) RequeueEach(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error) (Summary, error) {
-	return s.act(ctx, sel, dryRun, fn, func(ctx context.Context, tx pgx.Tx, r Record) (string, error) {
+func (s *Store) RequeueEach(ctx context.Context, sel Selector, run Run, fn func(Action) error) (Summary, error) {
+	return s.act(ctx, sel, run, "poison.requeue", fn, func(ctx context.Context, tx pgx.Tx, r Record) (string, error) {
 		headers := map[string]string{}
 		for k, v := range r.Headers {
 			if !slices.Contains(bookkeeping, k) {
@@ -546,8 +473,8 @@ func (s *Store) RequeueEach(ctx context.Context, sel Selector, dryRun bool, fn f
 
 // DiscardEach deletes the selected messages (or, dry, only says which), a
 // page per transaction, telling fn each.
-func (s *Store) DiscardEach(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error) (Summary, error) {
-	return s.act(ctx, sel, dryRun, fn, func(ctx context.Context, tx pgx.Tx, r Record) (string, error) {
+func (s *Store) DiscardEach(ctx context.Context, sel Selector, run Run, fn func(Action) error) (Summary, error) {
+	return s.act(ctx, sel, run, "poison.discard", fn, func(ctx context.Context, tx pgx.Tx, r Record) (string, error) {
 		if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = $1`, r.ID); err != nil {
 			return "", fmt.Errorf("discarding: %w", err)
 		}
@@ -556,9 +483,9 @@ func (s *Store) DiscardEach(ctx context.Context, sel Selector, dryRun bool, fn f
 }
 
 // Discard is DiscardEach collecting the discarded records.
-func (s *Store) Discard(ctx context.Context, sel Selector, dryRun bool) ([]Record, error) {
+func (s *Store) Discard(ctx context.Context, sel Selector, run Run) ([]Record, error) {
 	var out []Record
-	_, err := s.DiscardEach(ctx, sel, dryRun, func(a Action) error {
+	_, err := s.DiscardEach(ctx, sel, run, func(a Action) error {
 		if a.Done {
 			out = append(out, a.Record)
 		}
@@ -569,13 +496,42 @@ func (s *Store) Discard(ctx context.Context, sel Selector, dryRun bool) ([]Recor
 
 var errDryRun = errors.New("dry run: roll back")
 
+// audit records one page of an action, in its transaction: the ids acted
+// on and those left, with why.
+func audit(ctx context.Context, tx pgx.Tx, actor, action, scope string, actions []Action) error {
+	if len(actions) == 0 {
+		return nil
+	}
+	done, messages := []int64{}, []string{}
+	left := map[string]string{}
+	for _, a := range actions {
+		if a.Done {
+			done = append(done, a.Record.ID)
+			messages = append(messages, a.Record.MessageID)
+		} else {
+			left[fmt.Sprint(a.Record.ID)] = pipeline.CleanText(a.Why, 300)
+		}
+	}
+	return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: action, Scope: scope, Count: len(done),
+		Detail: map[string]any{"ids": done, "message_ids": messages, "skipped": left}})
+}
+
 // act runs do on every selected record, page by page, each record under
 // a savepoint so that one that fails is skipped with its reason instead of
-// aborting the page.
-func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Action) error, do func(context.Context, pgx.Tx, Record) (string, error)) (Summary, error) {
+// aborting the page. Each page's audit entry is written in the page's
+// transaction.
+func (s *Store) act(ctx context.Context, sel Selector, run Run, action string, fn func(Action) error, do func(context.Context, pgx.Tx, Record) (string, error)) (Summary, error) {
+	dryRun := run.DryRun
 	sum := Summary{DryRun: dryRun, LastID: sel.AfterID}
 	if err := sel.Validate(); err != nil {
 		return sum, err
+	}
+	if !dryRun && run.Actor == "" {
+		return sum, errors.New("pgpoison: a requeue or discard needs an actor for the audit log (Run.Actor)")
+	}
+	scope := run.Scope
+	if scope == "" {
+		scope = sel.Scope()
 	}
 	found := map[int64]bool{}
 	for {
@@ -595,7 +551,7 @@ func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Acti
 			if sel.Topic != "" {
 				f.Topic = sel.Topic
 			}
-			where, args := f.where(4)
+			where, args := where(f, 4)
 			rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
 				WHERE id > $1 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND `+where+`
 				ORDER BY id LIMIT $3 FOR UPDATE`, append([]any{sum.LastID, sel.IDs, n}, args...)...)
@@ -635,7 +591,7 @@ func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Acti
 			if dryRun {
 				return errDryRun
 			}
-			return nil
+			return audit(ctx, tx, run.Actor, action, scope, actions)
 		})
 		if err != nil && !errors.Is(err, errDryRun) {
 			return sum, err
@@ -670,4 +626,19 @@ func (s *Store) act(ctx context.Context, sel Selector, dryRun bool, fn func(Acti
 		}
 	}
 	return sum, nil
+}
+
+// HandlerCount is how many poisoned messages one handler gave up on.
+type HandlerCount struct {
+	Name  string
+	Count int
+}
+
+// CountByHandler counts the poisoned messages per handler, most first.
+func (s *Store) CountByHandler(ctx context.Context) ([]HandlerCount, error) {
+	rows, err := s.pool.Query(ctx, `SELECT handler, count(*) FROM `+Table+` GROUP BY handler ORDER BY 2 DESC, 1`)
+	if err != nil {
+		return nil, fmt.Errorf("counting poisoned messages per handler: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[HandlerCount])
 }

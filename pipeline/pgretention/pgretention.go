@@ -13,7 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgtoolcalls"
 )
 
 // Defaults.
@@ -99,45 +101,25 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 	}
 	res.Cutoff = cutoff
 
-	table := o.Table
-	if table == "" {
-		table = pgoutbox.DefaultTable
-	}
-	outbox, err := pgoutbox.QuoteTable(table)
-	if err != nil {
-		return res, err
-	}
-	archive, err := pgoutbox.QuoteTable(table + "_archive")
-	if err != nil {
-		return res, err
-	}
-	var count, batch string
-	switch {
-	case t == Ledger:
-		count = `SELECT count(*) FROM processed_messages WHERE processed_at < $1`
-		batch = `WITH doomed AS (
-			SELECT consumer, message_id FROM processed_messages WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
-			DELETE FROM processed_messages p USING doomed d WHERE p.consumer = d.consumer AND p.message_id = d.message_id`
-	case t == ToolCalls:
-		count = `SELECT count(*) FROM ferry_tool_calls WHERE created_at < $1`
-		batch = `WITH doomed AS (
-			SELECT tool, idempotency_key FROM ferry_tool_calls WHERE created_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
-			DELETE FROM ferry_tool_calls c USING doomed d WHERE c.tool = d.tool AND c.idempotency_key = d.idempotency_key`
-	case o.Archive:
-		count = `SELECT count(*) FROM ` + outbox + ` WHERE dispatched_at < $1`
-		batch = `WITH doomed AS (
-			SELECT id FROM ` + outbox + ` WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
-			moved AS (DELETE FROM ` + outbox + ` o USING doomed d WHERE o.id = d.id RETURNING o.*)
-			INSERT INTO ` + archive + ` SELECT * FROM moved ON CONFLICT (id) DO NOTHING`
+	// Each table's owner holds its statements; this is the loop.
+	var count func() (int64, error)
+	var batch func() (int64, error)
+	switch t {
+	case Ledger:
+		count = func() (int64, error) { return pgledger.CountBefore(ctx, pool, cutoff) }
+		batch = func() (int64, error) { return pgledger.DeleteBefore(ctx, pool, cutoff, o.BatchSize) }
+	case ToolCalls:
+		count = func() (int64, error) { return pgtoolcalls.CountBefore(ctx, pool, cutoff) }
+		batch = func() (int64, error) { return pgtoolcalls.DeleteBefore(ctx, pool, cutoff, o.BatchSize) }
 	default:
-		count = `SELECT count(*) FROM ` + outbox + ` WHERE dispatched_at < $1`
-		batch = `WITH doomed AS (
-			SELECT id FROM ` + outbox + ` WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
-			DELETE FROM ` + outbox + ` o USING doomed d WHERE o.id = d.id`
+		count = func() (int64, error) { return pgoutbox.CountDispatchedBefore(ctx, pool, o.Table, cutoff) }
+		batch = func() (int64, error) {
+			return pgoutbox.DeleteDispatchedBefore(ctx, pool, o.Table, cutoff, o.BatchSize, o.Archive)
+		}
 	}
 	if o.DryRun {
-		err := pool.QueryRow(ctx, count, cutoff).Scan(&res.Removed)
-		if err != nil {
+		var err error
+		if res.Removed, err = count(); err != nil {
 			return res, fmt.Errorf("counting prunable %s rows: %w", t, err)
 		}
 		// The batches a real run would take (it ends on a short batch, so
@@ -146,13 +128,13 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 		return res, nil
 	}
 	for {
-		tag, err := pool.Exec(ctx, batch, cutoff, o.BatchSize)
+		n, err := batch()
 		if err != nil {
 			return res, fmt.Errorf("pruning %s (after %d rows): %w", t, res.Removed, err)
 		}
 		res.Batches++
-		res.Removed += tag.RowsAffected()
-		if tag.RowsAffected() < int64(o.BatchSize) {
+		res.Removed += n
+		if n < int64(o.BatchSize) {
 			return res, nil
 		}
 	}

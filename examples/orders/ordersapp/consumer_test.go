@@ -117,13 +117,13 @@ func TestRequeueBringsAPoisonedMessageBackOnce(t *testing.T) {
 	rec := h.poisoned(t)[0]
 	require.Equal(t, "requeue.worker", rec.Handler)
 
-	dry, err := h.app.Poison.Requeue(context.Background(), pgpoison.Selector{Topic: "work.requeue"}, true)
+	dry, err := h.app.Poison.Requeue(context.Background(), pgpoison.Selector{Topic: "work.requeue"}, pgpoison.Run{DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dry.Requeued, 1)
 	require.Len(t, h.poisoned(t), 1, "a dry run changes nothing")
 
 	failing.Store(false) // the bug is fixed and deployed
-	res, err := h.app.Poison.Requeue(context.Background(), pgpoison.Selector{IDs: []int64{rec.ID}}, false)
+	res, err := h.app.Poison.Requeue(context.Background(), pgpoison.Selector{IDs: []int64{rec.ID}}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, res.MessageIDs, 1)
 	require.Empty(t, h.poisoned(t))
@@ -140,7 +140,7 @@ func TestRequeueBringsAPoisonedMessageBackOnce(t *testing.T) {
 	failing.Store(true)
 	publishEvent(t, h, "work.requeue", "job-8", job{N: 8})
 	eventually(t, "the second message poisoned", func() bool { return len(h.poisoned(t)) == 1 })
-	gone, err := h.app.Poison.Discard(context.Background(), pgpoison.Selector{All: true}, false)
+	gone, err := h.app.Poison.Discard(context.Background(), pgpoison.Selector{All: true}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, gone, 1)
 	require.Empty(t, h.poisoned(t))

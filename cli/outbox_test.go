@@ -1,0 +1,52 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/cli"
+	"github.com/ferry-dev/ferry/internal/pipelinetest"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+)
+
+// `outbox retry-now` and `outbox discard` are the console's library call:
+// a group larger than --max is refused before anything changes, a dry run
+// counts, a real run acts on the group and says how many.
+func TestOutboxActionRefusesMoreThanMaxAndActsOnTheGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, attempts, last_error, available_at, message_uuid)
+		SELECT 'orders.placed', 'a' || g, '{}', '{}', 2, 'exchange not found', now() + interval '1 hour', gen_random_uuid()::text FROM generate_series(1, 4) g`)
+	require.NoError(t, err)
+	ops, err := pgoutbox.NewOperator(pool, "")
+	require.NoError(t, err)
+	var fp string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT ferry_fingerprint('exchange not found')`).Scan(&fp))
+	group := pgoutbox.Stuck{Kind: pgoutbox.Failing, Fingerprint: fp}
+
+	var out bytes.Buffer
+	err = cli.OutboxAction{Action: "discard", Stuck: group, Max: 3, Actor: "test"}.Run(ctx, ops, &out)
+	require.ErrorIs(t, err, cli.ErrTooMany)
+	n, err := ops.Count(ctx, group)
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "nothing changed")
+
+	out.Reset()
+	require.NoError(t, cli.OutboxAction{Action: "retry-now", Stuck: group, DryRun: true, Max: 10}.Run(ctx, ops, &out))
+	require.Contains(t, out.String(), "would retry-now 4 row(s)")
+
+	out.Reset()
+	require.NoError(t, cli.OutboxAction{Action: "retry-now", Stuck: group, Max: 10, Actor: "test"}.Run(ctx, ops, &out))
+	require.Contains(t, out.String(), "retry-now: 4 row(s)")
+	var due int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE available_at <= now()`).Scan(&due))
+	require.Equal(t, 4, due)
+
+	out.Reset()
+	require.NoError(t, cli.OutboxFailing{Limit: 10}.Run(ctx, ops, &out))
+	require.Contains(t, out.String(), "exchange not found")
+}

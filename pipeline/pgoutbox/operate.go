@@ -1,0 +1,366 @@
+package pgoutbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgfilter"
+)
+
+// The two kinds of pending rows an operator acts on, each defined once:
+// the console's pages, its actions, `ferry status` and the metrics all
+// read these conditions, never a copy of them.
+const (
+	// failingRule: a row the relay tried to publish and could not (it
+	// keeps the row, with its last error, until the broker takes it).
+	failingRule = `dispatched_at IS NULL AND attempts > 0 AND last_error IS NOT NULL`
+	// retryRule: a handler's durable retry waiting in the outbox for its
+	// time (middleware.DurableRetry writes it on pipeline.RetryTopic).
+	retryRule = `dispatched_at IS NULL AND topic = '` + pipeline.RetryTopic + `'`
+)
+
+// failingColumns are the outbox's columns for a pgfilter.Filter over the
+// failing rows.
+var failingColumns = pgfilter.Columns{Topic: "topic", AggregateID: "aggregate_id", Text: "last_error",
+	Fingerprint: "ferry_fingerprint(last_error)", Time: "created_at", CorrelationID: "headers->>'" + pipeline.MetaCorrelationID + "'", MessageID: "message_uuid"}
+
+// Operator reads the outbox as an operator sees it and runs an operator's
+// actions on it (retry now, discard), each with its audit entry in the
+// action's own transaction. The console, the command line and agent tools
+// share it, so they cannot disagree about what a failing row is.
+type Operator struct {
+	pool  *pgxpool.Pool
+	table string // quoted
+}
+
+// NewOperator returns the operator over the outbox table ("" for the
+// default; see QuoteTable).
+func NewOperator(pool *pgxpool.Pool, table string) (*Operator, error) {
+	t, err := QuoteTable(table)
+	if err != nil {
+		return nil, err
+	}
+	return &Operator{pool: pool, table: t}, nil
+}
+
+// DispatchP95 is the 95th percentile, in seconds, of how long rows
+// dispatched within the window waited after they were due; nil when none
+// was dispatched.
+func (o *Operator) DispatchP95(ctx context.Context, window time.Duration) (*float64, error) {
+	var p95 *float64
+	err := o.pool.QueryRow(ctx, `SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM dispatched_at - COALESCE(due_at, created_at)))
+		FROM `+o.table+` WHERE dispatched_at > now() - $1 * interval '1 second' AND NOT shadowed`, window.Seconds()).Scan(&p95)
+	if err != nil {
+		return nil, fmt.Errorf("dispatch latency: %w", err)
+	}
+	return p95, nil
+}
+
+// FailingCount counts the rows the relay keeps failing to publish.
+func (o *Operator) FailingCount(ctx context.Context) (int, error) {
+	var n int
+	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.table+` WHERE `+failingRule).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting failing outbox rows: %w", err)
+	}
+	return n, nil
+}
+
+// FailingGroup is the failing rows of one error fingerprint.
+type FailingGroup struct {
+	Fingerprint string
+	Count       int
+	Topics      string
+	Example     string
+	MaxAttempts int
+	FirstSeen   time.Time
+	LastSeen    time.Time
+	NextTry     time.Time
+}
+
+// FailingRow is one row the relay keeps failing to publish.
+type FailingRow struct {
+	ID          int64
+	Topic       string
+	AggregateID string
+	Attempts    int
+	LastError   string
+	CreatedAt   time.Time
+	NextTry     time.Time
+}
+
+func failingWhere(f pgfilter.Filter, first int) (string, []any) {
+	cond, args := f.SQL(first, failingColumns)
+	return failingRule + " AND " + cond, args
+}
+
+// FailingGroups groups the failing rows f chooses by fingerprint, largest
+// first, at most limit groups.
+func (o *Operator) FailingGroups(ctx context.Context, f pgfilter.Filter, limit int) ([]FailingGroup, error) {
+	where, args := failingWhere(f, 2)
+	rows, err := o.pool.Query(ctx, `SELECT ferry_fingerprint(last_error), count(*), string_agg(DISTINCT topic, ', '),
+		(array_agg(last_error ORDER BY id DESC))[1], max(attempts), min(created_at), max(created_at), min(available_at)
+		FROM `+o.table+` WHERE `+where+` GROUP BY 1 ORDER BY 2 DESC LIMIT $1`, append([]any{limit}, args...)...)
+	if err != nil {
+		return nil, fmt.Errorf("grouping failing outbox rows: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[FailingGroup])
+}
+
+// FailingRows lists the failing rows f chooses after f.AfterID, by id, at
+// most limit.
+func (o *Operator) FailingRows(ctx context.Context, f pgfilter.Filter, limit int) ([]FailingRow, error) {
+	where, args := failingWhere(f, 3)
+	rows, err := o.pool.Query(ctx, `SELECT id, topic, aggregate_id, attempts, last_error, created_at, available_at
+		FROM `+o.table+` WHERE id > $1 AND `+where+` ORDER BY id LIMIT $2`, append([]any{f.AfterID, limit}, args...)...)
+	if err != nil {
+		return nil, fmt.Errorf("listing failing outbox rows: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[FailingRow])
+}
+
+// Row is one outbox row whole.
+type Row struct {
+	ID          int64
+	MessageID   string
+	Topic       string
+	AggregateID string
+	LastError   string
+	// Payload is the bytes as published (payload_raw, or the jsonb as text).
+	Payload     []byte
+	Headers     map[string]string
+	Attempts    int
+	CreatedAt   time.Time
+	AvailableAt time.Time
+	Dispatched  bool
+}
+
+// ErrNoRow is returned by Operator.Row for an id the outbox does not hold.
+var ErrNoRow = errors.New("no such outbox row")
+
+// Row reads one row.
+func (o *Operator) Row(ctx context.Context, id int64) (Row, error) {
+	var row Row
+	var uuid *string
+	err := o.pool.QueryRow(ctx, `SELECT id, message_uuid, topic, aggregate_id, coalesce(last_error, ''),
+		COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers, attempts, created_at, available_at, dispatched_at IS NOT NULL
+		FROM `+o.table+` WHERE id = $1`, id).Scan(&row.ID, &uuid, &row.Topic, &row.AggregateID, &row.LastError, &row.Payload, &row.Headers,
+		&row.Attempts, &row.CreatedAt, &row.AvailableAt, &row.Dispatched)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return row, ErrNoRow
+	}
+	if err != nil {
+		return row, fmt.Errorf("reading outbox row %d: %w", id, err)
+	}
+	if uuid != nil {
+		row.MessageID = *uuid
+	}
+	return row, nil
+}
+
+// PendingKind is which pending rows an action chooses from.
+type PendingKind string
+
+const (
+	// Failing rows: the relay cannot publish them.
+	Failing PendingKind = "failing"
+	// Retrying rows: handlers' durable retries waiting for their time.
+	Retrying PendingKind = "retrying"
+)
+
+// Stuck chooses pending rows of one kind: a group (Fingerprint, and for
+// Retrying the Handler) or rows by id (IDs, still of that kind).
+type Stuck struct {
+	Kind        PendingKind
+	Fingerprint string
+	Handler     string
+	IDs         []int64
+}
+
+// Validate refuses a selection that names no kind or no rows.
+func (p Stuck) Validate() error {
+	if p.Kind != Failing && p.Kind != Retrying {
+		return fmt.Errorf("pgoutbox: the kind must be %q or %q, got %q", Failing, Retrying, p.Kind)
+	}
+	if len(p.IDs) == 0 && p.Fingerprint == "" {
+		return errors.New("pgoutbox: choose rows by id or a group by its fingerprint")
+	}
+	for _, id := range p.IDs {
+		if id <= 0 {
+			return fmt.Errorf("pgoutbox: %d is not an outbox row id", id)
+		}
+	}
+	return nil
+}
+
+// String is the selection in words, for the audit log.
+func (p Stuck) String() string {
+	if len(p.IDs) > 0 {
+		ids := make([]string, len(p.IDs))
+		for i, id := range p.IDs {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		return string(p.Kind) + " rows " + strings.Join(ids, ",")
+	}
+	if p.Kind == Retrying {
+		return "retries of " + p.Handler + " with fingerprint " + p.Fingerprint
+	}
+	return "failing rows with fingerprint " + p.Fingerprint
+}
+
+func (p Stuck) where() (string, []any) {
+	rule := failingRule
+	if p.Kind == Retrying {
+		rule = retryRule
+	}
+	if len(p.IDs) > 0 {
+		return rule + ` AND id = ANY($1)`, []any{p.IDs}
+	}
+	if p.Kind == Retrying {
+		return rule + ` AND ferry_fingerprint(headers->>'` + pipeline.MetaLastError + `') = $1 AND coalesce(headers->>'` + pipeline.MetaRetryQueue + `', '') = $2`,
+			[]any{p.Fingerprint, p.Handler}
+	}
+	return rule + ` AND ferry_fingerprint(last_error) = $1`, []any{p.Fingerprint}
+}
+
+// Count counts the rows p chooses now.
+func (o *Operator) Count(ctx context.Context, p Stuck) (int, error) {
+	if err := p.Validate(); err != nil {
+		return 0, err
+	}
+	where, args := p.where()
+	var n int
+	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.table+` WHERE `+where, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting %s: %w", p, err)
+	}
+	return n, nil
+}
+
+// Acted says what RetryNow or Discard did.
+type Acted struct {
+	// IDs are the rows acted on.
+	IDs []int64 `json:"ids"`
+}
+
+// RetryNow makes the rows p chooses due at once and records the audit
+// entry (actor, the ids) in the same transaction.
+func (o *Operator) RetryNow(ctx context.Context, p Stuck, actor string) (Acted, error) {
+	return o.act(ctx, p, actor, "retry-now", `UPDATE `+o.table+` SET available_at = now() WHERE `)
+}
+
+// Discard deletes the rows p chooses and records the audit entry (actor,
+// the ids, their message ids) in the same transaction.
+func (o *Operator) Discard(ctx context.Context, p Stuck, actor string) (Acted, error) {
+	return o.act(ctx, p, actor, "discard", `DELETE FROM `+o.table+` WHERE `)
+}
+
+func (o *Operator) act(ctx context.Context, p Stuck, actor, action, stmt string) (Acted, error) {
+	var res Acted
+	if err := p.Validate(); err != nil {
+		return res, err
+	}
+	if actor == "" {
+		return res, errors.New("pgoutbox: an operator's action needs an actor for the audit log")
+	}
+	where, args := p.where()
+	// A retry made due wakes the relays once it commits.
+	actx, committed := pipeline.WithAfterCommit(ctx)
+	err := pgx.BeginFunc(actx, o.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(actx, stmt+where+` RETURNING id, coalesce(message_uuid, '')`, args...)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", action, p, err)
+		}
+		var messages []string
+		res.IDs, messages = nil, nil
+		for rows.Next() {
+			var id int64
+			var msg string
+			if err := rows.Scan(&id, &msg); err != nil {
+				rows.Close()
+				return err
+			}
+			res.IDs, messages = append(res.IDs, id), append(messages, msg)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("%s %s: %w", action, p, err)
+		}
+		if len(res.IDs) == 0 {
+			return nil
+		}
+		return pgaudit.Record(actx, tx, pgaudit.Entry{Actor: actor, Action: "outbox." + string(p.Kind) + "." + action, Scope: p.String(),
+			Count: len(res.IDs), Detail: map[string]any{"ids": res.IDs, "message_ids": messages}})
+	})
+	if err != nil {
+		return Acted{}, err
+	}
+	committed()
+	return res, nil
+}
+
+// PendingCount counts the rows of the outbox table ("" for the default)
+// not dispatched yet.
+func PendingCount(ctx context.Context, pool *pgxpool.Pool, table string) (int64, error) {
+	t, err := QuoteTable(table)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` WHERE dispatched_at IS NULL`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting pending outbox rows: %w", err)
+	}
+	return n, nil
+}
+
+// CountDispatchedBefore counts the rows of the outbox table ("" for the
+// default) dispatched before cutoff: what retention would remove.
+func CountDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string, cutoff time.Time) (int64, error) {
+	t, err := QuoteTable(table)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` WHERE dispatched_at < $1`, cutoff).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting prunable outbox rows: %w", err)
+	}
+	return n, nil
+}
+
+// DeleteDispatchedBefore removes at most n rows dispatched before cutoff,
+// oldest first, skipping rows others hold; with archive it moves them into
+// the archive table (the outbox's name with "_archive") in the same
+// statement. It says how many went.
+func DeleteDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string, cutoff time.Time, n int, archive bool) (int64, error) {
+	if table == "" {
+		table = DefaultTable
+	}
+	t, err := QuoteTable(table)
+	if err != nil {
+		return 0, err
+	}
+	stmt := `WITH doomed AS (
+		SELECT id FROM ` + t + ` WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+		DELETE FROM ` + t + ` o USING doomed d WHERE o.id = d.id`
+	if archive {
+		a, err := QuoteTable(table + "_archive")
+		if err != nil {
+			return 0, err
+		}
+		stmt = `WITH doomed AS (
+			SELECT id FROM ` + t + ` WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
+			moved AS (DELETE FROM ` + t + ` o USING doomed d WHERE o.id = d.id RETURNING o.*)
+			INSERT INTO ` + a + ` SELECT * FROM moved ON CONFLICT (id) DO NOTHING`
+	}
+	tag, err := pool.Exec(ctx, stmt, cutoff, n)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
