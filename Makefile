@@ -1,4 +1,4 @@
-.PHONY: help test test-race test-short lint demo bench chaos chaos-long build ci
+.PHONY: help test test-race test-norace test-short lint demo bench chaos chaos-long build ci
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -6,8 +6,14 @@ help: ## list targets
 test: ## run every test against the local PostgreSQL and RabbitMQ
 	go test ./...
 
-test-race: ## the same with the race detector (what CI runs)
+test-race: ## the same with the race detector, then the three tests too slow under it (CI's test steps; `make ci` is all of CI)
 	go test -race -count=1 ./...
+	$(MAKE) test-norace
+
+test-norace: ## the broker-restart, CDC broker-cut and node-loss tests, which run without -race (see their files)
+	go test -count=1 -run '^TestPubSubReconnect$$' ./pipeline/rabbit/
+	go test -count=1 -run '^TestBrokerCutHoldsTheConfirmedPosition$$' ./pipeline/pgcdc/
+	go test -count=1 -run '^TestBrokerNodeLossLosesAndDoublesNothing$$' ./examples/orders/ordersapp/
 
 test-short: ## unit tests only (skips those needing servers)
 	go test -short ./...

@@ -158,3 +158,66 @@ func region(file, name string) (string, error) {
 	}
 	return strings.Trim(strings.Join(kept, "\n"), "\n"), nil
 }
+
+// A package doc that names a path (pipeline/pgoutbox, examples/orders,
+// cmd/ferry) or lists packages ("  - handlers, middleware: …") names ones
+// that exist: a doc that outlives a move misleads the next reader.
+func TestPackageDocsNamePathsThatExist(t *testing.T) {
+	top, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := map[string]bool{}
+	for _, e := range top {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			roots[e.Name()] = true
+		}
+	}
+	pathLike := regexp.MustCompile(`\b([a-z][a-z0-9_]*)(/[a-z][a-z0-9_]*)+\b`)
+	bullet := regexp.MustCompile(`^//\s+- ([a-z][a-z0-9_/]*(?:, [a-z][a-z0-9_/]*)*)(?:,? and [a-z][a-z0-9_/]*)?:`)
+	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != "." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || filepath.Base(path) != "doc.go" {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		dir := filepath.Dir(path)
+		exists := func(p string) bool {
+			for _, base := range []string{".", dir} {
+				if _, err := os.Stat(filepath.Join(base, p)); err == nil {
+					return true
+				}
+			}
+			return false
+		}
+		for _, line := range strings.Split(string(src), "\n") {
+			if !strings.HasPrefix(line, "//") {
+				continue
+			}
+			for _, m := range pathLike.FindAllStringSubmatch(line, -1) {
+				if roots[m[1]] && !exists(m[0]) {
+					t.Errorf("%s names %s, which does not exist", path, m[0])
+				}
+			}
+			if m := bullet.FindStringSubmatch(line); m != nil {
+				for _, name := range strings.Split(m[1], ", ") {
+					if !exists(name) {
+						t.Errorf("%s lists package %s, which does not exist", path, name)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

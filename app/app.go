@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -243,7 +244,10 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 
 	// The outbox asks the topology (built below, once the route table says
 	// which topics are ordered) whether a topic needs aggregate ids.
-	adapter := pgoutbox.SchemaAdapter{Table: cfg.Relay.Table, Ordered: func(topic string) bool { return a.Topology.Ordered(topic) }, MaxDelay: cfg.MaxDelay}
+	// The producer writes in the service's own transactions, on the
+	// service's own pool, whose search_path does not hold
+	// FERRY_DATABASE_SCHEMA: the table is named with its schema.
+	adapter := pgoutbox.SchemaAdapter{Table: qualifiedTable(cfg.Relay.Table, cfg.DatabaseSchema), Ordered: func(topic string) bool { return a.Topology.Ordered(topic) }, MaxDelay: cfg.MaxDelay}
 	if a.Outbox, err = pgoutbox.New(adapter, a.logger); err != nil {
 		return nil, fmt.Errorf("RelayConfig.Table: %w", err)
 	}
@@ -320,7 +324,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if a.batchPublisher, err = rabbit.NewBatchPublisher(a.pubConn, a.Topology); err != nil {
 		return nil, err
 	}
-	if a.Relay, err = pgoutbox.NewRelay(a.Pool, a.batchPublisher, cfg.Relay, a.logger); err != nil {
+	relayCfg := cfg.Relay
+	relayCfg.OrderedTopics = a.Topology.OrderedTopics()
+	if a.Relay, err = pgoutbox.NewRelay(a.Pool, a.batchPublisher, relayCfg, a.logger); err != nil {
 		return nil, err
 	}
 	if a.waker != nil {
@@ -975,6 +981,18 @@ func (a *App) Start(ctx context.Context, what Components) (stop func() error, er
 		_ = stop()
 		return nil, ctx.Err()
 	}
+}
+
+// qualifiedTable names the outbox table with the schema it lives in when
+// FERRY_DATABASE_SCHEMA is set and the table has none.
+func qualifiedTable(table, schema string) string {
+	if table == "" {
+		table = pgoutbox.DefaultTable
+	}
+	if schema == "" || strings.Contains(table, ".") {
+		return table
+	}
+	return schema + "." + table
 }
 
 // TraceHTTP wraps an HTTP handler of the application's API so that the

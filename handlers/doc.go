@@ -7,6 +7,7 @@
 // its idempotency ledger, so renaming one is a breaking change (the new
 // queue starts empty and the ledger forgets what the old name processed).
 //
-// The example handlers live in subpackages (charge, mail); each declares the
-// narrow interface it needs and has no idea of RabbitMQ or PostgreSQL.
+// The example service's handlers live in examples/orders (charge, mail);
+// each declares the narrow interface it needs and has no idea of RabbitMQ
+// or PostgreSQL.
 package handlers

@@ -3,22 +3,23 @@ package middleware
 import (
 	"log/slog"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/ferry-dev/ferry/pipeline"
 )
 
-// Correlation takes the message's correlation id, or makes one when it has
-// none, and puts it (with the trace context and tenant) in the message's
+// Correlation takes the message's correlation id, or, when it has none
+// (a message that did not come through Ferry's outbox, which gives every
+// event one), its message id: every handler of one message shares it. It
+// puts it (with the trace context and tenant) in the message's
 // context, where pipeline.NewEvent finds it for every event the handler
 // publishes through the outbox. Messages the handler returns get it too.
 func Correlation(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		id := msg.Metadata.Get(pipeline.MetaCorrelationID)
 		if id == "" {
-			id = watermill.NewUUID()
+			id = pipeline.MessageID(msg)
 			msg.Metadata.Set(pipeline.MetaCorrelationID, id)
 		}
 		ctx := pipeline.ContextWithCorrelationID(msg.Context(), id)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pressly/goose/v3"
@@ -40,11 +42,39 @@ func (s Set) Validate() error {
 	}
 	if s.FS == nil {
 		errs = append(errs, fmt.Errorf("migration set %q has no files", s.Name))
+	} else if err := checkFiles(s); err != nil {
+		errs = append(errs, err)
 	}
 	if s.VersionTable == "" {
 		errs = append(errs, fmt.Errorf("migration set %q has no version table", s.Name))
 	}
 	return errors.Join(errs...)
+}
+
+// checkFiles finds the set's .sql files at the root of its FS, where goose
+// reads them. `//go:embed migrations/*.sql` puts them under migrations/,
+// and goose would only say "no migrations found": name the fix instead.
+func checkFiles(s Set) error {
+	root, err := fs.Glob(s.FS, "*.sql")
+	if err != nil {
+		return fmt.Errorf("migration set %q: %w", s.Name, err)
+	}
+	if len(root) > 0 {
+		return nil
+	}
+	var nested []string
+	_ = fs.WalkDir(s.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".sql") && len(nested) < 3 {
+			nested = append(nested, path)
+		}
+		return nil
+	})
+	if len(nested) > 0 {
+		dir := path.Dir(nested[0])
+		return fmt.Errorf("migration set %q: the .sql files are in %q, not at the root of FS (found %s); pass fs.Sub(yourFS, %q)",
+			s.Name, dir, strings.Join(nested, ", "), dir)
+	}
+	return fmt.Errorf("migration set %q: FS holds no .sql file (want NNNNN_name.sql files at its root; embed them with //go:embed *.sql in the package that holds them, or pass fs.Sub)", s.Name)
 }
 
 func (s Set) provider(db *sql.DB) (*goose.Provider, error) {

@@ -2,7 +2,9 @@ package migrations_test
 
 import (
 	"context"
+	"io/fs"
 	"testing"
+	"testing/fstest"
 
 	"github.com/stretchr/testify/require"
 
@@ -68,4 +70,17 @@ func TestStatusOfAnUnmigratedSchema(t *testing.T) {
 	pending, err := migrations.Pending(context.Background(), db)
 	require.NoError(t, err)
 	require.True(t, pending)
+}
+
+// A set embedded as `//go:embed migrations/*.sql` keeps its files under
+// migrations/: Validate names the fix (fs.Sub) instead of goose's bare "no
+// migrations found".
+func TestSetNamesTheFixForFilesBelowTheRoot(t *testing.T) {
+	nested := fstest.MapFS{"migrations/00001_a.sql": {Data: []byte("-- +goose Up\nSELECT 1;\n")}}
+	err := migrations.Set{Name: "app", FS: nested, VersionTable: "app_version"}.Validate()
+	require.ErrorContains(t, err, `pass fs.Sub(yourFS, "migrations")`)
+	sub, err := fs.Sub(nested, "migrations")
+	require.NoError(t, err)
+	require.NoError(t, migrations.Set{Name: "app", FS: sub, VersionTable: "app_version"}.Validate())
+	require.ErrorContains(t, migrations.Set{Name: "app", FS: fstest.MapFS{}, VersionTable: "v"}.Validate(), "holds no .sql file")
 }

@@ -100,17 +100,21 @@ var ErrInvalidEvent = errors.New("invalid event")
 // NewEvent builds the Watermill message for one event about aggregateID,
 // with payload encoded as JSON. The correlation id and trace context of ctx
 // (see ContextWithCorrelationID, ContextWithTraceParent) are copied into its
-// metadata, so every event caused by one request can be followed.
+// metadata, so every event caused by one request can be followed; without
+// one, the outbox gives the event its own id as correlation id.
+//
+// aggregateID may be empty for a topic that is not ordered; the outbox
+// refuses an event without one on an ordered topic (its order is per
+// aggregate).
 func NewEvent(ctx context.Context, aggregateID string, payload any) (*message.Message, error) {
-	if aggregateID == "" {
-		return nil, fmt.Errorf("%w: aggregate id is empty", ErrInvalidEvent)
-	}
 	body, err := json.Marshal(payload)
 	if err != nil {
 		return nil, fmt.Errorf("%w: encoding payload: %w", ErrInvalidEvent, err)
 	}
 	msg := message.NewMessage(watermill.NewUUID(), body)
-	msg.Metadata.Set(MetaAggregateID, aggregateID)
+	if aggregateID != "" {
+		msg.Metadata.Set(MetaAggregateID, aggregateID)
+	}
 	msg.Metadata.Set(MetaSchemaVersion, DefaultSchemaVersion)
 	if id := CorrelationIDFromContext(ctx); id != "" {
 		msg.Metadata.Set(MetaCorrelationID, id)

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -66,16 +67,49 @@ func withPipelineContext(ctx context.Context) context.Context {
 	return ctx
 }
 
+// CorrelationHeader is the request header whose value becomes the
+// correlation id of the events a request publishes; the response carries
+// the id used.
+const CorrelationHeader = "X-Correlation-ID"
+
+// maxCorrelationID bounds a correlation id taken from a request.
+const maxCorrelationID = 128
+
 // HTTP continues the request's trace (its traceparent header, if any) in a
-// server span around next, and makes the events next publishes part of it.
+// server span around next, and makes the events next publishes part of it:
+// their trace context, and their correlation id, taken from the request's
+// X-Correlation-ID (printable ASCII, at most 128 bytes) or made here, and
+// sent back in the response's X-Correlation-ID.
 func (t *Tracer) HTTP(name string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path)))
 		defer span.End()
-		next.ServeHTTP(w, r.WithContext(withPipelineContext(ctx)))
+		id := r.Header.Get(CorrelationHeader)
+		if !printableID(id) {
+			id = watermill.NewUUID()
+		}
+		w.Header().Set(CorrelationHeader, id)
+		span.SetAttributes(attribute.String("ferry.correlation_id", id))
+		ctx = pipeline.ContextWithCorrelationID(withPipelineContext(ctx), id)
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// printableID accepts a correlation id a client sent: 1 to 128 bytes of
+// printable ASCII, so it can go into logs, headers and the poison store as
+// it is.
+func printableID(s string) bool {
+	if s == "" || len(s) > maxCorrelationID {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // Consumer is the chain link that continues a consumed message's trace in

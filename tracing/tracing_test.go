@@ -2,6 +2,9 @@ package tracing_test
 
 import (
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,4 +76,35 @@ func TestEveryAttemptIsASpanAndAFailureIsAnError(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, codes.Error, rec2.Ended()[0].Status().Code)
 	require.Contains(t, rec2.Ended()[0].Status().Description, "SMTP 451")
+}
+
+// The request's X-Correlation-ID reaches the events the request publishes
+// and comes back in the response; a missing or unusable one is replaced
+// by an id made here, never passed on as it came.
+func TestHTTPCarriesTheRequestsCorrelationIDToItsEvents(t *testing.T) {
+	tr := tracing.New(nil)
+	var got string
+	h := tr.HTTP("create", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		msg, err := pipeline.NewEvent(r.Context(), "order-1", map[string]int{"n": 1})
+		require.NoError(t, err)
+		got = msg.Metadata.Get(pipeline.MetaCorrelationID)
+	}))
+	for _, tc := range []struct {
+		sent string
+		kept bool
+	}{{"req-42", true}, {"", false}, {"has space", false}, {strings.Repeat("x", 129), false}} {
+		req := httptest.NewRequest(http.MethodPost, "/orders", nil)
+		if tc.sent != "" {
+			req.Header.Set(tracing.CorrelationHeader, tc.sent)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		require.NotEmpty(t, got)
+		require.Equal(t, got, rec.Header().Get(tracing.CorrelationHeader), "the response names the id the events carry")
+		if tc.kept {
+			require.Equal(t, tc.sent, got)
+		} else {
+			require.NotEqual(t, tc.sent, got)
+		}
+	}
 }

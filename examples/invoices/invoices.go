@@ -34,11 +34,14 @@ const (
 	RouteMarkSent = "invoices.mark-sent"
 )
 
+// snippet:begin migrations
 //go:embed migrations/*.sql
 var files embed.FS
 
 // Migrations is the service's own migration set, beside Ferry's.
 var Migrations = migrations.Set{Name: "invoices", FS: must(fs.Sub(files, "migrations")), VersionTable: "invoices_schema_version"}
+
+// snippet:end migrations
 
 func must(f fs.FS, err error) fs.FS {
 	if err != nil {

@@ -177,11 +177,13 @@ func WithBudget(pool *pgxpool.Pool, route handlers.Route, logger *slog.Logger) (
 
 // snippet:begin cdc
 // RunCDC streams the outbox from the WAL, with the polling relay as the
-// safety net, without the app.
-func RunCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, logger *slog.Logger) error {
+// safety net, without the app. ordered are the topics kept in order per
+// aggregate (rabbit.Topology.OrderedTopics).
+func RunCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, ordered []string, logger *slog.Logger) error {
 	// The safety net: the polling relay, slow and out of the stream's way.
 	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{
-		PollOnly: true, PollInterval: pgcdc.DefaultSafetyNetInterval, MinAge: pgcdc.DefaultSafetyNetMinAge,
+		OrderedTopics: ordered,
+		PollOnly:      true, PollInterval: pgcdc.DefaultSafetyNetInterval, MinAge: pgcdc.DefaultSafetyNetMinAge,
 	}, logger)
 	if err != nil {
 		return err

@@ -500,7 +500,7 @@ func cmpFloat(a, b float64) int {
 func runRelays(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, n int, bc BenchConfig, logger *slog.Logger) (float64, error) {
 	relays := make([]*pgoutbox.Relay, n)
 	for i := range relays {
-		r, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, InFlight: bc.InFlight, PollInterval: 20 * time.Millisecond, PollOnly: true}, logger)
+		r, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{OrderedTopics: orderedOf(pub), BatchSize: bc.BatchSize, InFlight: bc.InFlight, PollInterval: 20 * time.Millisecond, PollOnly: true}, logger)
 		if err != nil {
 			return 0, err
 		}
@@ -548,7 +548,7 @@ func runCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, bc B
 	if rows != 0 {
 		return 0, fmt.Errorf("outbox holds %d pending rows before the cdc run", rows)
 	}
-	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize}, logger)
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{OrderedTopics: orderedOf(pub), BatchSize: bc.BatchSize}, logger)
 	if err != nil {
 		return 0, err
 	}
@@ -1381,4 +1381,13 @@ func readServerCPU() serverCPU {
 		}
 	}
 	return s
+}
+
+// orderedOf is the ordered topics a publisher reports, for the relays
+// the bench builds by hand.
+func orderedOf(pub any) []string {
+	if o, ok := pub.(pipeline.Ordering); ok {
+		return o.OrderedTopics()
+	}
+	return nil
 }

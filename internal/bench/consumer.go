@@ -133,7 +133,7 @@ func consumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	if err != nil {
 		return consumerRun{}, err
 	}
-	relay, err := pgoutbox.NewRelay(p.sch.pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, PollOnly: true, PollInterval: 20 * time.Millisecond}, logger)
+	relay, err := pgoutbox.NewRelay(p.sch.pool, pub, pgoutbox.RelayConfig{OrderedTopics: pub.OrderedTopics(), BatchSize: bc.BatchSize, PollOnly: true, PollInterval: 20 * time.Millisecond}, logger)
 	if err != nil {
 		return consumerRun{}, err
 	}

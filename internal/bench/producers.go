@@ -206,7 +206,7 @@ func idleWakeLatency(ctx context.Context, cfg app.Config, sch *benchSchema, ob *
 	defer rpool.Close()
 	var mu sync.Mutex
 	committed, published := map[string]time.Time{}, map[string]time.Time{}
-	relay, err := pgoutbox.NewRelay(rpool, pub, pgoutbox.RelayConfig{PollInterval: time.Minute, Observer: func(outs []pgoutbox.Outcome) {
+	relay, err := pgoutbox.NewRelay(rpool, pub, pgoutbox.RelayConfig{OrderedTopics: orderedOf(pub), PollInterval: time.Minute, Observer: func(outs []pgoutbox.Outcome) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, o := range outs {

@@ -99,6 +99,7 @@ func (r *rig) relay(t *testing.T, pool *pgxpool.Pool, amqpURL string, cfg pgoutb
 	pub, err := rabbit.NewBatchPublisher(conn, topo)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
+	cfg.OrderedTopics = pub.OrderedTopics()
 	relay, err := pgoutbox.NewRelay(pool, pub, cfg, testLogger(t))
 	require.NoError(t, err)
 	return relay

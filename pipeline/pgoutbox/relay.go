@@ -43,6 +43,12 @@ const (
 type RelayConfig struct {
 	// Table is the outbox table's name. Default "outbox".
 	Table string
+	// OrderedTopics are the topics whose per-aggregate order the relay
+	// keeps: pass the topology's (rabbit.Topology.OrderedTopics). Given
+	// here, not guessed from the publisher, so that a publisher wrapped in
+	// one of your own (metrics, a circuit breaker) keeps the order. A
+	// publisher that reports its own (pipeline.Ordering) must agree.
+	OrderedTopics []string
 	// BatchSize is how many rows one claim takes. Default 100, at most 10000.
 	BatchSize int
 	// PollInterval is how long the relay sleeps when the outbox has nothing
@@ -182,7 +188,7 @@ func (c RelayConfig) Validate() error {
 // run) publishes those rows again: delivery is at least once, and consumers
 // deduplicate by message id: the publisher's message UUID.
 //
-// Ordered topics come from the publisher (pipeline.Ordering): a row of an
+// Ordered topics come from RelayConfig.OrderedTopics: a row of an
 // ordered topic is claimed only when no earlier row of its aggregate (on any
 // ordered topic) is pending, so a failing head event holds back the later
 // ones instead of being overtaken.
@@ -305,9 +311,13 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 	if err != nil {
 		return nil, err
 	}
-	var ordered []string
+	ordered := slices.Sorted(slices.Values(cfg.OrderedTopics))
+	ordered = slices.Compact(ordered)
 	if o, ok := pub.(pipeline.Ordering); ok {
-		ordered = o.OrderedTopics()
+		theirs := slices.Compact(slices.Sorted(slices.Values(o.OrderedTopics())))
+		if !slices.Equal(ordered, theirs) {
+			return nil, fmt.Errorf("pgoutbox: RelayConfig.OrderedTopics %v differ from the publisher's ordered topics %v: pass the topology's (rabbit.Topology.OrderedTopics)", ordered, theirs)
+		}
 	}
 	return &Relay{
 		pool:          pool,
@@ -331,7 +341,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 }
 
 // OrderedTopics are the topics whose order per aggregate the relay keeps
-// (from its publisher, pipeline.Ordering).
+// (RelayConfig.OrderedTopics).
 func (r *Relay) OrderedTopics() []string { return slices.Clone(r.ordered) }
 
 // BatchResult says what one RelayBatch did.

@@ -125,6 +125,9 @@ func seed(t *testing.T, pool *pgxpool.Pool, topic string, n, aggregates int) {
 
 func newRelay(t *testing.T, pool *pgxpool.Pool, pub message.Publisher, cfg pgoutbox.RelayConfig) *pgoutbox.Relay {
 	t.Helper()
+	if o, ok := pub.(pipeline.Ordering); ok && cfg.OrderedTopics == nil {
+		cfg.OrderedTopics = o.OrderedTopics()
+	}
 	r, err := pgoutbox.NewRelay(pool, pub, cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	return r

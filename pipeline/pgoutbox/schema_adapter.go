@@ -183,6 +183,12 @@ func outboxRowFromMessage(msg *message.Message, ordered, republish bool, maxDela
 			headers[k] = v
 		}
 	}
+	if _, ok := headers[pipeline.MetaCorrelationID]; !ok && !republish {
+		// An event that comes with no correlation id gets its own id as
+		// one here, at publish: every handler of it then logs, poisons and
+		// publishes under the same id instead of minting one each.
+		headers[pipeline.MetaCorrelationID] = msg.UUID
+	}
 	if err := checkDelay(row, republish, maxDelay); err != nil {
 		return row, err
 	}

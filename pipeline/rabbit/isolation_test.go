@@ -81,7 +81,7 @@ func TestAChannelClosingMessageFailsAlone(t *testing.T) {
 		pipeline.Outgoing{Topic: "fine.two", Msg: message.NewMessage("r-2", []byte(`{}`))},
 	))
 	require.NoError(t, tx.Commit())
-	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{}, slog.New(slog.DiscardHandler))
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{OrderedTopics: pub.OrderedTopics()}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	_, err = relay.RelayBatch(context.Background())
 	require.NoError(t, err)

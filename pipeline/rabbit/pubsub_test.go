@@ -89,7 +89,7 @@ func ferryPubSubInFlight(t *testing.T, cfg rabbit.Config, inFlight int) func(t *
 
 	// One relay for the whole suite, like a deployment's; rows that fail to
 	// publish (the broker restarting) are tried again soon.
-	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{PollInterval: 20 * time.Millisecond, BatchSize: 500,
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{OrderedTopics: pub.OrderedTopics(), PollInterval: 20 * time.Millisecond, BatchSize: 500,
 		Backoff: pipeline.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

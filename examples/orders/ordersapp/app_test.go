@@ -218,7 +218,7 @@ func TestRelayCrashAfterConfirmStillChargesOnce(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}}
-	relay, err := pgoutbox.NewRelay(relayPool, crashing, pgoutbox.RelayConfig{}, nil)
+	relay, err := pgoutbox.NewRelay(relayPool, crashing, pgoutbox.RelayConfig{OrderedTopics: h.app.OrderedTopics()}, nil)
 	require.NoError(t, err)
 	_, err = relay.RelayBatch(context.Background())
 	require.Error(t, err, "the relay's connection died before it recorded the dispatch")

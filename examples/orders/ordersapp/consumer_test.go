@@ -22,6 +22,7 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgbudget"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
@@ -205,10 +206,25 @@ func TestConcurrentDuplicateDeliveriesRunOnce(t *testing.T) {
 	t.Parallel()
 	var effects atomic.Int32
 	var entered atomic.Int32
-	h := start(t, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+	var overlapped atomic.Bool
+	var h *harness
+	h = start(t, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
 		return []handlers.Route{{Name: "slow.effect", Topic: "work.dup", Handler: func(msg *message.Message) error {
 			entered.Add(1)
-			time.Sleep(300 * time.Millisecond) // both deliveries are in flight together
+			// Hold the effect until the other delivery is seen waiting on
+			// this one's ledger row (a backend blocked by this handler's
+			// transaction): the two were in flight together, proven, not
+			// assumed from a sleep.
+			pid := pgledger.TxFromContext(msg.Context()).Conn().PgConn().PID()
+			deadline := time.Now().Add(15 * time.Second)
+			for time.Now().Before(deadline) && !overlapped.Load() {
+				var waiting int
+				if err := h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&waiting); err != nil {
+					return err
+				}
+				overlapped.Store(waiting > 0)
+				time.Sleep(10 * time.Millisecond)
+			}
 			effects.Add(1)
 			return nil
 		}}}, nil
@@ -222,6 +238,7 @@ func TestConcurrentDuplicateDeliveriesRunOnce(t *testing.T) {
 	}
 	eventually(t, "both deliveries seen", func() bool { return h.app.Idempotency.Duplicates() == 1 })
 	require.EqualValues(t, 1, effects.Load())
+	require.True(t, overlapped.Load(), "the second delivery was in flight while the first ran (blocked on its ledger row)")
 	require.EqualValues(t, 1, entered.Load(), "the second delivery waited on the ledger row and skipped the handler")
 }
 

@@ -118,6 +118,7 @@ func TestOrderedTopicKeepsPerAggregateOrderAcrossRelaysFailuresAndRestarts(t *te
 		Backoff: pipeline.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 	}
 	newRelay := func() *pgoutbox.Relay {
+		relayCfg.OrderedTopics = h.app.OrderedTopics()
 		r, err := pgoutbox.NewRelay(h.app.Pool, pub, relayCfg, nil)
 		require.NoError(t, err)
 		return r
