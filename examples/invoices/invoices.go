@@ -35,6 +35,7 @@ const (
 )
 
 // snippet:begin migrations
+
 //go:embed migrations/*.sql
 var files embed.FS
 
