@@ -92,7 +92,7 @@ no intent twice; an interrupted run continues where it stopped.`,
 	cmdCDC = &Command{Name: "cdc", Summary: "the CDC relay's replication slot and publication", Sub: []*Command{
 		{Name: "drop", Summary: "remove the slot and the publication (switching CDC off for good: a slot nobody streams retains WAL)", Flags: cdcDropFlags},
 	}}
-	cmdAudit       = &Command{Name: "audit", Summary: "the audit log: who requeued or discarded what, when, how many (console and CLI)", Flags: auditFlags}
+	cmdAudit       = &Command{Name: "audit", Summary: "the audit log: who requeued, retried or discarded what, when, how many, with the ids (console and CLI)", Flags: auditFlags}
 	cmdHealthcheck = &Command{Name: "healthcheck", Summary: "exit 0 if the admin server's /readyz (or --url) answers 200; for container healthchecks, the image having no shell or curl",
 		Flags: healthcheckFlags}
 )

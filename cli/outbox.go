@@ -144,7 +144,7 @@ func outboxActionFlags(action string) func(*flag.FlagSet, *Env) RunFunc {
 		o := OutboxAction{Action: action}
 		var kind, ids string
 		fs.StringVar(&kind, "kind", "", "failing (rows the relay cannot publish) or retrying (handlers' durable retries); required")
-		fs.StringVar(&o.Stuck.Fingerprint, "fingerprint", "", "the group's error fingerprint (`ferry outbox failing`, `ferry status`)")
+		fs.StringVar(&o.Stuck.Fingerprint, "fingerprint", "", "the group's error fingerprint (as outbox failing and status show it)")
 		fs.StringVar(&o.Stuck.Handler, "handler", "", "with --kind retrying: the handler whose retries to act on")
 		fs.StringVar(&ids, "id", "", "outbox row ids, comma-separated (instead of a group; still only rows of --kind)")
 		fs.BoolVar(&o.DryRun, "dry-run", false, "count the rows the action would touch, change nothing")
