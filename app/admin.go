@@ -30,7 +30,7 @@ func (a *App) AdminHandler() http.Handler {
 	} else {
 		a.logger.Error("the console could not be built", "error", err)
 	}
-	mux.Handle("GET /metrics", a.Metrics.Handler())
+	mux.Handle("GET /metrics", a.metrics.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
@@ -63,7 +63,7 @@ func (a *App) Console() (*console.Console, error) {
 		cfg.Unrouted = a.UnroutedDepth
 		cfg.Queues = a.QueueStats
 	}
-	return console.New(a.Pool, a.Poison, cfg)
+	return console.New(a.pool, a.poison, cfg)
 }
 
 // Ready checks what a process needs to do its work.
@@ -78,7 +78,7 @@ func (a *App) Ready(ctx context.Context) (map[string]string, bool) {
 		checks[name], ok = answer, false
 		a.logger.WarnContext(ctx, "readiness check failed", "check", name, "error", err)
 	}
-	if err := a.Pool.Ping(ctx); err != nil {
+	if err := a.pool.Ping(ctx); err != nil {
 		fail("database", "unreachable (see the process's log)", err)
 	} else {
 		checks["database"] = "ok"
@@ -90,7 +90,7 @@ func (a *App) Ready(ctx context.Context) (map[string]string, bool) {
 	} else {
 		checks["broker"] = "ok"
 	}
-	if pending, err := migrations.Pending(ctx, a.DB); err != nil {
+	if pending, err := migrations.Pending(ctx, a.db); err != nil {
 		fail("migrations", "could not be checked (see the process's log)", err)
 	} else if pending {
 		checks["migrations"], ok = "pending: run the migrate up command", false

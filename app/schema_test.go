@@ -34,7 +34,7 @@ func TestServicePoolPublishesIntoTheConfiguredSchema(t *testing.T) {
 	msg, err := pipeline.NewEvent(ctx, "order-1", map[string]string{"id": "order-1"})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, own, func(tx pgx.Tx) error {
-		return a.Outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), "orders.placed", []*message.Message{msg}...)
+		return a.Outbox().PublishTx(ctx, pgoutbox.PgxTx(tx), "orders.placed", []*message.Message{msg}...)
 	}))
 	var corr string
 	require.NoError(t, own.QueryRow(ctx, `SELECT headers->>$2 FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()+` WHERE message_uuid = $1`,

@@ -1064,11 +1064,11 @@ func mcpFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			return err
 		}
 		defer a.Close()
-		if a.Tools == nil {
+		if a.Tools() == nil {
 			return errors.New("this application defines no agent tools (app.Options.Tools)")
 		}
-		logger.Info(env.Name+" mcp serving on stdio", "tools", len(a.Tools.Tools()))
-		return mcptools.ServeStdio(ctx, a.Tools, &mcp.Implementation{Name: env.Name, Version: env.Options.Version}, logger)
+		logger.Info(env.Name+" mcp serving on stdio", "tools", len(a.Tools().Tools()))
+		return mcptools.ServeStdio(ctx, a.Tools(), &mcp.Implementation{Name: env.Name, Version: env.Options.Version}, logger)
 	}
 }
 

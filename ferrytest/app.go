@@ -64,7 +64,7 @@ func App(t testing.TB, opts app.Options, configure ...func(*app.Config)) *app.Ap
 	if err != nil {
 		t.Fatalf("starting the application: %v", err)
 	}
-	TeardownTopology(t, a.Topology)
+	TeardownTopology(t, a.Topology())
 	t.Cleanup(func() { _ = a.Close() })
 	stop, err := a.Start(context.Background(), app.All)
 	if err != nil {

@@ -697,7 +697,7 @@ func TestStatusShowsQueuesWithoutConsumer(t *testing.T) {
 	opts.WithoutBroker = false
 	a, err := app.New(ctx, cfg, opts)
 	require.NoError(t, err)
-	ferrytest.TeardownTopology(t, a.Topology)
+	ferrytest.TeardownTopology(t, a.Topology())
 	defer a.Close()
 	stats, err := a.QueueStats(ctx)
 	require.NoError(t, err)

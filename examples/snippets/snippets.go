@@ -212,8 +212,8 @@ type LegacyMailer interface {
 // past the topic's cut-off, and the old way before it.
 func MailOrder(ctx context.Context, a *app.App, tx *sql.Tx, legacy LegacyMailer, orderID string, createdAt time.Time, evt *message.Message) error {
 	// App.Cutoff is built from FERRY_CUTOFF / FERRY_CUTOFF_TOPICS; cutoff.New does it in code.
-	if a.Cutoff.Outboxed(ctx, "mail.send", orderID, createdAt) {
-		return a.Outbox.PublishTx(ctx, tx, "mail.send", evt) // the new path, in the business transaction
+	if a.Cutoff().Outboxed(ctx, "mail.send", orderID, createdAt) {
+		return a.Outbox().PublishTx(ctx, tx, "mail.send", evt) // the new path, in the business transaction
 	}
 	return legacy.Send(ctx, orderID) // the old path, as before
 }

@@ -946,7 +946,7 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 		return benchReport{}, err
 	}
 	defer a.Close()
-	defer func() { _ = a.Topology.Teardown(a.Broker()) }()
+	defer func() { _ = a.Topology().Teardown(a.Broker()) }()
 	stop, err := a.Start(ctx, app.Components{Relay: true, Consumers: true})
 	if err != nil {
 		return benchReport{}, err
@@ -993,10 +993,10 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 		return benchReport{}, err
 	}
 	var cdcStats any
-	if a.CDC != nil {
-		st := a.CDC.Stats()
+	if all := a.Stats(); all.CDC != nil {
+		st := *all.CDC
 		cdcStats = map[string]any{"dispatched": st.Dispatched, "left_to_safety_net": st.Left, "skipped": st.Skipped, "streamed_transactions": st.Streamed, "retried_not_yet_visible": st.Retried}
-		if _, _, err := pgcdc.DropWhenInactive(ctx, a.Pool, a.CDC.Slot(), a.CDC.Publication()); err != nil {
+		if _, _, err := pgcdc.DropWhenInactive(ctx, a.Pool(), all.CDCSlot, all.CDCPublication); err != nil {
 			return benchReport{}, err
 		}
 	}
@@ -1049,18 +1049,18 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 // a pgx transaction of the caller's, PublishTx in it, and nothing after
 // the commit (no Committed, no InTx).
 func publishAsTheREADME(ctx context.Context, a *app.App, seq int) error {
-	return pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, a.Pool(), func(tx pgx.Tx) error {
 		msg, err := pipeline.NewEvent(ctx, strconv.Itoa(seq%1000), map[string]int{"seq": seq})
 		if err != nil {
 			return err
 		}
 		msg.Metadata.Set(benchSeqKey, strconv.Itoa(seq))
-		return a.Outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), "bench.e2e", msg)
+		return a.Outbox().PublishTx(ctx, pgoutbox.PgxTx(tx), "bench.e2e", msg)
 	})
 }
 
 func benchPublishOne(ctx context.Context, a *app.App, seq int) error {
-	tx, err := a.DB.BeginTx(ctx, nil)
+	tx, err := a.DB().BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -1070,13 +1070,13 @@ func benchPublishOne(ctx context.Context, a *app.App, seq int) error {
 		return err
 	}
 	msg.Metadata.Set(benchSeqKey, strconv.Itoa(seq))
-	if err := a.Outbox.PublishTx(ctx, tx, "bench.e2e", msg); err != nil {
+	if err := a.Outbox().PublishTx(ctx, tx, "bench.e2e", msg); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	a.Outbox.Committed()
+	a.Outbox().Committed()
 	return nil
 }
 

@@ -496,7 +496,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		driver.Close()
 		return rep, err
 	}
-	if _, err := driver.Pool.Exec(ctx, chaosBatchTableSQL); err != nil {
+	if _, err := driver.Pool().Exec(ctx, chaosBatchTableSQL); err != nil {
 		driver.Close()
 		return rep, err
 	}
@@ -529,7 +529,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			if _, _, err := pgcdc.DropWhenInactive(dctx, driver.Pool, schema, schema); err != nil {
+			if _, _, err := pgcdc.DropWhenInactive(dctx, driver.Pool(), schema, schema); err != nil {
 				logger.Warn("dropping the chaos run's replication slot", "slot", schema, "error", err)
 			}
 		}()
@@ -555,7 +555,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	}
 	if err := wait.For(ctx, func() bool {
 		var relays, consumers int
-		_ = driver.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE components LIKE '%relay%'), count(*) FILTER (WHERE components LIKE '%consumers%') FROM ferry_instances`).Scan(&relays, &consumers)
+		_ = driver.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE components LIKE '%relay%'), count(*) FILTER (WHERE components LIKE '%consumers%') FROM ferry_instances`).Scan(&relays, &consumers)
 		return relays >= run.Relays && consumers >= run.Consumers
 	}); err != nil {
 		return rep, fmt.Errorf("children did not come up: %w; their last words: %s (logs in %s)", err, logTail(logDir), logDir)
@@ -588,7 +588,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	// flight when the processes stop.
 	rollConsumers := func(kind string, sig syscall.Signal) {
 		provider.FailNext(12)
-		n, err := env.roll(faultCtx, driver.Pool, "consume", sig, consumerStopWait, faults)
+		n, err := env.roll(faultCtx, driver.Pool(), "consume", sig, consumerStopWait, faults)
 		if faultCtx.Err() != nil {
 			if n == 0 {
 				return // cut short before it stopped anything: not a fault injected
@@ -646,7 +646,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				err = env.killAndRestart(frng, "consume", faults())
 			case "terminate_db_backends":
 				gate.RLock()
-				_, err = driver.Pool.Exec(faultCtx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
+				_, err = driver.Pool().Exec(faultCtx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
 				gate.RUnlock()
 			case "close_amqp_connections":
 				if run.HA {
@@ -705,7 +705,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				case <-time.After(100 * time.Millisecond):
 				}
 				var placed int
-				_ = driver.Pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&placed)
+				_ = driver.Pool().QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&placed)
 				backlog = placed - provider.Requests()
 			}
 			gate.Lock()
@@ -867,7 +867,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	// owe after the mails are out.
 	settled := func() bool {
 		var pending, poisoned, counted int
-		_ = driver.Pool.QueryRow(dctx, `SELECT (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL), (SELECT count(*) FROM poison_messages),
+		_ = driver.Pool().QueryRow(dctx, `SELECT (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL), (SELECT count(*) FROM poison_messages),
 			(SELECT count(*) FROM `+ChaosBatchTable+`)`).Scan(&pending, &poisoned, &counted)
 		charges, mails := chargesByOrder(provider), mailsByOrder(sink)
 		return pending == 0 && len(charges)+poisoned >= rep.OrdersCommitted && len(mails)+poisoned >= rep.OrdersCommitted &&
@@ -902,7 +902,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 // chaosOrder places one order with its audit event in one transaction, or
 // rolls the transaction back after publishing.
 func chaosOrder(ctx context.Context, a *app.App, svc *orders.Service, in orders.Input, seq map[string]int64, rollback bool) error {
-	tx, err := a.DB.BeginTx(ctx, nil)
+	tx, err := a.DB().BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -921,7 +921,7 @@ func chaosOrder(ctx context.Context, a *app.App, svc *orders.Service, in orders.
 	if err != nil {
 		return err
 	}
-	if err := a.Outbox.PublishEventsTx(ctx, tx, pipeline.Outgoing{Topic: ChaosAuditTopic, Msg: evt}); err != nil {
+	if err := a.Outbox().PublishEventsTx(ctx, tx, pipeline.Outgoing{Topic: ChaosAuditTopic, Msg: evt}); err != nil {
 		return err
 	}
 	if rollback {
@@ -930,7 +930,7 @@ func chaosOrder(ctx context.Context, a *app.App, svc *orders.Service, in orders.
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	a.Outbox.Committed()
+	a.Outbox().Committed()
 	seq[in.UserID]++
 	return nil
 }
@@ -966,7 +966,7 @@ func injectedFault(reason string) bool {
 
 func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *sandbox.SMTPSink, committedKeys []string, expectAudit int, rep *ChaosReport) error {
 	var ids []string
-	rows, err := a.Pool.Query(ctx, `SELECT id::text FROM orders ORDER BY id`)
+	rows, err := a.Pool().Query(ctx, `SELECT id::text FROM orders ORDER BY id`)
 	if err != nil {
 		return err
 	}
@@ -982,7 +982,7 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 	if len(ids) != len(committedKeys) {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("%d orders committed by the driver but %d in the table", len(committedKeys), len(ids)))
 	}
-	poisoned, err := a.Poison.List(ctx, "", 0)
+	poisoned, err := a.Poison().List(ctx, "", 0)
 	if err != nil {
 		return err
 	}
@@ -1034,7 +1034,7 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 		}
 	}
 	seen := map[string]int{}
-	rows, err = a.Pool.Query(ctx, `SELECT order_id, n FROM `+ChaosBatchTable)
+	rows, err = a.Pool().Query(ctx, `SELECT order_id, n FROM `+ChaosBatchTable)
 	if err != nil {
 		return err
 	}
@@ -1092,7 +1092,7 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 	if rep.AuditEvents+rep.Poisoned < expectAudit {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("%d audit events committed but %d arrived", expectAudit, rep.AuditEvents))
 	}
-	if err := a.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NULL AND available_at <= now()),
+	if err := a.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NULL AND available_at <= now()),
 		count(*) FILTER (WHERE attempts > 1), count(*) FILTER (WHERE topic = $1) FROM outbox`, pipeline.RetryTopic).
 		Scan(&rep.PendingDue, &rep.RelayRetries, &rep.DurableRetries); err != nil {
 		return err

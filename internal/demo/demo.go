@@ -100,13 +100,13 @@ func Demo(ctx context.Context, cfg app.Config, out io.Writer, logger *slog.Logge
 	}
 	// The schema stays for inspection; the queues, empty by then, go.
 	defer func() {
-		if terr := a.Topology.Teardown(a.Broker()); terr != nil && err == nil {
+		if terr := a.Topology().Teardown(a.Broker()); terr != nil && err == nil {
 			err = fmt.Errorf("removing demo topology: %w", terr)
 		}
 	}()
 	// Messages an interrupted earlier demo left in its queues would refer
 	// to outbox rows of the dropped schema.
-	if err := a.Topology.Purge(a.Broker()); err != nil {
+	if err := a.Topology().Purge(a.Broker()); err != nil {
 		return rep, err
 	}
 
@@ -144,11 +144,11 @@ func Demo(ctx context.Context, cfg app.Config, out io.Writer, logger *slog.Logge
 	// charge event but before it recorded dispatched_at: the row is pending
 	// again, the relay sends it again, and the consumers' ledger must
 	// acknowledge it without charging twice.
-	if _, err := a.Pool.Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = (SELECT min(id) FROM outbox WHERE topic = $1)`, orders.TopicChargeRequested); err != nil {
+	if _, err := a.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = (SELECT min(id) FROM outbox WHERE topic = $1)`, orders.TopicChargeRequested); err != nil {
 		return rep, fmt.Errorf("simulating relay crash: %w", err)
 	}
 	rep.Redeliveries = 1
-	if err := wait.For(ctx, func() bool { return a.Idempotency.Duplicates() >= 1 }); err != nil {
+	if err := wait.For(ctx, func() bool { return a.Stats().Duplicates >= 1 }); err != nil {
 		return rep, fmt.Errorf("waiting for the redelivered event: %w", err)
 	}
 	// A moment for any effect that should not happen to show itself.
@@ -157,11 +157,11 @@ func Demo(ctx context.Context, cfg app.Config, out io.Writer, logger *slog.Logge
 		return rep, fmt.Errorf("pipeline: %w", err)
 	}
 
-	rep.EventsRelayed = a.Relay.Stats().Dispatched
+	rep.EventsRelayed = a.Stats().Relay.Dispatched
 	rep.ChargeRequests = provider.Requests()
 	rep.Charges = len(provider.Charges())
 	rep.Mails = len(sink.Mails())
-	rep.LedgerDuplicates = a.Idempotency.Duplicates()
+	rep.LedgerDuplicates = a.Stats().Duplicates
 	rep.Elapsed = time.Since(start)
 	printDemoReport(out, rep)
 	return rep, rep.check()

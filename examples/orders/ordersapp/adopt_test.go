@@ -41,11 +41,11 @@ func TestShadowIntentsNeverReachTheBroker(t *testing.T) {
 	}}, app.Components{Relay: true, Consumers: true})
 	ctx := context.Background()
 	publishEvent(t, h, "legacy.welcome", "user-1", map[string]string{"user": "1"}) // shadow by topic
-	tx, err := h.app.DB.BeginTx(ctx, nil)
+	tx, err := h.app.DB().BeginTx(ctx, nil)
 	require.NoError(t, err)
 	marked, err := pipeline.NewEvent(ctx, "order-9", map[string]int{"order": 9})
 	require.NoError(t, err)
-	require.NoError(t, h.app.Outbox.PublishTx(ctx, tx, "legacy.receipt", pipeline.WithShadow(marked))) // shadow by mark
+	require.NoError(t, h.app.Outbox().PublishTx(ctx, tx, "legacy.receipt", pipeline.WithShadow(marked))) // shadow by mark
 	// The legacy code records its effects in its own transaction.
 	require.NoError(t, shadow.RecordLegacy(ctx, tx, "legacy.receipt", "order-9"))
 	require.NoError(t, tx.Commit())
@@ -56,9 +56,9 @@ func TestShadowIntentsNeverReachTheBroker(t *testing.T) {
 	publishEvent(t, h, "legacy.receipt", "order-12", map[string]any{"order": 12, "shadow_mode": "true"})
 
 	eventually(t, "the live intents handled", func() bool { return live.Load() == 3 })
-	pipelinetest.RequireDrained(t, h.app.Pool, 10*time.Second)
+	pipelinetest.RequireDrained(t, h.app.Pool(), 10*time.Second)
 	var shadowed int
-	require.NoError(t, h.app.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE shadowed AND dispatched_at IS NOT NULL`).Scan(&shadowed))
+	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE shadowed AND dispatched_at IS NOT NULL`).Scan(&shadowed))
 	require.Equal(t, 2, shadowed)
 	time.Sleep(300 * time.Millisecond)
 	require.Zero(t, handled.Load(), "no shadow intent reached a consumer")
@@ -71,7 +71,7 @@ func TestShadowIntentsNeverReachTheBroker(t *testing.T) {
 	require.Contains(t, rec.Body.String(), `outbox_shadow_events_total{topic="legacy.receipt"} 1`)
 	require.NotContains(t, rec.Body.String(), `outbox_dispatched_total{topic="legacy.welcome"}`)
 
-	rep, err := shadow.Report(ctx, h.app.Pool, shadow.Options{Since: time.Hour, ShadowTopics: cfg.Relay.ShadowTopics})
+	rep, err := shadow.Report(ctx, h.app.Pool(), shadow.Options{Since: time.Hour, ShadowTopics: cfg.Relay.ShadowTopics})
 	require.NoError(t, err)
 	byTopic := map[string]shadow.TopicReport{}
 	for _, tr := range rep.Topics {

@@ -95,7 +95,7 @@ func startWith(t *testing.T, cfg app.Config, provider *sandbox.PaymentProvider, 
 	opts.Migrations = append(opts.Migrations, exmigrations.Set)
 	a, err := app.New(context.Background(), cfg, opts)
 	require.NoError(t, err)
-	pipelinetest.TeardownTopology(t, a.Topology)
+	pipelinetest.TeardownTopology(t, a.Topology())
 	t.Cleanup(func() { a.Close() })
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -162,7 +162,7 @@ func (h *harness) channel(t *testing.T) (*amqp.Channel, func()) {
 // poisoned returns what the poison store holds, oldest first.
 func (h *harness) poisoned(t *testing.T) []pgpoison.Record {
 	t.Helper()
-	recs, err := h.app.Poison.List(context.Background(), "", 0)
+	recs, err := h.app.Poison().List(context.Background(), "", 0)
 	require.NoError(t, err)
 	return recs
 }
@@ -187,7 +187,7 @@ func TestRepeatedCreateOrderChargesAndMailsOnce(t *testing.T) {
 	require.True(t, res.Deduped)
 
 	eventually(t, "one charge and one mail", func() bool { return len(h.provider.Charges()) == 1 && len(h.sink.Mails()) == 1 })
-	pipelinetest.RequireDrained(t, h.app.Pool, 10*time.Second)
+	pipelinetest.RequireDrained(t, h.app.Pool(), 10*time.Second)
 	time.Sleep(300 * time.Millisecond) // room for a duplicate to show up
 	require.Len(t, h.provider.Charges(), 1)
 	require.Equal(t, 1, h.provider.Requests())
@@ -213,7 +213,7 @@ func TestRelayCrashAfterConfirmStillChargesOnce(t *testing.T) {
 	var once sync.Once
 	crashing := &crashAfterConfirm{Publisher: h.app.BatchPublisher(), crash: func() {
 		once.Do(func() {
-			_, err := h.app.Pool.Exec(context.Background(),
+			_, err := h.app.Pool().Exec(context.Background(),
 				`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
 			require.NoError(t, err)
 		})
@@ -228,7 +228,7 @@ func TestRelayCrashAfterConfirmStillChargesOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Dispatched)
 
-	eventually(t, "both redeliveries suppressed", func() bool { return h.app.Idempotency.Duplicates() == 2 })
+	eventually(t, "both redeliveries suppressed", func() bool { return h.app.Stats().Duplicates == 2 })
 	require.Len(t, h.provider.Charges(), 1)
 	require.Equal(t, 1, h.provider.Requests(), "the ledger must stop the second call, not only the provider")
 	require.Len(t, h.sink.Mails(), 1)
@@ -288,11 +288,11 @@ func TestFailingHandlerEndsInPoisonQueueWithReason(t *testing.T) {
 	total := 0
 	calls.Range(func(_, n any) bool { total += *n.(*int); return true })
 	require.Equal(t, 9, total, "3 deliveries (2 of them durable retries) × (1 try + 2 quick retries)")
-	processed, err := h.app.Ledger.Processed(context.Background(), "always.fails", p.MessageID)
+	processed, err := h.app.Ledger().Processed(context.Background(), "always.fails", p.MessageID)
 	require.NoError(t, err)
 	require.False(t, processed, "a failed message is never recorded as done")
 	var retries int
-	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry'`).Scan(&retries))
+	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry'`).Scan(&retries))
 	require.Equal(t, 2, retries, "each durable retry went through the outbox")
 }
 
@@ -343,7 +343,7 @@ func TestMalformedMessageGoesStraightToPoison(t *testing.T) {
 
 	ch, closeCh := h.channel(t)
 	defer closeCh()
-	exchange := h.app.Topology.ExchangeName(orders.TopicChargeRequested)
+	exchange := h.app.Topology().ExchangeName(orders.TopicChargeRequested)
 	bad := []amqp.Publishing{
 		{MessageId: "m1", Body: []byte("not json"), Headers: amqp.Table{"schema_version": "1"}},
 		{MessageId: "m2", Body: []byte(`{"order_id":1}`), Headers: amqp.Table{"schema_version": "1"}},                                                      // missing fields
@@ -455,9 +455,9 @@ func publishEvent(t *testing.T, h *harness, topic, aggregate string, payload any
 	t.Helper()
 	msg, err := pipeline.NewEvent(context.Background(), aggregate, payload)
 	require.NoError(t, err)
-	tx, err := h.app.DB.BeginTx(context.Background(), nil)
+	tx, err := h.app.DB().BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	require.NoError(t, h.app.Outbox.PublishTx(context.Background(), tx, topic, msg))
+	require.NoError(t, h.app.Outbox().PublishTx(context.Background(), tx, topic, msg))
 	require.NoError(t, tx.Commit())
 }
 

@@ -61,12 +61,12 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 	}
 	h := start(t, app.Options{Routes: routes}, app.Components{Relay: true, Consumers: true})
 	ctx := context.Background()
-	_, err := h.app.Pool.Exec(ctx, `CREATE TABLE projected (message_id text PRIMARY KEY)`)
+	_, err := h.app.Pool().Exec(ctx, `CREATE TABLE projected (message_id text PRIMARY KEY)`)
 	require.NoError(t, err)
 
 	var ids []string
 	for chunk := 0; chunk < n; chunk += 100 {
-		err := h.app.Outbox.InTx(ctx, h.app.Pool, func(ctx context.Context, _ pgoutbox.Querier, p *pgoutbox.Pending) error {
+		err := h.app.Outbox().InTx(ctx, h.app.Pool(), func(ctx context.Context, _ pgoutbox.Querier, p *pgoutbox.Pending) error {
 			var out []pipeline.Outgoing
 			for i := chunk; i < chunk+100; i++ {
 				v := i
@@ -92,20 +92,20 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 
 	count := func(q string, args ...any) int {
 		var c int
-		require.NoError(t, h.app.Pool.QueryRow(ctx, q, args...).Scan(&c))
+		require.NoError(t, h.app.Pool().QueryRow(ctx, q, args...).Scan(&c))
 		return c
 	}
 	eventually(t, "598 events projected and the two bad ones poisoned", func() bool {
 		return count(`SELECT count(*) FROM projected`) == n-2 && count(`SELECT count(*) FROM poison_messages`) == 2
 	})
-	rows, err := h.app.Pool.Query(ctx, `SELECT message_id FROM projected`)
+	rows, err := h.app.Pool().Query(ctx, `SELECT message_id FROM projected`)
 	require.NoError(t, err)
 	projected, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.ElementsMatch(t, ids, projected, "every good event projected, once")
 	require.Equal(t, n-2, count(`SELECT count(*) FROM processed_messages WHERE consumer = $1`, route), "a ledger row per projected event, none for the bad ones")
 
-	poisoned, err := h.app.Poison.List(ctx, topic, 0)
+	poisoned, err := h.app.Poison().List(ctx, topic, 0)
 	require.NoError(t, err)
 	require.Len(t, poisoned, 2)
 	reasons := map[string]string{}
@@ -118,7 +118,7 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 
 	// The batches are counted: committed ones, and the failed ones that
 	// held a bad event.
-	families, err := h.app.Metrics.Registry.Gather()
+	families, err := h.app.Metrics().Registry.Gather()
 	require.NoError(t, err)
 	batches := map[string]float64{}
 	var observed uint64

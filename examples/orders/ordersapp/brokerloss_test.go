@@ -92,7 +92,7 @@ func TestBrokerNodeLossLosesAndDoublesNothing(t *testing.T) {
 			seq[account]++
 			s := seq[account]
 			mu.Unlock()
-			err := a.Outbox.InTx(ctx, a.Pool, func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
+			err := a.Outbox().InTx(ctx, a.Pool(), func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
 				var events []pipeline.Outgoing
 				for _, topic := range []string{"ha.mail", "ha.ledger"} {
 					evt, err := pipeline.NewEvent(ctx, account, map[string]any{"account": account, "seq": s})

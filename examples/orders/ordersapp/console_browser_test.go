@@ -66,7 +66,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 		publishEvent(t, h, "work.outage-ledger", "account-7", map[string]int{"entry": i})
 	}
 	eventually(t, "three poisoned", func() bool { return len(h.poisoned(t)) == 3 })
-	_, err = h.app.Pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES
+	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES
 		('evil', 'mail.send', 'notifications.mail', convert_to('{"x":"<img src=x onerror=window.__pwned=1>"}', 'UTF8'),
 		 E'<script>window.__pwned=1</script> \x1b[2J owned')`)
 	require.NoError(t, err)
@@ -123,7 +123,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	// its head (since when, which message, why), both under "needs
 	// attention".
 	eventually(t, "mails retrying and the ledger's partition held", func() bool {
-		rep, err := pgstatus.Collect(context.Background(), h.app.Pool, "", pgstatus.DefaultAttemptsThreshold)
+		rep, err := pgstatus.Collect(context.Background(), h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
 		return err == nil && rep.RetryingTotal == 3 && len(rep.Held) == 1
 	})
 	var retrying, held, attention string
@@ -213,7 +213,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	// An action from a message's detail page: discard the hostile one,
 	// after its count.
 	var evilID int64
-	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT id FROM poison_messages WHERE message_id = 'evil'`).Scan(&evilID))
+	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT id FROM poison_messages WHERE message_id = 'evil'`).Scan(&evilID))
 	run("detail action", chromedp.Navigate(fmt.Sprintf("%s/console/poison/%d", srv.URL, evilID)), chromedp.WaitVisible("#detail-discard"),
 		shot("console-detail.png"), chromedp.Click("#detail-discard"), chromedp.WaitVisible("#count"), chromedp.Text("#count", &count))
 	require.Equal(t, "1", strings.TrimSpace(count))
@@ -224,7 +224,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 
 	// Paging under a filter: 120 mails behind the filter, pages of 50; the
 	// third page holds the oldest 20 and the filter is still applied.
-	_, err = h.app.Pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
 		SELECT 'bulk-' || g, 'mail.send', 'bulk.mail', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 120) g;
 		INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
 		SELECT 'sms-' || g, 'sms.send', 'bulk.sms', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 30) g`)
@@ -259,7 +259,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	axe, err := os.ReadFile("testdata/axe-core/axe.min.js")
 	require.NoError(t, err)
 	var poisonID int64
-	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT min(id) FROM poison_messages`).Scan(&poisonID))
+	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT min(id) FROM poison_messages`).Scan(&poisonID))
 	pages := []string{"/console/", "/console/retrying", "/console/failing", "/console/poison", "/console/poison?group=1",
 		fmt.Sprintf("/console/poison/%d", poisonID), "/console/audit", "/console/login"}
 	awaitPromise := func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }
@@ -295,7 +295,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	run("confirm discard", chromedp.Click("#confirm"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash))
 	require.Contains(t, flash, "discarded 120 message(s)")
 	var mails, sms int
-	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE handler = 'bulk.mail'), count(*) FILTER (WHERE handler = 'bulk.sms') FROM poison_messages`).Scan(&mails, &sms))
+	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE handler = 'bulk.mail'), count(*) FILTER (WHERE handler = 'bulk.sms') FROM poison_messages`).Scan(&mails, &sms))
 	require.Equal(t, 0, mails)
 	require.Equal(t, 30, sms, "outside the filter, untouched")
 

@@ -77,7 +77,7 @@ func TestDurableRetrySurvivesConsumerRestart(t *testing.T) {
 
 	var retryDue time.Time
 	eventually(t, "the durable retry scheduled", func() bool {
-		err := first.app.Pool.QueryRow(context.Background(),
+		err := first.app.Pool().QueryRow(context.Background(),
 			`SELECT available_at FROM outbox WHERE topic = $1 AND dispatched_at IS NULL`, pipeline.RetryTopic).Scan(&retryDue)
 		return err == nil
 	})
@@ -118,13 +118,13 @@ func TestRequeueBringsAPoisonedMessageBackOnce(t *testing.T) {
 	rec := h.poisoned(t)[0]
 	require.Equal(t, "requeue.worker", rec.Handler)
 
-	dry, err := h.app.Poison.Requeue(context.Background(), pgpoison.Selector{Topic: "work.requeue"}, pgpoison.Run{DryRun: true})
+	dry, err := h.app.Poison().Requeue(context.Background(), pgpoison.Selector{Topic: "work.requeue"}, pgpoison.Run{DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dry.Requeued, 1)
 	require.Len(t, h.poisoned(t), 1, "a dry run changes nothing")
 
 	failing.Store(false) // the bug is fixed and deployed
-	res, err := h.app.Poison.Requeue(context.Background(), pgpoison.Selector{IDs: []int64{rec.ID}}, pgpoison.Run{Actor: "test"})
+	res, err := h.app.Poison().Requeue(context.Background(), pgpoison.Selector{IDs: []int64{rec.ID}}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, res.MessageIDs, 1)
 	require.Empty(t, h.poisoned(t))
@@ -141,7 +141,7 @@ func TestRequeueBringsAPoisonedMessageBackOnce(t *testing.T) {
 	failing.Store(true)
 	publishEvent(t, h, "work.requeue", "job-8", job{N: 8})
 	eventually(t, "the second message poisoned", func() bool { return len(h.poisoned(t)) == 1 })
-	gone, err := h.app.Poison.Discard(context.Background(), pgpoison.Selector{All: true}, pgpoison.Run{Actor: "test"})
+	gone, err := h.app.Poison().Discard(context.Background(), pgpoison.Selector{All: true}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, gone, 1)
 	require.Empty(t, h.poisoned(t))
@@ -219,7 +219,7 @@ func TestConcurrentDuplicateDeliveriesRunOnce(t *testing.T) {
 			deadline := time.Now().Add(15 * time.Second)
 			for time.Now().Before(deadline) && !overlapped.Load() {
 				var waiting int
-				if err := h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&waiting); err != nil {
+				if err := h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&waiting); err != nil {
 					return err
 				}
 				overlapped.Store(waiting > 0)
@@ -233,10 +233,10 @@ func TestConcurrentDuplicateDeliveriesRunOnce(t *testing.T) {
 	ch, closeCh := h.channel(t)
 	defer closeCh()
 	for range 2 {
-		require.NoError(t, ch.PublishWithContext(context.Background(), h.app.Topology.ExchangeName("work.dup"), "", false, false,
+		require.NoError(t, ch.PublishWithContext(context.Background(), h.app.Topology().ExchangeName("work.dup"), "", false, false,
 			amqp.Publishing{MessageId: "same-id", Body: []byte(`{}`), DeliveryMode: amqp.Persistent}))
 	}
-	eventually(t, "both deliveries seen", func() bool { return h.app.Idempotency.Duplicates() == 1 })
+	eventually(t, "both deliveries seen", func() bool { return h.app.Stats().Duplicates == 1 })
 	require.EqualValues(t, 1, effects.Load())
 	require.True(t, overlapped.Load(), "the second delivery was in flight while the first ran (blocked on its ledger row)")
 	require.EqualValues(t, 1, entered.Load(), "the second delivery waited on the ledger row and skipped the handler")
@@ -270,7 +270,7 @@ func TestOrderedRouteRetriesInPlace(t *testing.T) {
 	require.Equal(t, []int{0, 1, 2}, handled)
 	mu.Unlock()
 	var retries int
-	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE topic = $1`, pipeline.RetryTopic).Scan(&retries))
+	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE topic = $1`, pipeline.RetryTopic).Scan(&retries))
 	require.Zero(t, retries, "an ordered message is not rescheduled behind its successors")
 	require.Empty(t, h.poisoned(t))
 }
@@ -312,7 +312,7 @@ func TestSameIDDifferentContentIsPoisonedNotDropped(t *testing.T) {
 	ch, closeCh := h.channel(t)
 	defer closeCh()
 	publish := func(body string) {
-		require.NoError(t, ch.PublishWithContext(context.Background(), h.app.Topology.ExchangeName("work.forged"), "", false, false,
+		require.NoError(t, ch.PublishWithContext(context.Background(), h.app.Topology().ExchangeName("work.forged"), "", false, false,
 			amqp.Publishing{MessageId: "next-id", Body: []byte(body), DeliveryMode: amqp.Persistent}))
 	}
 	publish(`{"to":"genuine"}`)
@@ -321,7 +321,7 @@ func TestSameIDDifferentContentIsPoisonedNotDropped(t *testing.T) {
 	publish(`{"to":"attacker"}`)
 	var poisoned []pgpoison.Record
 	eventually(t, "the conflicting delivery poisoned", func() bool { poisoned = h.poisoned(t); return len(poisoned) == 1 })
-	eventually(t, "the redelivery seen as a duplicate", func() bool { return h.app.Idempotency.Duplicates() == 1 })
+	eventually(t, "the redelivery seen as a duplicate", func() bool { return h.app.Stats().Duplicates == 1 })
 	require.Equal(t, `{"to":"attacker"}`, string(poisoned[0].Payload))
 	require.Contains(t, poisoned[0].Reason, "message id already processed with different content")
 	require.True(t, poisoned[0].Permanent)
@@ -357,17 +357,17 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 	var held []pgstatus.HeldPartition
 	eventually(t, "the hold recorded", func() bool {
 		var err error
-		held, err = pgstatus.HeldPartitions(ctx, h.app.Pool)
+		held, err = pgstatus.HeldPartitions(ctx, h.app.Pool())
 		return err == nil && len(held) == 1
 	})
 	require.Contains(t, held[0].Consumer, "held.worker@")
 	require.Contains(t, held[0].LastError, "ledger service answered 503")
 	require.GreaterOrEqual(t, held[0].Attempt, 2)
 
-	rep, err := pgstatus.Collect(ctx, h.app.Pool, "", pgstatus.DefaultAttemptsThreshold)
+	rep, err := pgstatus.Collect(ctx, h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
 	require.NoError(t, err)
 	require.Len(t, rep.Held, 1)
-	require.NoError(t, h.app.Metrics.Refresh(ctx, h.app.Pool))
+	require.NoError(t, h.app.Metrics().Refresh(ctx, h.app.Pool()))
 	con, err := h.app.Console()
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()
@@ -379,7 +379,7 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 
 	failing.Store(false)
 	eventually(t, "the hold released", func() bool {
-		held, err := pgstatus.HeldPartitions(ctx, h.app.Pool)
+		held, err := pgstatus.HeldPartitions(ctx, h.app.Pool())
 		return err == nil && len(held) == 0
 	})
 }

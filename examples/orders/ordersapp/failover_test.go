@@ -110,7 +110,7 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 		}}}, nil
 	}})
 	require.NoError(t, err)
-	pipelinetest.TeardownTopology(t, a.Topology)
+	pipelinetest.TeardownTopology(t, a.Topology())
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- a.Run(runCtx, app.Components{Relay: true, Consumers: true}, nil) }()
@@ -129,7 +129,7 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 	produce := func(until time.Time) {
 		for time.Now().Before(until) {
 			id := next.Add(1)
-			err := a.Outbox.InTx(ctx, a.Pool, func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
+			err := a.Outbox().InTx(ctx, a.Pool(), func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
 				if _, err := q.Exec(ctx, `INSERT INTO ha_orders (id) VALUES ($1)`, id); err != nil {
 					return err
 				}

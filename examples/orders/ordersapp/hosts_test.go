@@ -74,7 +74,7 @@ func TestLoopbackServersRefuseRebindingAndForeignOrigins(t *testing.T) {
 		require.Equal(t, http.StatusForbidden, status, "%s %s Origin %s: %s", c.method, c.url, c.origin, body)
 	}
 	var orders int
-	require.NoError(t, a.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&orders))
+	require.NoError(t, a.Pool().QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&orders))
 	require.Zero(t, orders, "nothing was placed")
 
 	status, body := do(t, hostCase{method: "POST", url: api + "/orders", host: "localhost:8080", body: order})
@@ -152,8 +152,8 @@ func TestQueuesWithoutConsumersAreShown(t *testing.T) {
 		return ready >= 6 // three charges and three mails
 	}, 20*time.Second, 50*time.Millisecond)
 
-	require.NoError(t, h.app.Metrics.Refresh(ctx, h.app.Pool))
-	srv := httptest.NewServer(h.app.Metrics.Handler())
+	require.NoError(t, h.app.Metrics().Refresh(ctx, h.app.Pool()))
+	srv := httptest.NewServer(h.app.Metrics().Handler())
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
 	require.NoError(t, err)

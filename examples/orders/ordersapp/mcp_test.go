@@ -141,9 +141,9 @@ func TestMCPToolsWithTheSDKClient(t *testing.T) {
 		require.Equal(t, answers[0], a)
 	}
 	var n int
-	require.NoError(t, h.app.Pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE user_id = 'agent-20'`).Scan(&n))
+	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM orders WHERE user_id = 'agent-20'`).Scan(&n))
 	require.Equal(t, 1, n, "twenty concurrent calls with one key, one order")
-	require.NoError(t, h.app.Pool.QueryRow(ctx, `SELECT count(*) FROM orders WHERE user_id = 'agent-7'`).Scan(&n))
+	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM orders WHERE user_id = 'agent-7'`).Scan(&n))
 	require.Equal(t, 1, n)
 
 	// One charge and one mail per order, at the sandbox provider and sink;

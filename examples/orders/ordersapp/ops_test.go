@@ -44,12 +44,12 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	_, err := h.orders.CreateOrder(context.Background(), orders.Input{UserID: "mia", Amount: 300, Currency: "JPY", IdempotencyKey: "m-1"})
 	require.NoError(t, err)
 	eventually(t, "the effects", func() bool { return len(h.provider.Charges()) == 1 && len(h.sink.Mails()) == 1 })
-	pipelinetest.RequireDrained(t, h.app.Pool, 10*time.Second)
+	pipelinetest.RequireDrained(t, h.app.Pool(), 10*time.Second)
 	// A row that keeps failing, as the third alert watches for.
-	_, err = h.app.Pool.Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
 		VALUES ('stuck', 'stripe.charge', '{}', 7, 'broker said no', now() + interval '1 hour')`)
 	require.NoError(t, err)
-	require.NoError(t, h.app.Metrics.Refresh(context.Background(), h.app.Pool))
+	require.NoError(t, h.app.Metrics().Refresh(context.Background(), h.app.Pool()))
 
 	admin := h.app.AdminHandler()
 	// A handler's outcome is counted after its ledger commit, a moment
@@ -99,7 +99,7 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	_, body = get(t, admin, "GET", "/metrics", "")
 	require.Contains(t, body, "ferry_unrouted_messages ", "the unrouted queue's depth is a metric")
 
-	rep, err := pgstatus.Collect(context.Background(), h.app.Pool, "", pgstatus.DefaultAttemptsThreshold)
+	rep, err := pgstatus.Collect(context.Background(), h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.PendingTotal)
 	require.Len(t, rep.Failing, 1)
@@ -109,12 +109,12 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	require.Zero(t, rep.PoisonTotal)
 
 	h.stop()
-	rep, err = pgstatus.Collect(context.Background(), h.app.Pool, "", 5)
+	rep, err = pgstatus.Collect(context.Background(), h.app.Pool(), "", 5)
 	require.NoError(t, err)
 	require.Empty(t, rep.Instances, "a clean stop removes the heartbeat")
 
 	// /readyz says what failed, never the driver's text (hosts, users, databases).
-	h.app.Pool.Close()
+	h.app.Pool().Close()
 	code, body = get(t, admin, "GET", "/readyz", "")
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, `"database":"unreachable`)
@@ -150,12 +150,12 @@ func TestTraceFollowsOneTraceIDAcrossHops(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				tx, err := a.DB.BeginTx(ctx, nil)
+				tx, err := a.DB().BeginTx(ctx, nil)
 				if err != nil {
 					return err
 				}
 				defer tx.Rollback()
-				if err := a.Outbox.PublishTx(ctx, tx, "receipt.issued", msg); err != nil {
+				if err := a.Outbox().PublishTx(ctx, tx, "receipt.issued", msg); err != nil {
 					return err
 				}
 				return tx.Commit()
@@ -179,7 +179,7 @@ func TestTraceFollowsOneTraceIDAcrossHops(t *testing.T) {
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 
 	var headers map[string]string
-	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT headers FROM outbox WHERE topic = $1`, orders.TopicChargeRequested).Scan(&headers))
+	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT headers FROM outbox WHERE topic = $1`, orders.TopicChargeRequested).Scan(&headers))
 	require.Equal(t, traceID, headers[pipeline.MetaTraceID], "the outbox row carries the request's trace")
 
 	select {
@@ -240,9 +240,9 @@ func TestConsumerLogLinesCarryMessageFields(t *testing.T) {
 	ctx := pipeline.ContextWithTraceParent(context.Background(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	msg, err := pipeline.NewEvent(pipeline.ContextWithCorrelationID(ctx, "corr-log"), "acct-9", job{N: 9})
 	require.NoError(t, err)
-	tx, err := h.app.DB.BeginTx(context.Background(), nil)
+	tx, err := h.app.DB().BeginTx(context.Background(), nil)
 	require.NoError(t, err)
-	require.NoError(t, h.app.Outbox.PublishTx(context.Background(), tx, "work.log", msg))
+	require.NoError(t, h.app.Outbox().PublishTx(context.Background(), tx, "work.log", msg))
 	require.NoError(t, tx.Commit())
 	var line map[string]any
 	eventually(t, "the handler's log line", func() bool {

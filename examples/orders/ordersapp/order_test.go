@@ -98,14 +98,14 @@ func TestOrderedTopicKeepsPerAggregateOrderAcrossRelaysFailuresAndRestarts(t *te
 	// Seed in chunks, round-robin over the aggregates, so every batch mixes many.
 	seq := map[string]int{}
 	for start := 0; start < events; start += 1000 {
-		tx, err := h.app.DB.BeginTx(context.Background(), nil)
+		tx, err := h.app.DB().BeginTx(context.Background(), nil)
 		require.NoError(t, err)
 		for i := start; i < start+1000; i++ {
 			agg := fmt.Sprintf("acct-%03d", i%aggregates)
 			msg, err := pipeline.NewEvent(context.Background(), agg, ledgerEntry{Aggregate: agg, Seq: seq[agg]})
 			require.NoError(t, err)
 			seq[agg]++
-			require.NoError(t, h.app.Outbox.PublishTx(context.Background(), tx, topic, msg))
+			require.NoError(t, h.app.Outbox().PublishTx(context.Background(), tx, topic, msg))
 		}
 		require.NoError(t, tx.Commit())
 	}
@@ -119,7 +119,7 @@ func TestOrderedTopicKeepsPerAggregateOrderAcrossRelaysFailuresAndRestarts(t *te
 	}
 	newRelay := func() *pgoutbox.Relay {
 		relayCfg.OrderedTopics = h.app.OrderedTopics()
-		r, err := pgoutbox.NewRelay(h.app.Pool, pub, relayCfg, nil)
+		r, err := pgoutbox.NewRelay(h.app.Pool(), pub, relayCfg, nil)
 		require.NoError(t, err)
 		return r
 	}
@@ -136,7 +136,7 @@ func TestOrderedTopicKeepsPerAggregateOrderAcrossRelaysFailuresAndRestarts(t *te
 	stopFirst()
 	wg.Go(func() { _ = newRelay().Run(ctx) })
 
-	pipelinetest.RequireDrained(t, h.app.Pool, 3*time.Minute)
+	pipelinetest.RequireDrained(t, h.app.Pool(), 3*time.Minute)
 	eventually(t, "every event consumed", func() bool { mu.Lock(); defer mu.Unlock(); return seen >= events })
 	cancel()
 	wg.Wait()
@@ -152,8 +152,8 @@ func TestOrderedTopicKeepsPerAggregateOrderAcrossRelaysFailuresAndRestarts(t *te
 	require.Greater(t, pub.fails, 100, "the failure injection must have bitten")
 	pub.mu.Unlock()
 	var retried int
-	require.NoError(t, h.app.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE attempts > 1`).Scan(&retried))
+	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE attempts > 1`).Scan(&retried))
 	require.Positive(t, retried)
 	t.Logf("%d events, %d injected failures, %d rows needed more than one attempt, %d duplicates suppressed",
-		seen, pub.fails, retried, h.app.Idempotency.Duplicates())
+		seen, pub.fails, retried, h.app.Stats().Duplicates)
 }

@@ -120,18 +120,18 @@ func Routes(c Config) func(app.Deps) ([]handlers.Route, error) {
 
 // NewService is create_order on a's database and outbox.
 func NewService(a *app.App) (*orders.Service, error) {
-	return orders.NewService(a.DB, a.Outbox, nil)
+	return orders.NewService(a.DB(), a.Outbox(), nil)
 }
 
 // HTTP is the example's HTTP API: POST /orders (a thin wrapper over the
 // create_order tool) and GET /healthz. The tools themselves are served
 // beside it, at /mcp and /tools.
 func HTTP(a *app.App) (http.Handler, error) {
-	if a.Tools == nil {
+	if a.Tools() == nil {
 		return nil, errors.New("ordersapp: the HTTP API needs the example's tools (Options.Tools)")
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", a.TraceHTTP("POST /orders", orders.Handler(a.Tools, nil)))
+	mux.Handle("POST /orders", a.TraceHTTP("POST /orders", orders.Handler(a.Tools(), nil)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))

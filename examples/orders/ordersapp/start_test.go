@@ -28,7 +28,7 @@ func newApp(t *testing.T, cfg app.Config, logs *pipelinetest.SyncBuffer) *app.Ap
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	require.NoError(t, err)
-	pipelinetest.TeardownTopology(t, a.Topology)
+	pipelinetest.TeardownTopology(t, a.Topology())
 	t.Cleanup(func() { a.Close() })
 	return a
 }
@@ -49,7 +49,7 @@ func TestFailedStartLeavesNothingBehind(t *testing.T) {
 	err = a.Run(context.Background(), app.All, nil)
 	require.ErrorContains(t, err, "admin: listening on "+taken.Addr().String())
 	var n int
-	require.NoError(t, a.Pool.QueryRow(context.Background(), `SELECT count(*) FROM ferry_instances`).Scan(&n))
+	require.NoError(t, a.Pool().QueryRow(context.Background(), `SELECT count(*) FROM ferry_instances`).Scan(&n))
 	require.Zero(t, n, "no heartbeat row for a process that never ran")
 	a.Close()
 	time.Sleep(100 * time.Millisecond)

@@ -1,0 +1,52 @@
+package app
+
+import (
+	"context"
+	"time"
+
+	"github.com/ferry-dev/ferry/pipeline/pgretention"
+)
+
+// Prune removes dispatched outbox rows and ledger rows past their retention.
+func (a *App) Prune(ctx context.Context) ([]pgretention.Result, error) {
+	r := a.cfg.Retention
+	out, err := pgretention.Prune(ctx, a.pool, pgretention.Outbox, pgretention.Options{OlderThan: r.Outbox, BatchSize: r.BatchSize, Archive: r.ArchiveOutbox, Table: a.cfg.Relay.Table})
+	if err != nil {
+		return nil, err
+	}
+	led, err := pgretention.Prune(ctx, a.pool, pgretention.Ledger, pgretention.Options{OlderThan: r.Ledger, BatchSize: r.BatchSize})
+	if err != nil {
+		return []pgretention.Result{out}, err
+	}
+	calls, err := pgretention.Prune(ctx, a.pool, pgretention.ToolCalls, pgretention.Options{OlderThan: r.ToolCalls, BatchSize: r.BatchSize})
+	if err != nil {
+		return []pgretention.Result{out, led}, err
+	}
+	return []pgretention.Result{out, led, calls}, nil
+}
+
+// runPruner prunes at start and every interval; a failed prune is logged
+// and tried again next time.
+func (a *App) runPruner(ctx context.Context) error {
+	t := time.NewTicker(a.cfg.Retention.Interval)
+	defer t.Stop()
+	for {
+		res, err := a.Prune(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			a.logger.Error("pruning failed", "error", err)
+		}
+		for _, r := range res {
+			if r.Removed > 0 {
+				a.logger.Info("pruned", "target", r.Target, "removed", r.Removed, "cutoff", r.Cutoff, "archived", r.Archive)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
