@@ -23,7 +23,7 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -197,11 +197,11 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		}
 	}()
 
-	a.pool, err = pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: cfg.DatabaseAppName, MaxConns: cfg.DatabaseMaxConns})
+	a.pool, err = pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: cfg.DatabaseAppName, MaxConns: cfg.DatabaseMaxConns})
 	if err != nil {
 		return nil, err
 	}
-	a.db = pgconn.SQLDB(a.pool)
+	a.db = pgdb.SQLDB(a.pool)
 	if a.cutoff, err = cutoff.New(cfg.Cutoff, a.metrics.Registry, a.logger); err != nil {
 		return nil, err
 	}
@@ -214,7 +214,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	// The producer writes in the service's own transactions, on the
 	// service's own pool, whose search_path does not hold
 	// FERRY_DATABASE_SCHEMA: the table is named with its schema.
-	adapter := pgoutbox.SchemaAdapter{Table: qualifiedTable(cfg.Relay.Table, cfg.DatabaseSchema), Ordered: func(topic string) bool { return a.topology.Ordered(topic) }, MaxDelay: cfg.MaxDelay}
+	adapter := pgoutbox.Config{Table: qualifiedTable(cfg.Relay.Table, cfg.DatabaseSchema), Ordered: func(topic string) bool { return a.topology.Ordered(topic) }, MaxDelay: cfg.MaxDelay}
 	if a.outbox, err = pgoutbox.New(adapter, a.logger); err != nil {
 		return nil, fmt.Errorf("RelayConfig.Table: %w", err)
 	}
@@ -320,7 +320,7 @@ func (a *App) checkSchema(ctx context.Context) error {
 		}
 	}
 	if a.cfg.DatabaseSchema != "" && a.opts.Migrate {
-		if err := pgconn.EnsureSchema(ctx, a.pool, a.cfg.DatabaseSchema); err != nil {
+		if err := pgdb.EnsureSchema(ctx, a.pool, a.cfg.DatabaseSchema); err != nil {
 			return err
 		}
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -485,7 +485,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.DatabaseSchema != "" {
-		add("FERRY_DATABASE_SCHEMA", pgconn.ValidateSchema(c.DatabaseSchema))
+		add("FERRY_DATABASE_SCHEMA", pgdb.ValidateSchema(c.DatabaseSchema))
 	}
 	if c.DatabaseMaxConns < 2 {
 		add("FERRY_DATABASE_MAX_CONNS", errors.New("must be at least 2 (the relay's listener holds one)"))

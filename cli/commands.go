@@ -34,7 +34,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
@@ -199,7 +199,7 @@ func openConfigured(ctx context.Context, name string) (app.Config, *pgxpool.Pool
 	if err != nil {
 		return cfg, nil, err
 	}
-	pool, err := pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry-" + name, MaxConns: 2})
+	pool, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry-" + name, MaxConns: 2})
 	return cfg, pool, err
 }
 
@@ -221,17 +221,17 @@ func migrateFlags(verb string) func(*flag.FlagSet, *Env) RunFunc {
 			if err != nil {
 				return err
 			}
-			pool, err := pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry-migrate"})
+			pool, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry-migrate"})
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			db := pgconn.SQLDB(pool)
+			db := pgdb.SQLDB(pool)
 			defer db.Close()
 			switch verb {
 			case "up":
 				if cfg.DatabaseSchema != "" {
-					if err := pgconn.EnsureSchema(ctx, pool, cfg.DatabaseSchema); err != nil {
+					if err := pgdb.EnsureSchema(ctx, pool, cfg.DatabaseSchema); err != nil {
 						return err
 					}
 				}
@@ -748,7 +748,7 @@ func openPoisonStore(ctx context.Context) (*pgpoison.Store, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	outbox, err := pgoutbox.New(pgoutbox.Config{}, nil)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -1180,7 +1180,7 @@ func backfillFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			return err
 		}
 		defer pool.Close()
-		outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+		outbox, err := pgoutbox.New(pgoutbox.Config{}, nil)
 		if err != nil {
 			return err
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
@@ -61,7 +61,7 @@ func TestRequirePublishedTxSeesTheTransactionsOwnRows(t *testing.T) {
 	require.NotEmpty(t, f.failed)
 
 	// database/sql transaction.
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	stx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)

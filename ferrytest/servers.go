@@ -13,7 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -64,31 +64,31 @@ func Schema(t testing.TB, extra ...migrations.Set) string {
 	SkipShort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	admin, err := pgconn.Open(ctx, pgconn.Config{URL: DatabaseURL(), ApplicationName: "ferry-test-admin"})
+	admin, err := pgdb.Open(ctx, pgdb.Config{URL: DatabaseURL(), ApplicationName: "ferry-test-admin"})
 	if err != nil {
 		t.Fatalf("PostgreSQL is needed for this test: %v (start it: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", err)
 	}
 	defer admin.Close()
 	schema := UniqueName("ferry_test_")
-	if err := pgconn.CreateSchema(ctx, admin, schema); err != nil {
+	if err := pgdb.CreateSchema(ctx, admin, schema); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		admin, err := pgconn.Open(ctx, pgconn.Config{URL: DatabaseURL(), ApplicationName: "ferry-test-admin"})
+		admin, err := pgdb.Open(ctx, pgdb.Config{URL: DatabaseURL(), ApplicationName: "ferry-test-admin"})
 		if err != nil {
 			t.Errorf("dropping test schema %s: %v", schema, err)
 			return
 		}
 		defer admin.Close()
-		if err := pgconn.DropSchema(ctx, admin, schema); err != nil {
+		if err := pgdb.DropSchema(ctx, admin, schema); err != nil {
 			t.Errorf("dropping test schema: %v", err)
 		}
 	})
 	pool := openPool(t, schema, "ferry-test-migrate")
 	defer pool.Close()
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	for _, set := range append([]migrations.Set{migrations.Library}, extra...) {
 		if _, err := set.Up(ctx, db); err != nil {
@@ -102,7 +102,7 @@ func openPool(t testing.TB, schema, appName string) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgconn.Open(ctx, pgconn.Config{URL: DatabaseURL(), Schema: schema, ApplicationName: appName})
+	pool, err := pgdb.Open(ctx, pgdb.Config{URL: DatabaseURL(), Schema: schema, ApplicationName: appName})
 	if err != nil {
 		t.Fatalf("PostgreSQL is needed for this test: %v", err)
 	}

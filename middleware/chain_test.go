@@ -147,7 +147,7 @@ func defaultChainForExample() middleware.Chain {
 	pool, _ := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/app")
 	ledger, _ := pgledger.New(pool, pgledger.Config{}, nil)
 	guard, _ := middleware.NewIdempotency(ledger, nil)
-	outbox, _ := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	outbox, _ := pgoutbox.New(pgoutbox.Config{}, nil)
 	resched, _ := pgoutbox.NewRescheduler(pool, outbox)
 	chain, _ := middleware.DefaultChain(middleware.ChainConfig{
 		Poison:       middleware.PoisonConfig{Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})},

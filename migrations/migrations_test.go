@@ -10,14 +10,14 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/migrations"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 )
 
 func TestUpDownUp(t *testing.T) {
 	t.Parallel()
 	schema := pipelinetest.Schema(t) // migrated up already
 	pool := pipelinetest.Pool(t, schema, "ferry-test-migrations")
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	ctx := context.Background()
 
@@ -59,7 +59,7 @@ func TestUpDownUp(t *testing.T) {
 func TestStatusOfAnUnmigratedSchema(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Pool(t, pipelinetest.UniqueName("ferry_never_migrated_"), "ferry-test-migrations")
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	states, err := migrations.Status(context.Background(), db)
 	require.NoError(t, err)

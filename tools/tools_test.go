@@ -321,7 +321,7 @@ func TestRunnerCallRoundTrips(t *testing.T) {
 func TestRunnerIntentFailingAtCommitRollsBackTheCall(t *testing.T) {
 	t.Parallel()
 	_, pool := setup(t)
-	broken, err := pgoutbox.New(pgoutbox.SchemaAdapter{Table: "no_such_outbox"}, nil)
+	broken, err := pgoutbox.New(pgoutbox.Config{Table: "no_such_outbox"}, nil)
 	require.NoError(t, err)
 	r, err := tools.NewRunner(pool, broken, []tools.Tool{note(t, 0)}, nil)
 	require.NoError(t, err)

@@ -23,7 +23,7 @@ import (
 	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/ferrytest"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 )
 
 func TestHelpListsEveryCommand(t *testing.T) {
@@ -172,7 +172,7 @@ func TestMigrateIntoTheSchemaNamedOnly(t *testing.T) {
 		t.Skip("needs PostgreSQL; skipped with -short")
 	}
 	ctx := context.Background()
-	admin, err := pgconn.Open(ctx, pgconn.Config{URL: pipelinetest.DatabaseURL()})
+	admin, err := pgdb.Open(ctx, pgdb.Config{URL: pipelinetest.DatabaseURL()})
 	require.NoError(t, err)
 	defer admin.Close()
 	publicTables := func() int {
@@ -183,7 +183,7 @@ func TestMigrateIntoTheSchemaNamedOnly(t *testing.T) {
 	before := publicTables()
 	for _, schema := range []string{pipelinetest.UniqueName("ferry_test_") + ",public", pipelinetest.UniqueName("Ferry_Test_Mixed")} {
 		t.Run(schema, func(t *testing.T) {
-			t.Cleanup(func() { _ = pgconn.DropSchema(context.Background(), admin, schema) })
+			t.Cleanup(func() { _ = pgdb.DropSchema(context.Background(), admin, schema) })
 			t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
 			t.Setenv("FERRY_DATABASE_SCHEMA", schema)
 			var out, errOut strings.Builder

@@ -20,7 +20,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrytest"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -77,7 +77,7 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 	rcfg := ferrytest.Rabbit(t)
 	schema := ferrytest.UniqueName("ferry_invoices_")
 	admin := ferrytest.Pool(t, "", "ferry-test-invoices-admin")
-	t.Cleanup(func() { _ = pgconn.DropSchema(context.Background(), admin, schema) })
+	t.Cleanup(func() { _ = pgdb.DropSchema(context.Background(), admin, schema) })
 	// Record what the service will declare, so the test removes it all.
 	topo, err := rabbit.NewTopology(rcfg)
 	require.NoError(t, err)
@@ -140,7 +140,7 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 	}()
 
 	pool := ferrytest.Pool(t, schema, "ferry-test-invoices")
-	outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	outbox, err := pgoutbox.New(pgoutbox.Config{}, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
 	good, err := invoices.Issue(ctx, pool, outbox, "acme", "bob", 1200)

@@ -26,7 +26,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgbudget"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
@@ -46,8 +46,8 @@ type UserSignedUp struct {
 // IssueInvoice writes the invoice and its event in one database/sql
 // transaction: both commit, or neither.
 func IssueInvoice(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, invoiceID, customer string) error {
-	db := pgconn.SQLDB(pool) // database/sql over your pgxpool
-	outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, logger)
+	db := pgdb.SQLDB(pool) // database/sql over your pgxpool
+	outbox, err := pgoutbox.New(pgoutbox.Config{}, logger)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ import (
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -232,7 +232,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 // autovacuum, quorum-queue log truncation) finish before the next one, so
 // each scenario starts from a quiet machine.
 func settle(ctx context.Context, cfg app.Config) {
-	if pool, err := pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, ApplicationName: "ferry-bench-admin"}); err == nil {
+	if pool, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, ApplicationName: "ferry-bench-admin"}); err == nil {
 		_, _ = pool.Exec(ctx, "CHECKPOINT")
 		pool.Close()
 	}
@@ -261,24 +261,24 @@ type benchSchema struct {
 
 func newBenchSchema(ctx context.Context, cfg app.Config, maxConns int32) (*benchSchema, error) {
 	name := fmt.Sprintf("ferry_bench_%d", time.Now().UnixNano())
-	admin, err := pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, ApplicationName: "ferry-bench-admin"})
+	admin, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, ApplicationName: "ferry-bench-admin"})
 	if err != nil {
 		return nil, err
 	}
-	if err := pgconn.CreateSchema(ctx, admin, name); err != nil {
+	if err := pgdb.CreateSchema(ctx, admin, name); err != nil {
 		admin.Close()
 		return nil, err
 	}
-	pool, err := pgconn.Open(ctx, pgconn.Config{URL: cfg.DatabaseURL, Schema: name, ApplicationName: "ferry-bench", MaxConns: maxConns})
+	pool, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, Schema: name, ApplicationName: "ferry-bench", MaxConns: maxConns})
 	if err != nil {
 		admin.Close()
 		return nil, err
 	}
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	s := &benchSchema{name: name, pool: pool, db: db, drop: func() {
 		db.Close()
 		pool.Close()
-		_ = pgconn.DropSchema(context.WithoutCancel(ctx), admin, name)
+		_ = pgdb.DropSchema(context.WithoutCancel(ctx), admin, name)
 		admin.Close()
 	}}
 	if _, err := migrations.Up(ctx, db); err != nil {
@@ -1086,7 +1086,7 @@ func benchWriteOverhead(ctx context.Context, cfg app.Config, bc BenchConfig, log
 		return benchReport{}, err
 	}
 	defer sch.drop()
-	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, logger)
+	ob, err := pgoutbox.New(pgoutbox.Config{}, logger)
 	if err != nil {
 		return benchReport{}, err
 	}

@@ -184,7 +184,7 @@ func endToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	}
 	defer p.drop()
 	n := bc.DrainEvents
-	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, logger)
+	ob, err := pgoutbox.New(pgoutbox.Config{}, logger)
 	if err != nil {
 		return nil, err
 	}

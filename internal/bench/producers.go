@@ -68,11 +68,11 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 	}()
 	defer func() { stopListen(); <-listening }()
 
-	plain, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, logger)
+	plain, err := pgoutbox.New(pgoutbox.Config{}, logger)
 	if err != nil {
 		return benchReport{}, err
 	}
-	woken, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, logger)
+	woken, err := pgoutbox.New(pgoutbox.Config{}, logger)
 	if err != nil {
 		return benchReport{}, err
 	}

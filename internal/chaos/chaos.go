@@ -29,7 +29,7 @@ import (
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 )
 
 // providerGarbage is a provider's answer in Latin-1 with a NUL.
@@ -502,8 +502,8 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	}
 	defer func() {
 		driver.Close()
-		if admin, aerr := pgconn.Open(context.WithoutCancel(ctx), pgconn.Config{URL: cfg.DatabaseURL}); aerr == nil {
-			_ = pgconn.DropSchema(context.WithoutCancel(ctx), admin, schema)
+		if admin, aerr := pgdb.Open(context.WithoutCancel(ctx), pgdb.Config{URL: cfg.DatabaseURL}); aerr == nil {
+			_ = pgdb.DropSchema(context.WithoutCancel(ctx), admin, schema)
 			admin.Close()
 		}
 	}()

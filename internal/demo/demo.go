@@ -15,7 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
 	"github.com/ferry-dev/ferry/examples/orders/sandbox"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 )
 
 // Demo defaults: a schema and namespace of its own, so it never touches an
@@ -77,11 +77,11 @@ func Demo(ctx context.Context, cfg app.Config, out io.Writer, logger *slog.Logge
 	defer cancel()
 
 	// A fresh schema every run: drop what an earlier demo left.
-	admin, err := pgconn.Open(ctx, pgconn.Config{URL: cfg.WithDefaults().DatabaseURL, ApplicationName: "ferry-demo"})
+	admin, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.WithDefaults().DatabaseURL, ApplicationName: "ferry-demo"})
 	if err != nil {
 		return rep, err
 	}
-	err = pgconn.DropSchema(ctx, admin, cfg.DatabaseSchema)
+	err = pgdb.DropSchema(ctx, admin, cfg.DatabaseSchema)
 	admin.Close()
 	if err != nil {
 		return rep, err

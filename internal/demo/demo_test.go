@@ -12,7 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 )
 
 func TestDemo(t *testing.T) {
@@ -20,10 +20,10 @@ func TestDemo(t *testing.T) {
 	rmq := pipelinetest.Rabbit(t)
 	schema := pipelinetest.UniqueName("ferry_demo_test_")
 	t.Cleanup(func() {
-		pool, err := pgconn.Open(context.Background(), pgconn.Config{URL: pipelinetest.DatabaseURL()})
+		pool, err := pgdb.Open(context.Background(), pgdb.Config{URL: pipelinetest.DatabaseURL()})
 		require.NoError(t, err)
 		defer pool.Close()
-		require.NoError(t, pgconn.DropSchema(context.Background(), pool, schema))
+		require.NoError(t, pgdb.DropSchema(context.Background(), pool, schema))
 	})
 	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), DatabaseSchema: schema, AMQP: rmq}
 

@@ -38,7 +38,7 @@ var (
 // test if it cannot be built.
 func Outbox(t testing.TB) *pgoutbox.Outbox {
 	t.Helper()
-	ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{}, nil)
+	ob, err := pgoutbox.New(pgoutbox.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -41,7 +41,7 @@ func runChild(spec string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	pool, err := pgconn.Open(ctx, pgconn.Config{URL: pipelinetest.DatabaseURL(), Schema: schema, ApplicationName: "ferry-cdc-child"})
+	pool, err := pgdb.Open(ctx, pgdb.Config{URL: pipelinetest.DatabaseURL(), Schema: schema, ApplicationName: "ferry-cdc-child"})
 	if err != nil {
 		return err
 	}

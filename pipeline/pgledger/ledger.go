@@ -23,11 +23,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	pgxconn "github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 )
 
 // DefaultTable is the ledger table created by Ferry's migrations.
@@ -135,7 +135,7 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 		return true, handlerError(tx, err)
 	}
 	if err := tx.commit(ctx, afterCommit); err != nil {
-		return true, pgconn.MarkUnavailable(fmt.Errorf("committing ledger entry for message %s (%s): %w", messageID, consumer, err))
+		return true, pgdb.MarkUnavailable(fmt.Errorf("committing ledger entry for message %s (%s): %w", messageID, consumer, err))
 	}
 	return true, nil
 }
@@ -217,7 +217,7 @@ func (t *ledgerTx) commit(ctx context.Context, afterCommit func()) error {
 // deadlock: the database failed, not the message. An external call's
 // failure stays the handler's.
 func handlerError(t ledgerTx, err error) error {
-	var pgErr *pgxconn.PgError
+	var pgErr *pgconn.PgError
 	if t.tx.Conn().IsClosed() || (errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")) {
 		return pipeline.Infrastructure(err)
 	}
@@ -324,7 +324,7 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 		}
 	}
 	if err := tx.commit(ctx, afterCommit); err != nil {
-		return nil, pgconn.MarkUnavailable(fmt.Errorf("committing ledger entries of %d messages (%s): %w", len(entries), consumer, err))
+		return nil, pgdb.MarkUnavailable(fmt.Errorf("committing ledger entries of %d messages (%s): %w", len(entries), consumer, err))
 	}
 	return results, nil
 }

@@ -63,7 +63,7 @@ func TestInTxWritesEventsWithTheCommitAtomically(t *testing.T) {
 	n, e = count()
 	require.Equal(t, [2]int{1, 2}, [2]int{n, e}, "a failed business write leaves no outbox row")
 
-	missing, err := pgoutbox.New(pgoutbox.SchemaAdapter{Table: "no_such_outbox"}, nil)
+	missing, err := pgoutbox.New(pgoutbox.Config{Table: "no_such_outbox"}, nil)
 	require.NoError(t, err)
 	require.Error(t, write(missing, "c", nil), "the event INSERT fails in the commit's round trip")
 	n, e = count()

@@ -3,8 +3,9 @@
 // to a broker.
 //
 // Publishing goes through Watermill's SQL publisher (watermill-sql/v3) bound
-// to the caller's *sql.Tx, with SchemaAdapter writing Ferry's own outbox
-// table; the business write and its events commit or roll back together.
+// to the caller's transaction, with a schema adapter of its own writing
+// Ferry's outbox table; the business write and its events commit or roll
+// back together.
 //
 // Relaying does not use watermill-sql's subscriber or Watermill's forwarder
 // component. The stock subscriber serialises all consumers of a topic on one

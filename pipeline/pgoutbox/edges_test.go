@@ -14,7 +14,7 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
@@ -30,7 +30,7 @@ type publishPath struct {
 func publishPaths(t *testing.T) []publishPath {
 	return []publishPath{
 		{"PublishTx on database/sql", func(ctx context.Context, t *testing.T, ob *pgoutbox.Outbox, name, topic string, msg *message.Message) error {
-			db := pgconn.SQLDB(poolOf(t, ctx))
+			db := pgdb.SQLDB(poolOf(t, ctx))
 			tx, err := db.BeginTx(ctx, nil)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback() }()
@@ -72,7 +72,7 @@ func publishPaths(t *testing.T) []publishPath {
 			pool := poolOf(t, ctx)
 			_, err := pool.Exec(ctx, `INSERT INTO things (name) VALUES ($1), ($2)`, name+"-before", name+"-after")
 			require.NoError(t, err)
-			pub, err := ob.Publisher(pgconn.SQLDB(pool))
+			pub, err := ob.Publisher(pgdb.SQLDB(pool))
 			require.NoError(t, err)
 			return pub.Publish(topic, msg)
 		}},

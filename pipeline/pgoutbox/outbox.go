@@ -18,7 +18,7 @@ import (
 // Outbox publishes events into the outbox table inside a caller's transaction.
 // It is safe for concurrent use.
 type Outbox struct {
-	adapter SchemaAdapter
+	adapter schemaAdapter
 	logger  watermill.LoggerAdapter
 	waker   atomic.Pointer[Waker]
 }
@@ -39,9 +39,10 @@ func (o *Outbox) Committed() {
 	}
 }
 
-// New returns an Outbox writing through adapter. A nil logger discards logs.
-// The adapter's table name is checked here (see QuoteTable).
-func New(adapter SchemaAdapter, logger *slog.Logger) (*Outbox, error) {
+// New returns an Outbox configured by cfg. A nil logger discards logs.
+// The table name is checked here (see QuoteTable).
+func New(cfg Config, logger *slog.Logger) (*Outbox, error) {
+	adapter := schemaAdapter{Config: cfg}
 	if _, err := QuoteTable(adapter.Table); err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func (o *Outbox) Publisher(db wsql.ContextExecutor) (message.Publisher, error) {
 	return o.publisher(db, o.adapter)
 }
 
-func (o *Outbox) publisher(db wsql.ContextExecutor, adapter SchemaAdapter) (message.Publisher, error) {
+func (o *Outbox) publisher(db wsql.ContextExecutor, adapter schemaAdapter) (message.Publisher, error) {
 	// AutoInitializeSchema stays off, as it must inside a transaction:
 	// migrations own the table.
 	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: adapter}, o.logger)

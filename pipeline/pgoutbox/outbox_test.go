@@ -12,14 +12,14 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 // publish writes msgs to the outbox in one committed transaction.
 func publish(t *testing.T, pool *pgxpool.Pool, topic string, msgs ...*message.Message) {
 	t.Helper()
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
 	require.NoError(t, pipelinetest.Outbox(t).PublishTx(context.Background(), tx, topic, msgs...))
@@ -78,7 +78,7 @@ func TestPublishTxWritesOperationalColumns(t *testing.T) {
 func TestPublishTxRollbackLeavesNothing(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
 	require.NoError(t, pipelinetest.Outbox(t).PublishTx(context.Background(), tx, "t", event(t, "a", 1)))
@@ -150,7 +150,7 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 		"huge payload":                          {"t", huge, "bytes"},
 		"empty topic":                           {"", event(t, "a", 1), "topic"},
 	}
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			tx, err := db.BeginTx(context.Background(), nil)
@@ -158,7 +158,7 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 			defer tx.Rollback()
 			// The good message first: a bad one in the same call must still
 			// leave nothing behind.
-			ob, err := pgoutbox.New(pgoutbox.SchemaAdapter{Ordered: func(topic string) bool { return topic == "t" }}, nil)
+			ob, err := pgoutbox.New(pgoutbox.Config{Ordered: func(topic string) bool { return topic == "t" }}, nil)
 			require.NoError(t, err)
 			err = ob.PublishTx(context.Background(), tx, tc.topic, good, tc.msg)
 			require.ErrorContains(t, err, tc.want)
@@ -175,7 +175,7 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	tx, err := db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
 	ob := pipelinetest.Outbox(t)

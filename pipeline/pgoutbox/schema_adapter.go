@@ -21,29 +21,17 @@ const (
 	// MaxPayloadBytes bounds one event (pipeline.MaxPayloadBytes, the one
 	// limit).
 	MaxPayloadBytes = pipeline.MaxPayloadBytes
-	// DefaultMaxDelay is SchemaAdapter.MaxDelay's default.
+	// DefaultMaxDelay is Config.MaxDelay's default.
 	DefaultMaxDelay = 365 * 24 * time.Hour
 )
 
-// ErrInsertOnly is returned by the parts of SchemaAdapter that watermill-sql
+// ErrInsertOnly is returned by the parts of the outbox's schema adapter that watermill-sql
 // would use for subscribing: the relay reads the outbox itself.
-var ErrInsertOnly = errors.New("pgoutbox.SchemaAdapter is insert-only: use pgoutbox.Relay to read the outbox")
+var ErrInsertOnly = errors.New("the outbox's schema adapter is insert-only: use pgoutbox.Relay to read the outbox")
 
-// SchemaAdapter is a watermill-sql SchemaAdapter that writes Ferry's outbox
-// table instead of watermill-sql's per-topic message tables. It is the one
-// way rows get into the outbox: events of producers, durable retries and
-// poison requeues all go through it.
-//
-// The message's UUID is stored and travels to the consumers unchanged; its
-// payload is stored byte for byte (payload_raw) and, when it is JSON, also
-// as jsonb (payload), so JSON events stay queryable. The metadata supplies
-// the aggregate id (pipeline.MetaAggregateID: required on ordered topics,
-// optional elsewhere) and the delay (pipeline.MetaDelay or
-// pipeline.MetaDeliverAt); the rest of it becomes the row's headers.
-//
-// It creates no schema (migrations own the table), so it is safe to use
-// with a transaction as the publisher's database handle.
-type SchemaAdapter struct {
+// Config configures an Outbox: which table it writes, which topics need
+// an aggregate id, how far ahead an event may be delayed.
+type Config struct {
 	// Table is the outbox table's name, optionally schema-qualified (see
 	// QuoteTable). Default "outbox".
 	Table string
@@ -57,6 +45,26 @@ type SchemaAdapter struct {
 	// a bug or an attack that would keep a row pending for ever. Default
 	// DefaultMaxDelay (a year); negative: no bound.
 	MaxDelay time.Duration
+}
+
+// schemaAdapter is the watermill-sql SchemaAdapter the Outbox publishes
+// through: it writes Ferry's outbox table instead of watermill-sql's
+// per-topic message tables. It is the one way rows get into the outbox:
+// events of producers, durable retries and poison requeues all go through
+// it. Unexported: it is how Outbox uses watermill-sql, not something a
+// service builds.
+//
+// The message's UUID is stored and travels to the consumers unchanged; its
+// payload is stored byte for byte (payload_raw) and, when it is JSON, also
+// as jsonb (payload), so JSON events stay queryable. The metadata supplies
+// the aggregate id (pipeline.MetaAggregateID: required on ordered topics,
+// optional elsewhere) and the delay (pipeline.MetaDelay or
+// pipeline.MetaDeliverAt); the rest of it becomes the row's headers.
+//
+// It creates no schema (migrations own the table), so it is safe to use
+// with a transaction as the publisher's database handle.
+type schemaAdapter struct {
+	Config
 
 	// republish is set on the copy Ferry's own retries and requeues write
 	// through (see Outbox.PublishTx): they carry reserved metadata, and
@@ -64,11 +72,11 @@ type SchemaAdapter struct {
 	republish bool
 }
 
-var _ wsql.SchemaAdapter = SchemaAdapter{}
+var _ wsql.SchemaAdapter = schemaAdapter{}
 
 // InsertQuery returns one multi-row INSERT for msgs. It validates every
 // message first, so a bad one fails the whole call before anything is written.
-func (a SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Query, error) {
+func (a schemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Query, error) {
 	if len(msgs) == 0 {
 		return wsql.Query{}, errors.New("no messages to insert")
 	}
@@ -200,7 +208,7 @@ func outboxRowFromMessage(msg *message.Message, ordered, republish bool, maxDela
 	return row, nil
 }
 
-func (a SchemaAdapter) maxDelay() time.Duration {
+func (a schemaAdapter) maxDelay() time.Duration {
 	if a.MaxDelay == 0 {
 		return DefaultMaxDelay
 	}
@@ -240,20 +248,20 @@ func validateTopic(topic string, republish bool) error {
 
 // SelectQuery is not supported: the relay claims rows itself. The query
 // returned selects nothing.
-func (a SchemaAdapter) SelectQuery(string, string, wsql.OffsetsAdapter) wsql.Query {
+func (a schemaAdapter) SelectQuery(string, string, wsql.OffsetsAdapter) wsql.Query {
 	return wsql.Query{Query: "SELECT NULL WHERE false"}
 }
 
 // UnmarshalMessage is not supported: the relay reads rows itself.
-func (a SchemaAdapter) UnmarshalMessage(wsql.Scanner) (wsql.Row, error) {
+func (a schemaAdapter) UnmarshalMessage(wsql.Scanner) (wsql.Row, error) {
 	return wsql.Row{}, ErrInsertOnly
 }
 
 // SchemaInitializingQueries returns nothing: the outbox table is created by
 // Ferry's migrations, never implicitly inside a business transaction.
-func (a SchemaAdapter) SchemaInitializingQueries(string) []wsql.Query { return nil }
+func (a schemaAdapter) SchemaInitializingQueries(string) []wsql.Query { return nil }
 
 // SubscribeIsolationLevel is unused (insert-only adapter).
-func (a SchemaAdapter) SubscribeIsolationLevel() stdsql.IsolationLevel {
+func (a schemaAdapter) SubscribeIsolationLevel() stdsql.IsolationLevel {
 	return stdsql.LevelDefault
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
@@ -31,7 +31,7 @@ func poisoned(id, topic string, payload string) *message.Message {
 func TestStoreRoundTrip(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	pub, err := pgpoison.NewPublisher(db)
 	require.NoError(t, err)
@@ -81,7 +81,7 @@ func TestStoreRoundTrip(t *testing.T) {
 func TestRequeueSkipsWhatCannotBeStoredAndDryRunAgrees(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	pub, err := pgpoison.NewPublisher(db)
 	require.NoError(t, err)
@@ -154,7 +154,7 @@ func TestEachPagesByID(t *testing.T) {
 func TestStoreTakesAnyTextCleaned(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	pub, err := pgpoison.NewPublisher(db)
 	require.NoError(t, err)
@@ -233,7 +233,7 @@ func TestActionAndItsAuditCommitTogether(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	pub, err := pgpoison.NewPublisher(db)
 	require.NoError(t, err)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -71,7 +71,7 @@ func TestAChannelClosingMessageFailsAlone(t *testing.T) {
 	// or clashing for another reason).
 	pool := pipelinetest.Postgres(t)
 	outbox := pipelinetest.Outbox(t)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	defer db.Close()
 	tx, err := db.Begin()
 	require.NoError(t, err)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -97,9 +97,9 @@ func ferryPubSubInFlight(t *testing.T, cfg rabbit.Config, inFlight int) func(t *
 	go func() { defer close(done); _ = relay.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	outbox, err := pgoutbox.New(pgoutbox.SchemaAdapter{Ordered: topo.Ordered}, nil)
+	outbox, err := pgoutbox.New(pgoutbox.Config{Ordered: topo.Ordered}, nil)
 	require.NoError(t, err)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	t.Cleanup(func() { _ = db.Close() })
 
 	return func(t *testing.T, group string) (message.Publisher, message.Subscriber) {

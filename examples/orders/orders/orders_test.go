@@ -17,14 +17,14 @@ import (
 
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/tools"
 )
 
 func setup(t *testing.T) (*orders.Service, *pgxpool.Pool, *sql.DB) {
 	t.Helper()
 	pool := pipelinetest.Postgres(t, exmigrations.Set)
-	db := pgconn.SQLDB(pool)
+	db := pgdb.SQLDB(pool)
 	t.Cleanup(func() { db.Close() })
 	svc, err := orders.NewService(db, pipelinetest.Outbox(t), nil)
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package pgconn_test
+package pgdb_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
-	"github.com/ferry-dev/ferry/pipeline/pgconn"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 )
 
 // A server that refuses the connection answers with a code of its own
@@ -33,21 +33,21 @@ func TestRefusedConnectionsAreUnavailable(t *testing.T) {
 	_, err = pool.Exec(context.Background(), `SELECT 1`)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "3D000", "the server's own answer: %v", err)
-	require.True(t, pgconn.Unavailable(err), "%v", err)
-	require.True(t, pipeline.IsInfrastructure(pgconn.MarkUnavailable(err)))
+	require.True(t, pgdb.Unavailable(err), "%v", err)
+	require.True(t, pipeline.IsInfrastructure(pgdb.MarkUnavailable(err)))
 
-	require.False(t, pgconn.Unavailable(errors.New("provider said no")))
-	require.False(t, pgconn.Unavailable(nil))
+	require.False(t, pgdb.Unavailable(errors.New("provider said no")))
+	require.False(t, pgdb.Unavailable(nil))
 }
 
 func TestValidateSchemaRefusesSystemSchemas(t *testing.T) {
 	t.Parallel()
 	for _, s := range []string{"information_schema", "pg_catalog", "pg_toast", "PG_mine", "Information_Schema"} {
-		require.Error(t, pgconn.ValidateSchema(s), s)
+		require.Error(t, pgdb.ValidateSchema(s), s)
 	}
 	for _, s := range []string{"ferry", "orders_pg", "public"} {
-		require.NoError(t, pgconn.ValidateSchema(s), s)
+		require.NoError(t, pgdb.ValidateSchema(s), s)
 	}
-	require.NotContains(t, pgconn.Redact("postgres://u:12/S3cret@h/db"), "S3cret")
-	require.Equal(t, "host=h password=xxxxx", pgconn.Redact("host=h password=S3cret"), "a keyword/value string shows all but its password")
+	require.NotContains(t, pgdb.Redact("postgres://u:12/S3cret@h/db"), "S3cret")
+	require.Equal(t, "host=h password=xxxxx", pgdb.Redact("host=h password=S3cret"), "a keyword/value string shows all but its password")
 }

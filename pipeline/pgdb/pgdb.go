@@ -1,8 +1,8 @@
-// Package pgconn opens the pgx pools Ferry runs on, with its settings in
+// Package pgdb opens the pgx pools Ferry runs on, with its settings in
 // one place: the schema (search_path), the application name that shows in
 // pg_stat_activity, and an early, readable error when the server is not
 // there.
-package pgconn
+package pgdb
 
 import (
 	"context"
