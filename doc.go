@@ -23,7 +23,7 @@
 //   - pipeline/rabbit: RabbitMQ topology, publisher and consumer.
 //   - handlers, middleware: what runs on the consumer side, and the chain
 //     around it.
-//   - tools: agent tools (MCP and HTTP) whose idempotency key comes from
+//   - agenttools: agent tools (MCP and HTTP) whose idempotency key comes from
 //     the host.
 //   - adoption/cutoff, adoption/shadow, adoption/backfill: adopting Ferry in
 //     a service that already runs.

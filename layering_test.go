@@ -157,7 +157,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 	handles := map[string][]string{
 		"pgoutbox.QuoteTable":   {"pipeline/pgoutbox", "pipeline/pgstatus", "pipeline/pgcdc"},
 		"pgpoison.Table":        {"pipeline/pgpoison", "pipeline/pgstatus"},
-		"pgtoolcalls.Table":     {"pipeline/pgtoolcalls", "tools"},
+		"pgtoolcalls.Table":     {"pipeline/pgtoolcalls", "agenttools"},
 		"shadow.Table":          {"adoption/shadow", "pipeline/pgstatus", "metrics"},
 		"backfill.ItemsTable":   {"adoption/backfill"},
 		"pgledger.DefaultTable": {"pipeline/pgledger", "pipeline/pgstatus"},

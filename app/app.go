@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ferry-dev/ferry/adoption/cutoff"
+	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
@@ -28,7 +29,6 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
-	"github.com/ferry-dev/ferry/tools"
 	"github.com/ferry-dev/ferry/tracing"
 )
 
@@ -69,7 +69,7 @@ type Options struct {
 	// on the API server over MCP (/mcp, streamable HTTP) and as plain JSON
 	// (/tools), by `ferry mcp` over stdio, and run in-process with
 	// App.Tools.Call; intent_status comes with them.
-	Tools func(Deps) ([]tools.Tool, error)
+	Tools func(Deps) ([]agenttools.Tool, error)
 	// Migrate applies pending migrations at start instead of refusing to start.
 	Migrate bool
 	// Logger receives every log line. Default: NewLogger(cfg, os.Stderr).
@@ -111,7 +111,7 @@ type App struct {
 	poison      *pgpoison.Store
 	metrics     *metrics.Metrics
 	routes      []handlers.Route
-	tools       *tools.Runner // nil without Options.Tools
+	tools       *agenttools.Runner // nil without Options.Tools
 	cutoff      *cutoff.Cutoff
 	tracer      *tracing.Tracer
 
@@ -253,7 +253,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("building tools: %w", err)
 		}
-		if a.tools, err = tools.NewRunner(a.pool, a.outbox, ts, a.logger); err != nil {
+		if a.tools, err = agenttools.NewRunner(a.pool, a.outbox, ts, a.logger); err != nil {
 			return nil, err
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/adoption/cutoff"
+	"github.com/ferry-dev/ferry/agenttools/mcptools"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
@@ -21,7 +22,6 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
-	"github.com/ferry-dev/ferry/tools/mcptools"
 )
 
 // Relay modes (Config.RelayMode).

@@ -12,13 +12,13 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ferry-dev/ferry/tools"
-	"github.com/ferry-dev/ferry/tools/mcptools"
+	"github.com/ferry-dev/ferry/agenttools"
+	"github.com/ferry-dev/ferry/agenttools/mcptools"
 )
 
 // APIHandler is what the API server serves: the application's HTTP API
 // (Options.HTTP) and, with Options.Tools, the agent tools over MCP at /mcp
-// (streamable HTTP) and as plain JSON at /tools (see tools.HTTPHandler).
+// (streamable HTTP) and as plain JSON at /tools (see agenttools.HTTPHandler).
 // With FERRY_MCP_TOKEN set, every one of them needs it, the application's
 // own routes too (when there are tools). The server Run starts also
 // refuses unknown Host names (FERRY_HTTP_ALLOWED_HOSTS) and browsers'
@@ -44,7 +44,7 @@ func (a *App) APIHandler() (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("FERRY_MCP_TOKEN: %w", err)
 	}
-	var plain http.Handler = tools.HTTPHandler(a.tools, a.logger)
+	var plain http.Handler = agenttools.HTTPHandler(a.tools, a.logger)
 	open := app // the application's health checks: never behind the token
 	if a.cfg.MCPToken != "" {
 		// The application's routes follow the tools' rule: a plain POST

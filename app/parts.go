@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/adoption/cutoff"
+	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
@@ -14,7 +15,6 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
-	"github.com/ferry-dev/ferry/tools"
 )
 
 // Pool is the app's PostgreSQL pool (search_path set to
@@ -39,7 +39,7 @@ func (a *App) Poison() *pgpoison.Store { return a.poison }
 func (a *App) Metrics() *metrics.Metrics { return a.metrics }
 
 // Tools runs the application's agent tools (nil without Options.Tools).
-func (a *App) Tools() *tools.Runner { return a.tools }
+func (a *App) Tools() *agenttools.Runner { return a.tools }
 
 // Cutoff routes aggregates to the outbox or the legacy path by their
 // creation time (Config.Cutoff).

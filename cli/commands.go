@@ -27,6 +27,7 @@ import (
 
 	"github.com/ferry-dev/ferry/adoption/backfill"
 	"github.com/ferry-dev/ferry/adoption/shadow"
+	"github.com/ferry-dev/ferry/agenttools/mcptools"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/internal/attention"
 	"github.com/ferry-dev/ferry/internal/display"
@@ -40,7 +41,6 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
-	"github.com/ferry-dev/ferry/tools/mcptools"
 )
 
 var (

@@ -17,7 +17,7 @@
 // others (through analysis facts): a body that calls a helper which calls
 // http.Post is reported at the call of the helper, saying through what.
 //
-// A tool body is the function passed as the body to tools.New; any other
+// A tool body is the function passed as the body to agenttools.New; any other
 // function opts in with a //ferry:tool line in its doc comment. A finding
 // is suppressed only by //ferry:allow-side-effect <reason> on the line of
 // the call or the line above it; a suppression without a reason is itself
@@ -58,7 +58,7 @@ func (*SideEffect) AFact() {}
 func (f *SideEffect) String() string { return "sideEffect(" + f.Via + ")" }
 
 const (
-	toolsPkg      = "github.com/ferry-dev/ferry/tools"
+	toolsPkg      = "github.com/ferry-dev/ferry/agenttools"
 	directiveTool = "//ferry:tool"
 	directiveOK   = "//ferry:allow-side-effect"
 )
@@ -94,7 +94,7 @@ func run(pass *analysis.Pass) (any, error) {
 		pass.ExportObjectFact(fn, &SideEffect{Via: via})
 	}
 
-	// Tool bodies: the body argument of tools.New, and //ferry:tool functions.
+	// Tool bodies: the body argument of agenttools.New, and //ferry:tool functions.
 	for _, f := range pass.Files {
 		ast.Inspect(f, func(n ast.Node) bool {
 			switch n := n.(type) {

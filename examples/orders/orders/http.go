@@ -14,9 +14,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/strictjson"
-	"github.com/ferry-dev/ferry/tools"
 )
 
 // MaxRequestBytes bounds a create_order request body.
@@ -43,9 +43,9 @@ type APIError struct {
 	Fields  map[string]string `json:"fields,omitempty"`
 }
 
-// ToolCaller runs a tool (tools.Runner does).
+// ToolCaller runs a tool (agenttools.Runner does).
 type ToolCaller interface {
-	Call(ctx context.Context, name, key string, args json.RawMessage) (*tools.Result, error)
+	Call(ctx context.Context, name, key string, args json.RawMessage) (*agenttools.Result, error)
 }
 
 // Handler returns the HTTP API, a thin wrapper over the create_order tool
@@ -105,15 +105,15 @@ func Handler(call ToolCaller, logger *slog.Logger) http.Handler {
 			return
 		}
 		res, err := call.Call(ctx, ToolCreateOrder, key, body)
-		var ie *tools.InputError
+		var ie *agenttools.InputError
 		switch {
 		case errors.As(err, &ie) && ie.Malformed:
 			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_json", Message: "the body is not a valid create_order JSON object: " + ie.Error(), Fields: ie.Fields})
 		case errors.As(err, &ie):
 			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "invalid_input", Message: ie.Error(), Fields: ie.Fields})
-		case errors.Is(err, tools.ErrInvalidKey):
+		case errors.Is(err, agenttools.ErrInvalidKey):
 			writeError(w, http.StatusBadRequest, APIError{Code: "invalid_idempotency_key", Message: err.Error()})
-		case errors.Is(err, tools.ErrKeyConflict):
+		case errors.Is(err, agenttools.ErrKeyConflict):
 			writeError(w, http.StatusUnprocessableEntity, APIError{Code: "idempotency_key_reused", Message: ErrIdempotencyKeyReused.Error()})
 		case err != nil:
 			logger.Error("create_order failed", "error", err, "correlation_id", corr)
@@ -154,8 +154,8 @@ func checkContentType(ct string) string {
 }
 
 // JSONErrors answers unknown paths (404) and methods (405) in the API's
-// JSON error envelope: tools.JSONErrors, the same envelope.
-func JSONErrors(mux *http.ServeMux) http.Handler { return tools.JSONErrors(mux) }
+// JSON error envelope: agenttools.JSONErrors, the same envelope.
+func JSONErrors(mux *http.ServeMux) http.Handler { return agenttools.JSONErrors(mux) }
 
 // ParseCreateOrder reads one create_order JSON object from body, strictly
 // (see strictjson: unknown or misspelt fields, duplicate keys, invalid

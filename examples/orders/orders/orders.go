@@ -63,7 +63,7 @@ func (e *ValidationError) Error() string {
 	return "invalid create_order input: " + strings.Join(parts, "; ")
 }
 
-// FieldErrors lets the tools runner name the fields (tools.InputError).
+// FieldErrors lets the tools runner name the fields (agenttools.InputError).
 func (e *ValidationError) FieldErrors() map[string]string { return e.Fields }
 
 // Unwrap makes errors.Is(err, ErrInvalidInput) hold.

@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
-	"github.com/ferry-dev/ferry/tools"
 )
 
 func setup(t *testing.T) (*orders.Service, *pgxpool.Pool, *sql.DB) {
@@ -165,7 +165,7 @@ func TestHTTPCreateOrder(t *testing.T) {
 	_, pool, _ := setup(t)
 	ts, err := orders.Tools()
 	require.NoError(t, err)
-	runner, err := tools.NewRunner(pool, pipelinetest.Outbox(t), ts, nil)
+	runner, err := agenttools.NewRunner(pool, pipelinetest.Outbox(t), ts, nil)
 	require.NoError(t, err)
 	srv := httptest.NewServer(orders.Handler(runner, nil))
 	defer srv.Close()

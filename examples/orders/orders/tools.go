@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ferry-dev/ferry/tools"
+	"github.com/ferry-dev/ferry/agenttools"
 )
 
 // Names of the example's agent tools.
@@ -43,17 +43,17 @@ type OrderPlaced struct {
 // two intents (charge it, mail the confirmation) in one transaction. The
 // card is charged and the mail sent by the consumers, once, later: never
 // from the tool.
-func CreateOrderTool() (tools.Tool, error) {
-	return tools.New(tools.Def{
+func CreateOrderTool() (agenttools.Tool, error) {
+	return agenttools.New(agenttools.Def{
 		Name: ToolCreateOrder, Title: "Create order",
 		Description: "Places an order for a user and queues its card charge and confirmation mail. " +
 			"Calling it again with the same idempotency key and arguments returns the same order; nothing is charged twice.",
-	}, func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, in CreateOrderArgs) (OrderPlaced, error) {
+	}, func(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, in CreateOrderArgs) (OrderPlaced, error) {
 		var id int64
-		err := tx.QueryRow(ctx, insertOrderSQL, in.UserID, in.Amount, in.Currency, tools.KeyFromContext(ctx)).Scan(&id)
+		err := tx.QueryRow(ctx, insertOrderSQL, in.UserID, in.Amount, in.Currency, agenttools.KeyFromContext(ctx)).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key placed an order outside the tool (the Go API).
-			return OrderPlaced{}, fmt.Errorf("%w: an order with this key exists already", tools.ErrKeyConflict)
+			return OrderPlaced{}, fmt.Errorf("%w: an order with this key exists already", agenttools.ErrKeyConflict)
 		}
 		if err != nil {
 			return OrderPlaced{}, fmt.Errorf("inserting order: %w", err)
@@ -96,7 +96,7 @@ func (a SendReminderArgs) Validate() error {
 		fields["delay_minutes"] = fmt.Sprintf("must be 1 to %d (or left out for 3)", MaxReminderMinutes)
 	}
 	if len(fields) > 0 {
-		return &tools.InputError{Fields: fields}
+		return &agenttools.InputError{Fields: fields}
 	}
 	return nil
 }
@@ -111,16 +111,16 @@ type ReminderScheduled struct {
 // snippet:begin send-reminder
 // SendReminderTool schedules a reminder mail for an order, a few minutes
 // from now: a delayed intent in the same outbox table, relayed when due.
-func SendReminderTool() (tools.Tool, error) {
-	return tools.New(tools.Def{
+func SendReminderTool() (agenttools.Tool, error) {
+	return agenttools.New(agenttools.Def{
 		Name: ToolSendReminder, Title: "Send order reminder",
 		Description: "Schedules a reminder mail about an existing order, sent after a delay (3 minutes unless delay_minutes says otherwise).",
-	}, func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, in SendReminderArgs) (ReminderScheduled, error) {
+	}, func(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, in SendReminderArgs) (ReminderScheduled, error) {
 		var userID string
 		var now time.Time
 		err := tx.QueryRow(ctx, `SELECT user_id, now() FROM orders WHERE id = $1`, in.OrderID).Scan(&userID, &now)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return ReminderScheduled{}, &tools.InputError{Fields: map[string]string{"order_id": "no such order"}}
+			return ReminderScheduled{}, &agenttools.InputError{Fields: map[string]string{"order_id": "no such order"}}
 		}
 		if err != nil {
 			return ReminderScheduled{}, fmt.Errorf("reading order: %w", err)
@@ -133,7 +133,7 @@ func SendReminderTool() (tools.Tool, error) {
 			OrderID: in.OrderID, UserID: userID,
 			Subject: fmt.Sprintf("A reminder about your order #%d", in.OrderID),
 			Body:    fmt.Sprintf("Your order #%d is on its way.", in.OrderID),
-		}, tools.After(delay))
+		}, agenttools.After(delay))
 		if err != nil {
 			return ReminderScheduled{}, err
 		}
@@ -144,7 +144,7 @@ func SendReminderTool() (tools.Tool, error) {
 // snippet:end send-reminder
 
 // Tools are the example's agent tools.
-func Tools() ([]tools.Tool, error) {
+func Tools() ([]agenttools.Tool, error) {
 	create, err := CreateOrderTool()
 	if err != nil {
 		return nil, err
@@ -153,5 +153,5 @@ func Tools() ([]tools.Tool, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []tools.Tool{create, remind}, nil
+	return []agenttools.Tool{create, remind}, nil
 }

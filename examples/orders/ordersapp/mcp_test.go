@@ -17,11 +17,11 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/agenttools"
+	"github.com/ferry-dev/ferry/agenttools/mcptools"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
-	"github.com/ferry-dev/ferry/tools"
-	"github.com/ferry-dev/ferry/tools/mcptools"
 )
 
 // The MCP maintainers' own Go client against Ferry's tools, over stdio
@@ -70,7 +70,7 @@ func TestMCPToolsWithTheSDKClient(t *testing.T) {
 		}
 		require.Contains(t, byName, orders.ToolCreateOrder, name)
 		require.Contains(t, byName, orders.ToolSendReminder, name)
-		require.Contains(t, byName, tools.IntentStatusName, name)
+		require.Contains(t, byName, agenttools.IntentStatusName, name)
 		create := byName[orders.ToolCreateOrder]
 		schema, _ := json.Marshal(create.InputSchema)
 		require.Contains(t, string(schema), `"user_id"`)
@@ -83,14 +83,14 @@ func TestMCPToolsWithTheSDKClient(t *testing.T) {
 		require.False(t, *a.DestructiveHint)
 		require.NotNil(t, a.OpenWorldHint)
 		require.False(t, *a.OpenWorldHint)
-		require.True(t, byName[tools.IntentStatusName].Annotations.ReadOnlyHint)
+		require.True(t, byName[agenttools.IntentStatusName].Annotations.ReadOnlyHint)
 	}
 
 	call := func(s *mcp.ClientSession, key string, args map[string]any) *mcp.CallToolResult {
 		t.Helper()
 		p := &mcp.CallToolParams{Name: orders.ToolCreateOrder, Arguments: args}
 		if key != "" {
-			p.Meta = mcp.Meta{tools.MetaIdempotencyKey: key}
+			p.Meta = mcp.Meta{agenttools.MetaIdempotencyKey: key}
 		}
 		res, err := s.CallTool(ctx, p)
 		require.NoError(t, err)
@@ -127,7 +127,7 @@ func TestMCPToolsWithTheSDKClient(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := remote.CallTool(ctx, &mcp.CallToolParams{Name: orders.ToolCreateOrder, Meta: mcp.Meta{tools.MetaIdempotencyKey: "host-key-20"},
+			res, err := remote.CallTool(ctx, &mcp.CallToolParams{Name: orders.ToolCreateOrder, Meta: mcp.Meta{agenttools.MetaIdempotencyKey: "host-key-20"},
 				Arguments: map[string]any{"user_id": "agent-20", "amount": 100, "currency": "USD"}})
 			if err == nil && !res.IsError {
 				answers[i] = string(mustJSON(t, res.StructuredContent))
@@ -151,13 +151,13 @@ func TestMCPToolsWithTheSDKClient(t *testing.T) {
 	eventually(t, "the charges and mails", func() bool { return len(provider.Charges()) == 2 && len(sink.Mails()) == 2 })
 	var placed orders.OrderPlaced
 	require.NoError(t, json.Unmarshal(mustJSON(t, first.StructuredContent), &placed))
-	var status tools.StatusOutput
+	var status agenttools.StatusOutput
 	eventually(t, "intent_status says handled", func() bool {
-		res, err := stdio.CallTool(ctx, &mcp.CallToolParams{Name: tools.IntentStatusName, Arguments: map[string]any{"tool": orders.ToolCreateOrder, "idempotency_key": "host-key-1"}})
+		res, err := stdio.CallTool(ctx, &mcp.CallToolParams{Name: agenttools.IntentStatusName, Arguments: map[string]any{"tool": orders.ToolCreateOrder, "idempotency_key": "host-key-1"}})
 		require.NoError(t, err)
 		require.False(t, res.IsError, text(res))
 		require.NoError(t, json.Unmarshal(mustJSON(t, res.StructuredContent), &status))
-		return len(status.Intents) == 2 && status.Intents[0].State == tools.StateHandled && status.Intents[1].State == tools.StateHandled
+		return len(status.Intents) == 2 && status.Intents[0].State == agenttools.StateHandled && status.Intents[1].State == agenttools.StateHandled
 	})
 	handlers := map[string]bool{}
 	for _, in := range status.Intents {

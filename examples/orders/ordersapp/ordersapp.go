@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/examples/orders/charge"
 	"github.com/ferry-dev/ferry/examples/orders/mail"
@@ -18,7 +19,6 @@ import (
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/handlers"
 	ferrymigrations "github.com/ferry-dev/ferry/migrations"
-	"github.com/ferry-dev/ferry/tools"
 )
 
 // Defaults of Config.
@@ -147,4 +147,4 @@ func Options(c Config) app.Options {
 }
 
 // Tools are the example's agent tools: create_order and send_reminder.
-func Tools(app.Deps) ([]tools.Tool, error) { return orders.Tools() }
+func Tools(app.Deps) ([]agenttools.Tool, error) { return orders.Tools() }

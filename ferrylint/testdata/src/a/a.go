@@ -6,7 +6,7 @@ import (
 	"net/smtp"
 	"os/exec"
 
-	"github.com/ferry-dev/ferry/tools"
+	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -19,8 +19,8 @@ type out struct{}
 var pool *pgxpool.Pool
 
 func tools1() {
-	// Direct calls in the body passed to tools.New.
-	_, _ = tools.New(tools.Def{Name: "direct"}, func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, _ in) (out, error) {
+	// Direct calls in the body passed to agenttools.New.
+	_, _ = agenttools.New(agenttools.Def{Name: "direct"}, func(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, _ in) (out, error) {
 		_, _ = http.Get("https://payments.example/charge")                  // want `side effect in a tool body: HTTP call net/http.Get`
 		_ = smtp.SendMail("mail:25", nil, "a@x", []string{"b@x"}, nil)      // want `side effect in a tool body: SMTP net/smtp.SendMail`
 		_ = exec.Command("rm", "-rf", "/").Run()                            // want `process os/exec.Command` `process os/exec.\(Cmd\).Run`
@@ -31,7 +31,7 @@ func tools1() {
 	})
 
 	// Through helpers in another package, one and two calls deep.
-	_, _ = tools.New(tools.Def{Name: "helpers"}, func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, _ in) (out, error) {
+	_, _ = agenttools.New(agenttools.Def{Name: "helpers"}, func(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, _ in) (out, error) {
 		_ = helper.Notify("https://hooks.example")   // want `helper.Notify → HTTP call net/http.Post`
 		_ = helper.Relay("https://hooks.example")    // want `helper.Relay → helper.Notify → HTTP call net/http.Post`
 		_ = helper.Allowed("https://status.example") // suppressed at its source
@@ -41,7 +41,7 @@ func tools1() {
 	})
 
 	// Suppressions: with a reason, and without one.
-	_, _ = tools.New(tools.Def{Name: "suppressed"}, func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, _ in) (out, error) {
+	_, _ = agenttools.New(agenttools.Def{Name: "suppressed"}, func(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, _ in) (out, error) {
 		//ferry:allow-side-effect the provider's read-only quote endpoint, no effect
 		_, _ = http.Get("https://payments.example/quote")
 		//ferry:allow-side-effect
@@ -50,7 +50,7 @@ func tools1() {
 	})
 
 	// A named function as the body.
-	_, _ = tools.New(tools.Def{Name: "named"}, namedBody)
+	_, _ = agenttools.New(agenttools.Def{Name: "named"}, namedBody)
 }
 
 func localHelper() error { // want localHelper:`sideEffect\(HTTP call net/http.Get\)`
@@ -58,12 +58,12 @@ func localHelper() error { // want localHelper:`sideEffect\(HTTP call net/http.G
 	return err
 }
 
-func namedBody(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, _ in) (out, error) { // want namedBody:`sideEffect`
+func namedBody(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, _ in) (out, error) { // want namedBody:`sideEffect`
 	_ = helper.Notify("https://hooks.example") // want `helper.Notify → HTTP call`
 	return out{}, nil
 }
 
-// Opted in by directive: not a tools.New body, checked all the same.
+// Opted in by directive: not a agenttools.New body, checked all the same.
 //
 //ferry:tool
 func directive() { // want directive:`sideEffect`

@@ -1,4 +1,4 @@
-// Package tools turns a domain operation into an agent tool that can only
+// Package agenttools turns a domain operation into an agent tool that can only
 // write intents. A tool is defined once in Go (name, description, typed
 // input and output, whose JSON Schemas are generated from the Go types) with
 // a body that receives the business transaction and an Emitter bound to
@@ -22,4 +22,4 @@
 // retrying with the last error, poisoned with the reason), so it checks
 // progress instead of calling again. Package tools/mcptools serves a
 // Runner's tools over MCP; HTTPHandler serves them as plain JSON.
-package tools
+package agenttools

@@ -16,9 +16,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/agenttools"
+	"github.com/ferry-dev/ferry/agenttools/mcptools"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
-	"github.com/ferry-dev/ferry/tools"
-	"github.com/ferry-dev/ferry/tools/mcptools"
 )
 
 type echoArgs struct {
@@ -34,13 +34,13 @@ type echoed struct {
 func serve(t *testing.T, o mcptools.HTTPOptions) string {
 	t.Helper()
 	pool := pipelinetest.Postgres(t)
-	echo, err := tools.New(tools.Def{Name: "echo", Description: "echoes a text"},
-		func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, in echoArgs) (echoed, error) {
+	echo, err := agenttools.New(agenttools.Def{Name: "echo", Description: "echoes a text"},
+		func(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, in echoArgs) (echoed, error) {
 			_, err := emit.Emit(ctx, "echo.made", "echo", map[string]any{"text": in.Text})
 			return echoed{Text: in.Text}, err
 		})
 	require.NoError(t, err)
-	r, err := tools.NewRunner(pool, pipelinetest.Outbox(t), []tools.Tool{echo}, nil)
+	r, err := agenttools.NewRunner(pool, pipelinetest.Outbox(t), []agenttools.Tool{echo}, nil)
 	require.NoError(t, err)
 	h, err := mcptools.HTTPHandler(r, o)
 	require.NoError(t, err)
@@ -77,21 +77,21 @@ func TestMCPOverHTTPEdges(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 
-	_, err = s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{tools.MetaIdempotencyKey: "k-big"},
+	_, err = s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{agenttools.MetaIdempotencyKey: "k-big"},
 		Arguments: map[string]any{"text": strings.Repeat("x", mcptools.MaxRequestBytes)}})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "more than")
 
-	first, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{tools.MetaIdempotencyKey: "k-1"}, Arguments: map[string]any{"text": "hi"}})
+	first, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{agenttools.MetaIdempotencyKey: "k-1"}, Arguments: map[string]any{"text": "hi"}})
 	require.NoError(t, err, "the session survived the oversized request")
 	require.False(t, first.IsError, text(first))
-	again, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{tools.MetaIdempotencyKey: "k-1"}, Arguments: map[string]any{"text": "hi"}})
+	again, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{agenttools.MetaIdempotencyKey: "k-1"}, Arguments: map[string]any{"text": "hi"}})
 	require.NoError(t, err)
 	require.Equal(t, true, again.Meta[mcptools.MetaReplay])
 	require.Equal(t, text(first), text(again), "a replay's text is the stored result byte for byte")
 
 	for _, bad := range []any{42, true, map[string]any{"k": "v"}} {
-		res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{tools.MetaIdempotencyKey: bad}, Arguments: map[string]any{"text": "hi"}})
+		res, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "echo", Meta: mcp.Meta{agenttools.MetaIdempotencyKey: bad}, Arguments: map[string]any{"text": "hi"}})
 		require.NoError(t, err)
 		require.True(t, res.IsError)
 		require.Contains(t, text(res), "must be a string")

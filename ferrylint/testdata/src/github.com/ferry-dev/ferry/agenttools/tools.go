@@ -1,5 +1,5 @@
 // Package tools is a stub of Ferry's tools package for the analyzer's tests.
-package tools
+package agenttools
 
 import (
 	"context"

@@ -1,10 +1,10 @@
-// Package mcptools serves a tools.Runner over the Model Context Protocol
+// Package mcptools serves a agenttools.Runner over the Model Context Protocol
 // with the official Go SDK: over stdio (`ferry mcp`) and over streamable
 // HTTP (mounted at /mcp on the API server), with optional Bearer-token auth
 // and the SDK's DNS-rebinding protection left on.
 //
 // The idempotency key of a call comes from the request's _meta
-// (tools.MetaIdempotencyKey), which the host sets; it is not in any input
+// (agenttools.MetaIdempotencyKey), which the host sets; it is not in any input
 // schema, so the model cannot invent one. Tool annotations say what each
 // tool is: a keyed tool is not read-only, not destructive (it only adds
 // intents), idempotent (its key makes it so) and of a closed world (its
@@ -31,7 +31,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/ferry-dev/ferry/tools"
+	"github.com/ferry-dev/ferry/agenttools"
 )
 
 // MetaReplay is set (true) in a result's _meta when the answer is the
@@ -42,7 +42,7 @@ const MetaReplay = "dev.ferry/replay"
 const MinTokenLength = 16
 
 // NewServer returns an MCP server with r's tools.
-func NewServer(r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) *mcp.Server {
+func NewServer(r *agenttools.Runner, impl *mcp.Implementation, logger *slog.Logger) *mcp.Server {
 	if impl == nil {
 		impl = &mcp.Implementation{Name: "ferry", Version: "dev"}
 	}
@@ -62,7 +62,7 @@ func NewServer(r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) *
 		name := d.Name
 		srv.AddTool(tool, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			key, err := metaKey(req.Params.Meta)
-			var res *tools.Result
+			var res *agenttools.Result
 			if err == nil {
 				res, err = r.Call(ctx, name, key, req.Params.Arguments)
 			}
@@ -70,7 +70,7 @@ func NewServer(r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) *
 				// A tool error, not a protocol error: the model reads it and
 				// can correct its arguments (MCP spec, tools/call errors).
 				out := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: message(err)}}}
-				var ie *tools.InputError
+				var ie *agenttools.InputError
 				if errors.As(err, &ie) && len(ie.Fields) > 0 {
 					out.StructuredContent = map[string]any{"error": message(err), "fields": ie.Fields}
 				}
@@ -80,7 +80,7 @@ func NewServer(r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) *
 			// said in _meta, not by changing the text.
 			text := string(res.Output)
 			return &mcp.CallToolResult{
-				Meta:              mcp.Meta{MetaReplay: res.Replay, tools.MetaIdempotencyKey: res.Key},
+				Meta:              mcp.Meta{MetaReplay: res.Replay, agenttools.MetaIdempotencyKey: res.Key},
 				Content:           []mcp.Content{&mcp.TextContent{Text: text}},
 				StructuredContent: json.RawMessage(res.Output),
 			}, nil
@@ -90,15 +90,15 @@ func NewServer(r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) *
 }
 
 // metaKey reads the host's idempotency key from _meta: absent is
-// tools.ErrMissingKey, present but not a string tools.ErrInvalidKey.
+// agenttools.ErrMissingKey, present but not a string agenttools.ErrInvalidKey.
 func metaKey(meta mcp.Meta) (string, error) {
-	v, ok := meta[tools.MetaIdempotencyKey]
+	v, ok := meta[agenttools.MetaIdempotencyKey]
 	if !ok || v == nil {
 		return "", nil // the runner says whether this tool needs one
 	}
 	key, ok := v.(string)
 	if !ok {
-		return "", fmt.Errorf("%w: _meta %q must be a string, got %s", tools.ErrInvalidKey, tools.MetaIdempotencyKey, jsonKind(v))
+		return "", fmt.Errorf("%w: _meta %q must be a string, got %s", agenttools.ErrInvalidKey, agenttools.MetaIdempotencyKey, jsonKind(v))
 	}
 	return key, nil
 }
@@ -120,10 +120,10 @@ func jsonKind(v any) string {
 // message is what the model is told: the error's own words for what it
 // can fix, and no internals for what it cannot.
 func message(err error) string {
-	var ie *tools.InputError
+	var ie *agenttools.InputError
 	switch {
-	case errors.As(err, &ie), errors.Is(err, tools.ErrMissingKey), errors.Is(err, tools.ErrInvalidKey),
-		errors.Is(err, tools.ErrKeyConflict), errors.Is(err, tools.ErrUnknownTool):
+	case errors.As(err, &ie), errors.Is(err, agenttools.ErrMissingKey), errors.Is(err, agenttools.ErrInvalidKey),
+		errors.Is(err, agenttools.ErrKeyConflict), errors.Is(err, agenttools.ErrUnknownTool):
 		return err.Error()
 	}
 	return "the call failed and wrote nothing; it is safe to call again with the same idempotency key"
@@ -131,7 +131,7 @@ func message(err error) string {
 
 // ServeStdio serves r's tools over stdin and stdout until ctx ends or the
 // client disconnects.
-func ServeStdio(ctx context.Context, r *tools.Runner, impl *mcp.Implementation, logger *slog.Logger) error {
+func ServeStdio(ctx context.Context, r *agenttools.Runner, impl *mcp.Implementation, logger *slog.Logger) error {
 	return NewServer(r, impl, logger).Run(ctx, &mcp.StdioTransport{})
 }
 
@@ -167,7 +167,7 @@ type HTTPOptions struct {
 // HTTPHandler serves r's tools over MCP's streamable HTTP transport. The
 // SDK's DNS-rebinding protection stays on: a request that arrives on a
 // loopback address with a non-loopback Host is refused.
-func HTTPHandler(r *tools.Runner, o HTTPOptions) (http.Handler, error) {
+func HTTPHandler(r *agenttools.Runner, o HTTPOptions) (http.Handler, error) {
 	if o.Token != "" && len(o.Token) < MinTokenLength {
 		return nil, errors.New("mcptools: the token must be at least 16 characters")
 	}
@@ -196,8 +196,8 @@ func HTTPHandler(r *tools.Runner, o HTTPOptions) (http.Handler, error) {
 }
 
 // MaxRequestBytes is the largest JSON-RPC request /mcp takes: a tool's
-// arguments (tools.MaxArgumentsBytes) and the envelope around them.
-const MaxRequestBytes = tools.MaxArgumentsBytes + 16<<10
+// arguments (agenttools.MaxArgumentsBytes) and the envelope around them.
+const MaxRequestBytes = agenttools.MaxArgumentsBytes + 16<<10
 
 // limits answers, as JSON-RPC errors a client's session survives, what
 // the SDK would refuse at the HTTP level: a request over MaxRequestBytes,
@@ -214,7 +214,7 @@ func limits(srv *mcp.Server, o HTTPOptions, next http.Handler) http.Handler {
 		// cut one byte past the limit.
 		tooLarge := func(body []byte, size string) {
 			writeRPCError(w, http.StatusOK, body, -32602, fmt.Sprintf("the request is %s bytes, more than the %d this server takes (a tool's arguments: at most %d); nothing was done",
-				size, MaxRequestBytes, tools.MaxArgumentsBytes))
+				size, MaxRequestBytes, agenttools.MaxArgumentsBytes))
 		}
 		if r.ContentLength > MaxRequestBytes {
 			head, _ := io.ReadAll(io.LimitReader(r.Body, idScanBytes)) // the id, to answer under it

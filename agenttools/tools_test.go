@@ -1,4 +1,4 @@
-package tools_test
+package agenttools_test
 
 import (
 	"context"
@@ -16,10 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
-	"github.com/ferry-dev/ferry/tools"
 )
 
 type noteArgs struct {
@@ -30,7 +30,7 @@ type noteArgs struct {
 
 func (a noteArgs) Validate() error {
 	if a.Text == "" {
-		return &tools.InputError{Fields: map[string]string{"text": "is required"}}
+		return &agenttools.InputError{Fields: map[string]string{"text": "is required"}}
 	}
 	return nil
 }
@@ -42,17 +42,17 @@ type noted struct {
 var errBoom = errors.New("boom")
 
 // note writes a row and an intent; it fails after both when asked to.
-func note(t testing.TB, window time.Duration) tools.Tool {
+func note(t testing.TB, window time.Duration) agenttools.Tool {
 	t.Helper()
-	tl, err := tools.New(tools.Def{Name: "note", Description: "notes a text", KeyWindow: window},
-		func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, in noteArgs) (noted, error) {
+	tl, err := agenttools.New(agenttools.Def{Name: "note", Description: "notes a text", KeyWindow: window},
+		func(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, in noteArgs) (noted, error) {
 			var id int64
-			if err := tx.QueryRow(ctx, `INSERT INTO notes (text, key) VALUES ($1, $2) RETURNING id`, in.Text, tools.KeyFromContext(ctx)).Scan(&id); err != nil {
+			if err := tx.QueryRow(ctx, `INSERT INTO notes (text, key) VALUES ($1, $2) RETURNING id`, in.Text, agenttools.KeyFromContext(ctx)).Scan(&id); err != nil {
 				return noted{}, err
 			}
-			var opts []tools.IntentOption
+			var opts []agenttools.IntentOption
 			if in.Later {
-				opts = append(opts, tools.After(3*time.Minute))
+				opts = append(opts, agenttools.After(3*time.Minute))
 			}
 			if _, err := emit.Emit(ctx, "note.made", "note", map[string]any{"id": id}, opts...); err != nil {
 				return noted{}, err
@@ -66,12 +66,12 @@ func note(t testing.TB, window time.Duration) tools.Tool {
 	return tl
 }
 
-func setup(t testing.TB, ts ...tools.Tool) (*tools.Runner, *pgxpool.Pool) {
+func setup(t testing.TB, ts ...agenttools.Tool) (*agenttools.Runner, *pgxpool.Pool) {
 	t.Helper()
 	pool := pipelinetest.Postgres(t)
 	_, err := pool.Exec(context.Background(), `CREATE TABLE notes (id bigserial PRIMARY KEY, text text NOT NULL, key text NOT NULL)`)
 	require.NoError(t, err)
-	r, err := tools.NewRunner(pool, pipelinetest.Outbox(t), ts, nil)
+	r, err := agenttools.NewRunner(pool, pipelinetest.Outbox(t), ts, nil)
 	require.NoError(t, err)
 	return r, pool
 }
@@ -89,13 +89,13 @@ func TestRunnerKeyedCalls(t *testing.T) {
 	ctx := context.Background()
 
 	_, err := r.Call(ctx, "note", "", json.RawMessage(`{"text":"a"}`))
-	require.ErrorIs(t, err, tools.ErrMissingKey)
+	require.ErrorIs(t, err, agenttools.ErrMissingKey)
 	_, err = r.Call(ctx, "note", "k\n1", json.RawMessage(`{"text":"a"}`))
-	require.ErrorIs(t, err, tools.ErrInvalidKey)
+	require.ErrorIs(t, err, agenttools.ErrInvalidKey)
 	_, err = r.Call(ctx, "nope", "k", nil)
-	require.ErrorIs(t, err, tools.ErrUnknownTool)
+	require.ErrorIs(t, err, agenttools.ErrUnknownTool)
 	_, err = r.Call(ctx, "note", "k", json.RawMessage(`{"text":""}`))
-	var ie *tools.InputError
+	var ie *agenttools.InputError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, map[string]string{"text": "is required"}, ie.Fields)
 	_, err = r.Call(ctx, "note", "k", json.RawMessage(`{"text":"a","idempotency_key":"x"}`))
@@ -122,7 +122,7 @@ func TestRunnerKeyedCalls(t *testing.T) {
 	require.JSONEq(t, string(first.Output), string(again.Output))
 	require.Equal(t, first.IntentIDs, again.IntentIDs)
 	_, err = r.Call(ctx, "note", "k", json.RawMessage(`{"text":"b"}`))
-	require.ErrorIs(t, err, tools.ErrKeyConflict)
+	require.ErrorIs(t, err, agenttools.ErrKeyConflict)
 	n, i, c = counts(t, pool)
 	require.Equal(t, [3]int{1, 1, 1}, [3]int{n, i, c})
 
@@ -164,13 +164,13 @@ func TestRunnerDelayedIntentAndKeyWindow(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at - created_at FROM outbox`).Scan(&delay))
 	require.InDelta(t, (3 * time.Minute).Seconds(), delay.Seconds(), 1, "the intent waits in the same table")
 
-	st, err := r.Call(ctx, tools.IntentStatusName, "", json.RawMessage(`{"aggregate_id":"note"}`))
+	st, err := r.Call(ctx, agenttools.IntentStatusName, "", json.RawMessage(`{"aggregate_id":"note"}`))
 	require.NoError(t, err)
-	var out tools.StatusOutput
+	var out agenttools.StatusOutput
 	require.NoError(t, json.Unmarshal(st.Output, &out))
 	require.Len(t, out.Intents, 1)
-	require.Equal(t, tools.StateScheduled, out.Intents[0].State)
-	_, err = r.Call(ctx, tools.IntentStatusName, "", json.RawMessage(`{}`))
+	require.Equal(t, agenttools.StateScheduled, out.Intents[0].State)
+	_, err = r.Call(ctx, agenttools.IntentStatusName, "", json.RawMessage(`{}`))
 	require.Error(t, err, "intent_status needs an aggregate or a call")
 
 	// Call records are pruned like the ledger.
@@ -183,32 +183,32 @@ func TestRunnerDelayedIntentAndKeyWindow(t *testing.T) {
 
 func TestReadOnlyToolCannotEmit(t *testing.T) {
 	t.Parallel()
-	peek, err := tools.New(tools.Def{Name: "peek", Description: "tries to write", ReadOnly: true},
-		func(ctx context.Context, tx pgx.Tx, emit *tools.Emitter, _ struct{}) (struct{}, error) {
+	peek, err := agenttools.New(agenttools.Def{Name: "peek", Description: "tries to write", ReadOnly: true},
+		func(ctx context.Context, tx pgx.Tx, emit *agenttools.Emitter, _ struct{}) (struct{}, error) {
 			_, err := emit.Emit(ctx, "x", "a", map[string]int{})
 			return struct{}{}, err
 		})
 	require.NoError(t, err)
 	r, _ := setup(t, peek)
 	_, err = r.Call(context.Background(), "peek", "", nil)
-	require.ErrorIs(t, err, tools.ErrReadOnly)
+	require.ErrorIs(t, err, agenttools.ErrReadOnly)
 }
 
 func TestNewRefusesBadDefinitions(t *testing.T) {
 	t.Parallel()
-	body := func(context.Context, pgx.Tx, *tools.Emitter, struct{}) (struct{}, error) { return struct{}{}, nil }
-	for _, d := range []tools.Def{{Name: "Bad Name", Description: "x"}, {Name: "ok"}, {Name: "ok", Description: "x", KeyWindow: -1}} {
-		_, err := tools.New(d, body)
+	body := func(context.Context, pgx.Tx, *agenttools.Emitter, struct{}) (struct{}, error) { return struct{}{}, nil }
+	for _, d := range []agenttools.Def{{Name: "Bad Name", Description: "x"}, {Name: "ok"}, {Name: "ok", Description: "x", KeyWindow: -1}} {
+		_, err := agenttools.New(d, body)
 		require.Error(t, err, "%+v", d)
 	}
-	_, err := tools.New(tools.Def{Name: "scalar", Description: "x"}, func(context.Context, pgx.Tx, *tools.Emitter, int) (int, error) { return 0, nil })
+	_, err := agenttools.New(agenttools.Def{Name: "scalar", Description: "x"}, func(context.Context, pgx.Tx, *agenttools.Emitter, int) (int, error) { return 0, nil })
 	require.Error(t, err, "inputs are objects")
 }
 
 func TestHTTPHandler(t *testing.T) {
 	t.Parallel()
 	r, _ := setup(t, note(t, 0))
-	srv := httptest.NewServer(tools.HTTPHandler(r, nil))
+	srv := httptest.NewServer(agenttools.HTTPHandler(r, nil))
 	defer srv.Close()
 	post := func(key, body string) (int, map[string]any) {
 		req, _ := http.NewRequest("POST", srv.URL+"/tools/note", strings.NewReader(body))
@@ -249,7 +249,7 @@ func TestHTTPHandler(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	var cat struct {
-		Tools []tools.Description `json:"tools"`
+		Tools []agenttools.Description `json:"tools"`
 	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&cat))
 	require.Len(t, cat.Tools, 2)
@@ -293,7 +293,7 @@ func TestRunnerCallRoundTrips(t *testing.T) {
 	t.Parallel()
 	_, base := setup(t)
 	pool, rt := pipelinetest.CountingPool(t, base)
-	r, err := tools.NewRunner(pool, pipelinetest.Outbox(t), []tools.Tool{note(t, 0)}, nil)
+	r, err := agenttools.NewRunner(pool, pipelinetest.Outbox(t), []agenttools.Tool{note(t, 0)}, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
 	_, err = r.Call(ctx, "note", "warm", json.RawMessage(`{"text":"warm"}`))
@@ -323,7 +323,7 @@ func TestRunnerIntentFailingAtCommitRollsBackTheCall(t *testing.T) {
 	_, pool := setup(t)
 	broken, err := pgoutbox.New(pgoutbox.Config{Table: "no_such_outbox"}, nil)
 	require.NoError(t, err)
-	r, err := tools.NewRunner(pool, broken, []tools.Tool{note(t, 0)}, nil)
+	r, err := agenttools.NewRunner(pool, broken, []agenttools.Tool{note(t, 0)}, nil)
 	require.NoError(t, err)
 	res, err := r.Call(context.Background(), "note", "k", json.RawMessage(`{"text":"a"}`))
 	require.Error(t, err)
@@ -351,7 +351,7 @@ func TestIntentStatusShowsNoPersonalData(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	out, err := tools.IntentStatus(ctx, tx, "", tools.StatusInput{AggregateID: "o-1"})
+	out, err := agenttools.IntentStatus(ctx, tx, "", agenttools.StatusInput{AggregateID: "o-1"})
 	require.NoError(t, err)
 	require.Len(t, out.Intents, 1)
 	in := out.Intents[0]
@@ -359,7 +359,7 @@ func TestIntentStatusShowsNoPersonalData(t *testing.T) {
 	for _, text := range []string{in.LastError, in.Poisoned[0].Reason} {
 		require.NotContains(t, text, "erin@example.com")
 		require.NotContains(t, text, "4242")
-		require.LessOrEqual(t, len(text), tools.MaxStatusErrorLength)
+		require.LessOrEqual(t, len(text), agenttools.MaxStatusErrorLength)
 		require.Contains(t, text, "payment provider answered 400")
 	}
 }

@@ -1,4 +1,4 @@
-package tools_test
+package agenttools_test
 
 import (
 	"context"
