@@ -61,23 +61,26 @@ func TestLayering(t *testing.T) {
 		}, "middleware takes its stores through interfaces"},
 	}
 	// The importable library holds no example and no test rig: only the
-	// binary's tree and the examples may import them. Other internal/
-	// packages are the library's own helpers, not part of its API.
+	// binary's tree, the examples and the rigs may import them. internal/
+	// holds the library's own helpers, not part of its API, and no rig.
 	library := func(dir string) bool {
-		return !strings.HasPrefix(dir, "cmd/") && !strings.HasPrefix(dir, "examples/") && !strings.HasPrefix(dir, "internal/")
+		return !strings.HasPrefix(dir, "cmd/") && !strings.HasPrefix(dir, "examples/") && !strings.HasPrefix(dir, "testrig/")
 	}
 	for dir, imps := range imports {
 		for _, imp := range imps {
 			if imp == mod+"/app" && library(dir) && dir != "cli" && dir != "ferrytest" {
 				t.Errorf("%s imports app: only cli, ferrytest (which starts a user's app in a test), binaries, examples and rigs may (app is the composition root)", dir)
 			}
-			if dir != "ferrytest" && !strings.HasPrefix(dir, "internal/") && !strings.HasPrefix(dir, "cmd/") && !strings.HasPrefix(dir, "examples/") && imp == mod+"/ferrytest" {
+			if dir != "ferrytest" && !strings.HasPrefix(dir, "testrig/") && !strings.HasPrefix(dir, "cmd/") && !strings.HasPrefix(dir, "examples/") && imp == mod+"/ferrytest" {
 				t.Errorf("%s imports ferrytest: the test package is for tests and rigs", dir)
 			}
 			if library(dir) && (strings.HasPrefix(imp, mod+"/examples/") || rig(imp)) {
 				t.Errorf("%s imports %s: the library holds no example and no test rig", dir, imp)
 			}
-			if strings.HasPrefix(dir, "examples/") && strings.HasPrefix(imp, mod+"/internal/") {
+			if strings.HasPrefix(dir, "internal/") && (imp == "testing" || imp == mod+"/app" || imp == mod+"/ferrytest" || rig(imp)) {
+				t.Errorf("%s imports %s: internal/ holds the library's private helpers only; rigs live beside their binary (cmd/ferry/internal/) or in testrig/", dir, imp)
+			}
+			if strings.HasPrefix(dir, "examples/") && (strings.HasPrefix(imp, mod+"/internal/") || rig(imp)) {
 				t.Errorf("%s imports %s: examples use only the public API", dir, imp)
 			}
 			if strings.HasPrefix(dir, "examples/invoices") && strings.HasPrefix(imp, mod+"/examples/") && !strings.HasPrefix(imp, mod+"/examples/invoices") {
@@ -118,16 +121,13 @@ func TestAppIsTheRuntimeOnly(t *testing.T) {
 	}
 }
 
-// rig reports whether an import path is one of the test and benchmark rigs
-// under internal/ (as opposed to the library's own internal helpers).
+// rig reports whether an import path is one of the test and benchmark
+// rigs: the binary's own (cmd/ferry/internal/: bench, chaos, demo, as
+// River keeps its bench beside its binary) and Ferry's test rig (testrig/),
+// as opposed to the library's private helpers under internal/.
 func rig(imp string) bool {
-	const mod = "github.com/ferry-dev/ferry/internal/"
-	for _, r := range []string{"bench", "chaos", "demo", "pipelinetest", "wait"} {
-		if imp == mod+r || strings.HasPrefix(imp, mod+r+"/") {
-			return true
-		}
-	}
-	return false
+	const mod = "github.com/ferry-dev/ferry/"
+	return strings.HasPrefix(imp, mod+"cmd/ferry/internal/") || imp == mod+"testrig" || strings.HasPrefix(imp, mod+"testrig/")
 }
 
 // Every table has one owner: only the package that owns a table writes SQL
@@ -164,7 +164,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 	}
 	outside := func(dir string) bool {
 		return dir == "." || dir == "migrations" || dir == "ferrytest" || strings.HasPrefix(dir, "cmd/") || strings.HasPrefix(dir, "examples/") ||
-			strings.HasPrefix(dir, "internal/") || strings.HasPrefix(dir, "ferrylint")
+			strings.HasPrefix(dir, "testrig/") || strings.HasPrefix(dir, "ferrylint")
 	}
 	verb := regexp.MustCompile(`(?i)\b(from|into|update|join|table|truncate)\s+(?:only\s+)?(?:"?[a-z_]+"?\.)?"?([a-z_]+)\b`)
 	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // With export on, OpenTelemetry's own errors (a collector that refuses

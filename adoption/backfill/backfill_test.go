@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/adoption/backfill"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // users are the legacy rows: 25 sign-ups, 5 of them already welcomed.

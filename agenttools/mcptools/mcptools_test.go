@@ -18,7 +18,7 @@ import (
 
 	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/agenttools/mcptools"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 type echoArgs struct {

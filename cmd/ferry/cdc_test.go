@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/cli"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/metrics"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // `ferry relay --mode cdc` end to end through the CLI: the relay creates

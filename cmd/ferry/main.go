@@ -23,11 +23,11 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/cli"
+	"github.com/ferry-dev/ferry/cmd/ferry/internal/bench"
+	"github.com/ferry-dev/ferry/cmd/ferry/internal/chaos"
+	"github.com/ferry-dev/ferry/cmd/ferry/internal/demo"
 	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
 	"github.com/ferry-dev/ferry/examples/orders/sandbox"
-	"github.com/ferry-dev/ferry/internal/bench"
-	"github.com/ferry-dev/ferry/internal/chaos"
-	"github.com/ferry-dev/ferry/internal/demo"
 	"github.com/ferry-dev/ferry/pipeline"
 )
 

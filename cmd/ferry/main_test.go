@@ -22,8 +22,8 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/ferrytest"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 func TestHelpListsEveryCommand(t *testing.T) {

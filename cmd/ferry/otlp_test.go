@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ferry-dev/ferry/examples/orders/sandbox"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // otlpReceiver collects the spans OTLP/HTTP exporters send it.

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgbudget"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // Concurrent spenders (other processes, in production) never exceed the limit together.

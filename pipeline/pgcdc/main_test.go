@@ -12,11 +12,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // childEnv makes the test binary a CDC relay process (for the SIGKILL

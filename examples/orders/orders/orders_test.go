@@ -17,8 +17,8 @@ import (
 
 	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 func setup(t *testing.T) (*orders.Service, *pgxpool.Pool, *sql.DB) {

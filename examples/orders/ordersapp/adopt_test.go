@@ -13,8 +13,8 @@ import (
 	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // Shadow intents (by topic configuration or by their own mark) never reach

@@ -21,7 +21,7 @@ import (
 	"github.com/ferry-dev/ferry/agenttools/mcptools"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // The MCP maintainers' own Go client against Ferry's tools, over stdio

@@ -16,8 +16,8 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	exmigrations "github.com/ferry-dev/ferry/examples/orders/migrations"
 	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 func newApp(t *testing.T, cfg app.Config, logs *pipelinetest.SyncBuffer) *app.App {

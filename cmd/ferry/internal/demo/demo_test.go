@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ferry-dev/ferry/internal/demo"
+	"github.com/ferry-dev/ferry/cmd/ferry/internal/demo"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 func TestDemo(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/internal/wait"
+	"github.com/ferry-dev/ferry/cmd/ferry/internal/wait"
 
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/examples/orders/ordersapp"

@@ -21,15 +21,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/internal/wait"
+	"github.com/ferry-dev/ferry/cmd/ferry/internal/wait"
 
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/examples/orders/ordersapp"
 	"github.com/ferry-dev/ferry/examples/orders/sandbox"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // providerGarbage is a provider's answer in Latin-1 with a NUL.

@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-dev/ferry/internal/chaos"
+	"github.com/ferry-dev/ferry/cmd/ferry/internal/chaos"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // The short chaos run (CI): 2,000 orders through create_order while relay

@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferry-dev/ferry/internal/bench"
+	"github.com/ferry-dev/ferry/cmd/ferry/internal/bench"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/internal/pipelinetest"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // The benchmark command, at toy sizes: every scenario runs, prints one JSON
