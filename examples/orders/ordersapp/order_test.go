@@ -115,10 +115,10 @@ func TestOrderedTopicKeepsPerAggregateOrderAcrossRelaysFailuresAndRestarts(t *te
 	// relays, and order must hold all the same.
 	relayCfg := pgoutbox.RelayConfig{
 		BatchSize: 100, PollInterval: 20 * time.Millisecond, InFlight: 2,
-		Backoff: pipeline.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+		Backoff:       pipeline.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+		OrderedTopics: h.app.OrderedTopics(),
 	}
 	newRelay := func() *pgoutbox.Relay {
-		relayCfg.OrderedTopics = h.app.OrderedTopics()
 		r, err := pgoutbox.NewRelay(h.app.Pool(), pub, relayCfg, nil)
 		require.NoError(t, err)
 		return r
