@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -49,6 +50,27 @@ func TestInvoicesWithTheAppHelper(t *testing.T) {
 	require.Len(t, poisoned, 1)
 	require.Contains(t, poisoned[0].Reason, pipeline.MetaTenantID)
 	// snippet:end app-test
+}
+
+// Delivered twice, effect once: the broker delivers the issued event again
+// (ferrytest.Redeliver waits until the handler has seen the copy), and the
+// invoice is still sent once, with one invoice.sent event.
+func TestInvoicesDeliveredTwiceSentOnce(t *testing.T) {
+	t.Parallel()
+	a := ferrytest.App(t, invoices.Options())
+	ctx := context.Background()
+	id, err := invoices.Issue(ctx, a.Pool(), a.Outbox(), "acme", "bob", 1200)
+	require.NoError(t, err)
+	ferrytest.RequireHandled(t, a.Pool(), a.Routes(), 30*time.Second)
+	var issued string
+	require.NoError(t, a.Pool().QueryRow(ctx, `SELECT message_uuid FROM outbox WHERE topic = $1 AND aggregate_id = $2`,
+		invoices.TopicIssued, strconv.FormatInt(id, 10)).Scan(&issued))
+
+	ferrytest.Redeliver(t, a, issued, 30*time.Second)
+	var sentEvents int
+	require.NoError(t, a.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = $1 AND aggregate_id = $2`,
+		invoices.TopicSent, strconv.FormatInt(id, 10)).Scan(&sentEvents))
+	require.Equal(t, 1, sentEvents, "the redelivery ran no effect: one invoice.sent event")
 }
 
 // syncBuffer is a buffer exec's copier writes while the test reads it.
