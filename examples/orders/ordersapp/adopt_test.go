@@ -60,7 +60,7 @@ func TestShadowIntentsNeverReachTheBroker(t *testing.T) {
 	var shadowed int
 	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE shadowed AND dispatched_at IS NOT NULL`).Scan(&shadowed))
 	require.Equal(t, 2, shadowed)
-	time.Sleep(300 * time.Millisecond)
+	settle(t, h)
 	require.Zero(t, handled.Load(), "no shadow intent reached a consumer")
 	n, err := h.app.UnroutedDepth(ctx)
 	require.NoError(t, err)

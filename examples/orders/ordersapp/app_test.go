@@ -127,6 +127,23 @@ func startWith(t *testing.T, cfg app.Config, provider *sandbox.PaymentProvider, 
 	return &harness{app: a, orders: svc, cfg: a.Config(), provider: provider, sink: sink, stop: stop}
 }
 
+// settle proves the pipeline quiet instead of assuming it after a sleep:
+// the outbox drained (nothing due, in backoff or retrying), then the app
+// stopped as a deploy stops it (consumers finish and ack what they hold and
+// hand back what they had received but not run), then every route's queue
+// empty. No delivery, duplicate or not, is left anywhere to run an effect
+// later: the counts a test asserts after it are final.
+func settle(t *testing.T, h *harness) {
+	t.Helper()
+	pipelinetest.RequireDrained(t, h.app.Pool(), 30*time.Second)
+	h.stop()
+	stats, err := h.app.QueueStats(context.Background())
+	require.NoError(t, err)
+	for _, q := range stats {
+		require.Zero(t, q.Ready, "queue %s still holds deliveries after the stop", q.Queue)
+	}
+}
+
 // apiServer serves the example's HTTP API of h's app until the test ends.
 func apiServer(t *testing.T, h *harness) *httptest.Server {
 	t.Helper()
@@ -187,8 +204,7 @@ func TestRepeatedCreateOrderChargesAndMailsOnce(t *testing.T) {
 	require.True(t, res.Deduped)
 
 	eventually(t, "one charge and one mail", func() bool { return len(h.provider.Charges()) == 1 && len(h.sink.Mails()) == 1 })
-	pipelinetest.RequireDrained(t, h.app.Pool(), 10*time.Second)
-	time.Sleep(300 * time.Millisecond) // room for a duplicate to show up
+	settle(t, h) // no duplicate left anywhere to show up later
 	require.Len(t, h.provider.Charges(), 1)
 	require.Equal(t, 1, h.provider.Requests())
 	require.Len(t, h.sink.Mails(), 1)

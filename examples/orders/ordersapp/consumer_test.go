@@ -87,7 +87,7 @@ func TestDurableRetrySurvivesConsumerRestart(t *testing.T) {
 
 	second := startWith(t, cfg, provider, sink, routes, app.Components{Relay: true, Consumers: true})
 	eventually(t, "the retried message handled", func() bool { m, _ := runs(&done); return m == 1 })
-	time.Sleep(300 * time.Millisecond)
+	settle(t, second)
 	m, total := runs(&done)
 	require.Equal(t, 1, m)
 	require.Equal(t, 1, total, "handled exactly once")
@@ -124,13 +124,16 @@ func TestRequeueBringsAPoisonedMessageBackOnce(t *testing.T) {
 	require.Len(t, h.poisoned(t), 1, "a dry run changes nothing")
 
 	failing.Store(false) // the bug is fixed and deployed
+	dupsBefore := h.app.Stats().Duplicates
 	res, err := h.app.Poison().Requeue(context.Background(), pgpoison.Selector{IDs: []int64{rec.ID}}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
 	require.Len(t, res.MessageIDs, 1)
 	require.Empty(t, h.poisoned(t))
 
 	eventually(t, "the requeued message handled", func() bool { m, _ := runs(&worker); return m == 1 })
-	time.Sleep(300 * time.Millisecond)
+	// Proof that the copy reached the route that had succeeded, not a
+	// sleep: its ledger skipped it as a duplicate.
+	eventually(t, "the audit route skipped the requeued copy", func() bool { return h.app.Stats().Duplicates >= dupsBefore+1 })
 	_, total := runs(&worker)
 	require.Equal(t, 1, total)
 	_, auditTotal := runs(&audit)
@@ -162,7 +165,7 @@ func TestBudgetDefersWithoutLosingOrDuplicating(t *testing.T) {
 		publishEvent(t, h, "work.llm", fmt.Sprint("doc-", i), job{N: i})
 	}
 	eventually(t, "every job handled", func() bool { m, _ := runs(&done); return m == jobs })
-	time.Sleep(300 * time.Millisecond)
+	settle(t, h)
 	m, total := runs(&done)
 	require.Equal(t, jobs, m)
 	require.Equal(t, jobs, total, "no job ran twice")

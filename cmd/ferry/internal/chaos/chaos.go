@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -144,18 +145,26 @@ type ChaosReport struct {
 	OrdersRolledBack int            `json:"orders_rolled_back"`
 	OrderReplays     int            `json:"order_replays_deduped"`
 	Faults           map[string]int `json:"faults"`
-	ChargeRequests   int            `json:"charge_requests"`
-	Charges          int            `json:"charges"`
-	Mails            int            `json:"mails_delivered"`
-	MailDuplicates   int            `json:"mail_duplicates_dropped_by_message_id"`
-	AuditEvents      int            `json:"audit_events"`
-	RelayRetries     int            `json:"rows_with_relay_retries"`
-	DurableRetries   int            `json:"durable_retries"`
-	Poisoned         int            `json:"poisoned"`
-	PoisonReasons    map[string]int `json:"poison_reasons"`
-	Redeliveries     int            `json:"ledger_duplicates_suppressed"`
-	Lost             int            `json:"lost"`
-	Duplicated       int            `json:"duplicated"`
+	// FaultsMissed are faults tried that met nothing (no live process, no
+	// backend) or were cut short by the run's end: not counted in Faults.
+	FaultsMissed map[string]int `json:"faults_missed"`
+	// HandlerFailuresSeen and HandlerPanicsSeen count the children's log
+	// lines that show an injected handler failure or panic: the run checks
+	// that the faults it promised (--faults) happened.
+	HandlerFailuresSeen int            `json:"handler_failures_seen"`
+	HandlerPanicsSeen   int            `json:"handler_panics_seen"`
+	ChargeRequests      int            `json:"charge_requests"`
+	Charges             int            `json:"charges"`
+	Mails               int            `json:"mails_delivered"`
+	MailDuplicates      int            `json:"mail_duplicates_dropped_by_message_id"`
+	AuditEvents         int            `json:"audit_events"`
+	RelayRetries        int            `json:"rows_with_relay_retries"`
+	DurableRetries      int            `json:"durable_retries"`
+	Poisoned            int            `json:"poisoned"`
+	PoisonReasons       map[string]int `json:"poison_reasons"`
+	Redeliveries        int            `json:"ledger_duplicates_suppressed"`
+	Lost                int            `json:"lost"`
+	Duplicated          int            `json:"duplicated"`
 	// BatchEffects is how many orders the batch route (ChaosBatchRoute)
 	// counted; Lost and Duplicated cover it too.
 	BatchEffects    int `json:"batch_route_effects"`
@@ -264,17 +273,20 @@ func (e *chaosEnv) live(role string) []*child {
 }
 
 // kill SIGKILLs one live child of role and starts a replacement.
-func (e *chaosEnv) killAndRestart(rng *rand.Rand, role string, extra ...string) error {
+// It reports whether it killed anything: with no live child of role (all
+// stopped by another fault meanwhile) it only starts one, and that is no
+// kill to count.
+func (e *chaosEnv) killAndRestart(rng *rand.Rand, role string, extra ...string) (bool, error) {
 	live := e.live(role)
 	if len(live) == 0 {
 		_, err := e.start(role, extra...)
-		return err
+		return false, err
 	}
 	victim := live[rng.IntN(len(live))]
-	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+	killed := victim.cmd.Process.Signal(syscall.SIGKILL) == nil
 	<-victim.done
 	_, err := e.start(role, extra...)
-	return err
+	return killed, err
 }
 
 // roll restarts every live child of role, one at a time, as a Deployment
@@ -386,7 +398,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if run.HA && (run.DatabaseOutage > 0 || run.RestartBroker || run.RelayMode == app.RelayModeCDC) {
 		return ChaosReport{}, errors.New("the HA run has its own database and broker faults: not with a database outage, broker restarts or the CDC relay")
 	}
-	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, HA: run.HA, Faults: map[string]int{}, PoisonReasons: map[string]int{}}
+	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, HA: run.HA, Faults: map[string]int{}, FaultsMissed: map[string]int{}, PoisonReasons: map[string]int{}}
 	rng := rand.New(rand.NewPCG(run.Seed, run.Seed+1))
 	if run.Binary == "" {
 		if run.Binary, err = os.Executable(); err != nil {
@@ -639,15 +651,21 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				kind = "restart_broker"
 			}
 			var err error
+			// hit is whether the fault met anything: a kill with no live
+			// process, or a termination that matched no backend, injected
+			// nothing and is not counted.
+			hit := true
 			switch kind {
 			case "kill_relay":
-				err = env.killAndRestart(frng, "relay", faults())
+				hit, err = env.killAndRestart(frng, "relay", faults())
 			case "kill_consumer":
-				err = env.killAndRestart(frng, "consume", faults())
+				hit, err = env.killAndRestart(frng, "consume", faults())
 			case "terminate_db_backends":
 				gate.RLock()
-				_, err = driver.Pool().Exec(faultCtx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, appName)
+				var n int
+				err = driver.Pool().QueryRow(faultCtx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n)
 				gate.RUnlock()
+				hit = n > 0
 			case "close_amqp_connections":
 				if run.HA {
 					// Cluster-wide, through a node the node-loss fault
@@ -669,7 +687,18 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 				}
 			}
 			if faultCtx.Err() != nil {
-				err = nil // cut short by the run's end: it still counts
+				// Cut short by the run's end: neither an error nor a fault
+				// injected.
+				faultMu.Lock()
+				rep.FaultsMissed[kind]++
+				faultMu.Unlock()
+				return
+			}
+			if !hit && err == nil {
+				faultMu.Lock()
+				rep.FaultsMissed[kind]++
+				faultMu.Unlock()
+				continue
 			}
 			recordFault(kind, kind, err, nil)
 		}
@@ -885,6 +914,16 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	}
 	if b, err := os.ReadFile(filepath.Join(logDir, "consume.log")); err == nil {
 		rep.PartitionHolds = strings.Count(string(b), holdingThePartition)
+		// The handler faults the run promised must have happened: a run
+		// whose faults never fired proves nothing about them.
+		rep.HandlerFailuresSeen = strings.Count(string(b), injectedFailureText)
+		rep.HandlerPanicsSeen = strings.Count(string(b), injectedPanic)
+	}
+	if run.HandlerFail > 0 && rep.HandlerFailuresSeen == 0 {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("handler failures were asked for (rate %.3f) but none shows in the consumers' log", run.HandlerFail))
+	}
+	if run.HandlerPanic > 0 && rep.HandlerPanicsSeen == 0 {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("handler panics were asked for (rate %.3f) but none shows in the consumers' log", run.HandlerPanic))
 	}
 	chargeReplays, auditReplays := provider.Replays()
 	rep.EffectReplays = chargeReplays + auditReplays + rep.MailDuplicates
@@ -1119,7 +1158,16 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 			total += n
 		}
 	}
-	fmt.Fprintf(&b, "  faults injected        %6d   (%s; handlers also failed and panicked at random)\n", total, strings.Join(faults, ", "))
+	fmt.Fprintf(&b, "  faults injected        %6d   (%s; only faults that hit something count)\n", total, strings.Join(faults, ", "))
+	if len(r.FaultsMissed) > 0 {
+		var missed []string
+		for k, n := range r.FaultsMissed {
+			missed = append(missed, fmt.Sprintf("%s %d", k, n))
+		}
+		sort.Strings(missed)
+		fmt.Fprintf(&b, "  faults that hit nothing       (%s: no live process, no backend, or cut short by the run's end; not counted)\n", strings.Join(missed, ", "))
+	}
+	fmt.Fprintf(&b, "  handler faults seen    %6d   (%d injected failures, %d injected panics in the consumers' log)\n", r.HandlerFailuresSeen+r.HandlerPanicsSeen, r.HandlerFailuresSeen, r.HandlerPanicsSeen)
 	if r.DatabaseOutageSeconds > 0 {
 		fmt.Fprintf(&b, "  database outage        %6.1fs  (the database refused every connection; the driver stood still; %d charges were waiting)\n", r.DatabaseOutageSeconds, r.ChargesWaitingAtOutage)
 	}
