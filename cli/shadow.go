@@ -1,0 +1,84 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ferry-dev/ferry/adoption/shadow"
+)
+
+func shadowReportFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	since := fs.Duration("since", 168*time.Hour, "how far back to compare")
+	topic := fs.String("topic", "", "only this topic")
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, _ []string) error {
+		if *since <= 0 {
+			return usagef("--since must be positive")
+		}
+		cfg, pool, err := openMigrated(ctx, "shadow")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		rep, err := shadow.Report(ctx, pool, shadow.Options{Since: *since, Topic: *topic, ShadowTopics: cfg.Relay.ShadowTopics, OutboxTable: cfg.Relay.Table})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			err = WriteJSON(env.Stdout, map[string]any{"since": rep.Since, "topics": rep.Topics, "agree": rep.Agree()})
+		} else {
+			err = printShadow(env.Stdout, rep)
+		}
+		if err != nil {
+			return err
+		}
+		if !rep.Agree() {
+			return ExitError{Code: 1, Err: errors.New("the intents and the legacy effects do not agree: do not switch over yet")}
+		}
+		return nil
+	}
+}
+
+func printShadow(w io.Writer, rep shadow.ReportResult) error {
+	fmt.Fprintf(w, "shadow report since %s\n", rep.Since.Format(time.RFC3339))
+	if len(rep.Topics) == 0 {
+		fmt.Fprintln(w, "(no shadow intents and no legacy effects in the window)")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TOPIC\tINTENTS\tLEGACY\tMATCHED\tMISSING IN OUTBOX\tMISSING IN LEGACY\tVERDICT")
+	for _, t := range rep.Topics {
+		verdict := "agree"
+		if !t.Agree() {
+			verdict = "MISMATCH"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", cell(t.Topic, maxIDCell), t.Intents, t.LegacyEffects, t.Matched,
+			t.MissingInOutboxCount, t.MissingInLegacyCount, verdict)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, t := range rep.Topics {
+		if len(t.MissingInOutbox) > 0 {
+			fmt.Fprintf(w, "%s: legacy effect, no intent (sample): %s\n", cell(t.Topic, maxIDCell), sample(t.MissingInOutbox))
+		}
+		if len(t.MissingInLegacy) > 0 {
+			fmt.Fprintf(w, "%s: intent, no legacy effect (sample): %s\n", cell(t.Topic, maxIDCell), sample(t.MissingInLegacy))
+		}
+	}
+	return nil
+}
+
+func sample(ids []string) string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = cell(id, maxIDCell)
+	}
+	return strings.Join(out, ", ")
+}
