@@ -83,28 +83,66 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 				return err
 			}
 			defer closeStore()
-			out := env.Stdout
-			if sub == "list" && group {
-				return listGroups(ctx, out, store, lf, asJSON)
-			}
 			if sub == "list" {
-				return listPoison(ctx, out, store, lf, asJSON)
+				return PoisonList{Filter: lf, Group: group, JSON: asJSON}.Run(ctx, store, env.Stdout)
 			}
-			act := store.RequeueEach
-			verb, dryVerb := "requeued", "would requeue"
-			if sub == "discard" {
-				act, verb, dryVerb = store.DiscardEach, "discarded", "would discard"
-			}
-			if dry {
-				verb = dryVerb
-			}
-			// Each page's audit entry is written in the page's transaction.
-			err = streamActions(out, asJSON, verb, func(fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
-				return act(ctx, sel, pgpoison.Run{DryRun: dry, Actor: pgaudit.CLIActor()}, fn)
-			})
-			return err
+			return PoisonAction{Action: sub, Selector: sel, DryRun: dry, Actor: pgaudit.CLIActor(), JSON: asJSON}.Run(ctx, store, env.Stdout)
 		}
 	}
+}
+
+// PoisonList is `poison list`: the messages a filter chooses (its Topic,
+// AfterID and Limit included), or their groups by fingerprint.
+type PoisonList struct {
+	Filter pgpoison.Filter
+	Group  bool
+	JSON   bool
+}
+
+// Run prints what store holds.
+func (o PoisonList) Run(ctx context.Context, store *pgpoison.Store, w io.Writer) error {
+	if err := o.Filter.Validate(); err != nil {
+		return UsageError{flagNames(err)}
+	}
+	if o.Group {
+		return listGroups(ctx, w, store, o.Filter, o.JSON)
+	}
+	return listPoison(ctx, w, store, o.Filter, o.JSON)
+}
+
+// PoisonAction is `poison requeue` and `poison discard`: the library call
+// the console's buttons make (pgpoison.Store's RequeueEach and
+// DiscardEach, each page audited in its own transaction), streamed.
+type PoisonAction struct {
+	// Action is "requeue" or "discard".
+	Action   string
+	Selector pgpoison.Selector
+	DryRun   bool
+	// Actor is who acts, for the audit log (pgaudit.CLIActor()).
+	Actor string
+	JSON  bool
+}
+
+// Run acts (or, dry, says what it would do), printing each message.
+func (o PoisonAction) Run(ctx context.Context, store *pgpoison.Store, w io.Writer) error {
+	if err := o.Selector.Validate(); err != nil {
+		return UsageError{flagNames(err)}
+	}
+	act := store.RequeueEach
+	verb, dryVerb := "requeued", "would requeue"
+	switch o.Action {
+	case "requeue":
+	case "discard":
+		act, verb, dryVerb = store.DiscardEach, "discarded", "would discard"
+	default:
+		return fmt.Errorf("cli: PoisonAction.Action must be requeue or discard, got %q", o.Action)
+	}
+	if o.DryRun {
+		verb = dryVerb
+	}
+	return streamActions(w, o.JSON, verb, func(fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
+		return act(ctx, o.Selector, pgpoison.Run{DryRun: o.DryRun, Actor: o.Actor}, fn)
+	})
 }
 
 // ParseFilter reads --filter: key=value pairs, comma-separated (handler,
