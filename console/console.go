@@ -255,7 +255,7 @@ func (c *Console) act(h http.HandlerFunc) http.HandlerFunc {
 }
 
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
-	c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == "", "Next": c.next(r.URL.Query().Get("next"))})
+	c.render(w, r, "login", &loginPage{Off: c.cfg.Token == "", Next: c.next(r.URL.Query().Get("next"))})
 }
 
 // next is where to go after logging in: a page of the console (the one
@@ -286,7 +286,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	if c.cfg.Token == "" || r.ParseForm() != nil || subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(c.cfg.Token)) != 1 {
 		w.WriteHeader(http.StatusUnauthorized)
-		c.render(w, r, "login", map[string]any{"Off": c.cfg.Token == "", "Wrong": true, "Next": c.next(r.PostForm.Get("next"))})
+		c.render(w, r, "login", &loginPage{Off: c.cfg.Token == "", Wrong: true, Next: c.next(r.PostForm.Get("next"))})
 		return
 	}
 	exp := strconv.FormatInt(time.Now().Add(SessionLifetime).Unix(), 10)
@@ -297,22 +297,15 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	w.WriteHeader(status)
-	c.render(w, r, "error", map[string]any{"Message": msg, "Status": status})
+	c.render(w, r, "error", &errorPage{Message: msg, Status: status})
 }
 
-func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, data map[string]any) {
-	if data == nil {
-		data = map[string]any{}
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, data pageData) {
+	ch := chrome{Prefix: c.cfg.Prefix, Authed: c.authed(r), CanAct: c.cfg.Token != "", Page: name, Here: r.URL.RequestURI()}
+	if ch.Authed {
+		ch.CSRF = c.mac("csrf")
 	}
-	data["Prefix"] = c.cfg.Prefix
-	data["Authed"] = c.authed(r)
-	data["CanAct"] = c.cfg.Token != ""
-	data["CSRF"] = ""
-	if c.authed(r) {
-		data["CSRF"] = c.mac("csrf")
-	}
-	data["Page"] = name
-	data["Here"] = r.URL.RequestURI()
+	data.setChrome(ch)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := c.tmpl.ExecuteTemplate(w, name, data); err != nil {
 		c.cfg.Logger.ErrorContext(r.Context(), "console: rendering failed", "page", name, "error", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"html"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -22,12 +23,26 @@ import (
 
 const token = "console-test-token-0123"
 
+// failOnRenderError fails the test when a page does not render: its typed
+// data lacks a field its template names (which a map hid as blank).
+type failOnRenderError struct{ t *testing.T }
+
+func (h failOnRenderError) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelError }
+func (h failOnRenderError) Handle(_ context.Context, r slog.Record) error {
+	attrs := ""
+	r.Attrs(func(a slog.Attr) bool { attrs += " " + a.String(); return true })
+	h.t.Errorf("console logged an error: %s%s", r.Message, attrs)
+	return nil
+}
+func (h failOnRenderError) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h failOnRenderError) WithGroup(string) slog.Handler      { return h }
+
 func setup(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Helper()
 	pool := pipelinetest.Postgres(t)
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
-	c, err := console.New(pool, store, console.Config{Token: token})
+	c, err := console.New(pool, store, console.Config{Token: token, Logger: slog.New(failOnRenderError{t})})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/console/", c)

@@ -1,0 +1,106 @@
+package console
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/ferry-dev/ferry/internal/attention"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+type overview struct {
+	Report      pgstatus.Report
+	P95         *float64
+	PoisonByHdl []countRow
+	Unrouted    *int
+	UnroutedErr string
+	Queues      []rabbit.QueueStat
+	QueuesErr   string
+	Failing     int
+	// Attention is the list `ferry status` prints under "needs attention".
+	Attention []string
+	// Charts are the last hour, from the processes' samples; NoSamples
+	// when no process has sampled in that hour.
+	Charts    []chart
+	NoSamples bool
+}
+
+type countRow struct {
+	Name  string
+	Count int
+}
+
+func (c *Console) overview(r *http.Request) (overview, error) {
+	ctx := r.Context()
+	var o overview
+	rep, err := pgstatus.Collect(ctx, c.pool, c.cfg.OutboxTable, pgstatus.DefaultAttemptsThreshold)
+	if err != nil {
+		return o, err
+	}
+	o.Report = rep
+	if o.P95, err = c.ops.DispatchP95(ctx, latencyWindow); err != nil {
+		return o, err
+	}
+	if o.Failing, err = c.ops.FailingCount(ctx); err != nil {
+		return o, err
+	}
+	byHandler, err := c.store.CountByHandler(ctx)
+	if err != nil {
+		return o, err
+	}
+	for _, h := range byHandler {
+		o.PoisonByHdl = append(o.PoisonByHdl, countRow{Name: h.Name, Count: h.Count})
+	}
+	if c.cfg.Queues != nil {
+		if o.Queues, err = c.cfg.Queues(ctx); err != nil {
+			o.QueuesErr = "unknown (broker not reachable)"
+		}
+	}
+	var brokerErr string
+	if c.cfg.Unrouted != nil {
+		n, err := c.cfg.Unrouted(ctx)
+		switch {
+		case rabbit.IsQueueMissing(err):
+			// The broker answered: the queue is not declared yet.
+			o.UnroutedErr = "none yet (no relay has declared the topology)"
+		case err != nil:
+			o.UnroutedErr = "unknown (broker not reachable)"
+			brokerErr = pipeline.CleanText(err.Error(), 300)
+		default:
+			o.Unrouted = &n
+		}
+	}
+	pts, err := pgstatus.History(ctx, c.pool, time.Hour, time.Minute)
+	if err != nil {
+		return o, err
+	}
+	o.Charts = overviewCharts(pts)
+	o.NoSamples = true
+	for _, p := range pts {
+		if p.Samples > 0 {
+			o.NoSamples = false
+		}
+	}
+	o.Attention = attention.List(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues})
+	return o, nil
+}
+
+func (c *Console) overviewPage(w http.ResponseWriter, r *http.Request) {
+	o, err := c.overview(r)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	c.render(w, r, "overview", &overviewPage{O: o})
+}
+
+func (c *Console) overviewPartial(w http.ResponseWriter, r *http.Request) {
+	o, err := c.overview(r)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	c.render(w, r, "overview-body", &overviewPage{O: o})
+}

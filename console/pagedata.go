@@ -1,0 +1,108 @@
+package console
+
+import (
+	"html/template"
+	"net/url"
+
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+)
+
+// chrome is what every page's layout reads (head and foot): set by
+// render, never by a page.
+type chrome struct {
+	Prefix string
+	Authed bool
+	CanAct bool
+	CSRF   string
+	Page   string
+	Here   string
+}
+
+func (c *chrome) setChrome(x chrome) { *c = x }
+
+// pageData is a page's typed data: its own fields and the chrome. A
+// template that names a field its page does not have fails its test,
+// instead of rendering nothing from a map.
+type pageData interface{ setChrome(chrome) }
+
+type loginPage struct {
+	chrome
+	Off, Wrong bool
+	Next       string
+}
+
+type errorPage struct {
+	chrome
+	Message string
+	Status  int
+}
+
+type overviewPage struct {
+	chrome
+	O overview
+}
+
+type poisonPage struct {
+	chrome
+	Error        string
+	Q            url.Values
+	Groups       []pgpoison.Group
+	Records      []pgpoison.Record
+	Total        int
+	Older, Newer template.URL
+	FilterQuery  string
+	FilterFields [][2]string
+	Flash        string
+}
+
+type detailPage struct {
+	chrome
+	D detail
+}
+
+type confirmPage struct {
+	chrome
+	Action, Scope, Within string
+	Count                 int
+	Fields                [][2]string
+	Confirm               string
+}
+
+type failingPage struct {
+	chrome
+	Error  string
+	Q      url.Values
+	Groups []pgoutbox.FailingGroup
+	Rows   []pgoutbox.FailingRow
+	Next   template.URL
+	Flash  string
+}
+
+type auditPage struct {
+	chrome
+	Entries []pgaudit.Entry
+}
+
+type retryingPage struct {
+	chrome
+	Groups []pgstatus.RetryGroup
+	Total  int
+	Flash  string
+}
+
+type outboxConfirmPage struct {
+	chrome
+	Kind, Action, Scope string
+	Count               int
+	Fields              [][2]string
+	Confirm             string
+}
+
+type outboxRowPage struct {
+	chrome
+	Row   outboxRow
+	Flash string
+}

@@ -1,0 +1,227 @@
+package console
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+)
+
+func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f, err := filterFrom(q)
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		c.render(w, r, "poison", &poisonPage{Error: err.Error(), Q: q})
+		return
+	}
+	groupFilter := f
+	groupFilter.AfterID, groupFilter.Limit = 0, 0
+	groups, err := c.store.Groups(r.Context(), groupFilter, 50)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	before, after, err := pageBounds(q)
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		c.render(w, r, "poison", &poisonPage{Error: err.Error(), Q: q})
+		return
+	}
+	page, err := c.store.PageOf(r.Context(), groupFilter, before, after, pageSize)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	total, err := c.store.Count(r.Context(), groupFilter)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	c.render(w, r, "poison", &poisonPage{Q: q, Groups: groups, Records: page.Records, Total: total,
+		Older:       pageLink(c.cfg.Prefix+"/poison", q, page.Older, "before", page.Records, true),
+		Newer:       pageLink(c.cfg.Prefix+"/poison", q, page.Newer, "after", page.Records, false),
+		FilterQuery: filterQuery(q), FilterFields: filterFields(q), Flash: c.flash(q)})
+}
+
+type detail struct {
+	R         pgpoison.Record
+	Payload   string
+	PayloadJS bool
+	Truncated bool
+	Headers   [][2]string
+	History   []pipeline.FailedAttempt
+	Requeued  string
+}
+
+func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.fail(w, r, http.StatusNotFound, "no such poisoned message")
+		return
+	}
+	rec, err := c.store.Get(r.Context(), id)
+	if errors.Is(err, pgpoison.ErrNotFound) {
+		c.fail(w, r, http.StatusNotFound, "no such poisoned message")
+		return
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	d := detail{R: rec, History: pipeline.ErrorHistory(rec.Headers), Requeued: rec.Headers["ferry_requeued_from_poison_id"]}
+	payload := rec.Payload
+	if len(payload) > maxDetailBytes {
+		payload, d.Truncated = payload[:maxDetailBytes], true
+	}
+	var pretty bytes.Buffer
+	if !d.Truncated && json.Valid(payload) && json.Indent(&pretty, payload, "", "  ") == nil {
+		d.Payload, d.PayloadJS = pretty.String(), true
+	} else {
+		d.Payload = string(payload)
+	}
+	for k, v := range rec.Headers {
+		d.Headers = append(d.Headers, [2]string{k, v})
+	}
+	sort.Slice(d.Headers, func(a, b int) bool { return d.Headers[a][0] < d.Headers[b][0] })
+	c.render(w, r, "detail", &detailPage{D: d})
+}
+
+// action is a requeue or discard: without confirm=1 it counts what would
+// be touched and asks; with it, it acts, records the audit entry and goes
+// back to the poison page with what was done.
+func (c *Console) action(w http.ResponseWriter, r *http.Request) {
+	form := r.PostForm
+	for _, k := range append([]string{"action", "scope", "confirm"}, filterKeys...) {
+		if len(form[k]) > 1 {
+			c.fail(w, r, http.StatusBadRequest, "the form names "+k+" more than once")
+			return
+		}
+	}
+	act := form.Get("action")
+	if act != "requeue" && act != "discard" {
+		c.fail(w, r, http.StatusBadRequest, "the action must be requeue or discard")
+		return
+	}
+	f, err := filterFrom(form)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	f.AfterID, f.Limit = 0, 0
+	sel := pgpoison.Selector{Filter: f}
+	scope := form.Get("scope")
+	switch scope {
+	case "selected":
+		for _, s := range form["id"] {
+			id, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || id <= 0 {
+				c.fail(w, r, http.StatusBadRequest, "a selected id is not a poison id")
+				return
+			}
+			sel.IDs = append(sel.IDs, id)
+		}
+		if len(sel.IDs) == 0 {
+			c.fail(w, r, http.StatusBadRequest, "select at least one message")
+			return
+		}
+		sel.Filter = pgpoison.Filter{}
+	case "group":
+		if f.Fingerprint == "" {
+			c.fail(w, r, http.StatusBadRequest, "a group action needs its fingerprint")
+			return
+		}
+	case "filter":
+		if f == (pgpoison.Filter{}) {
+			sel.All = true
+		}
+	default:
+		c.fail(w, r, http.StatusBadRequest, "the scope must be selected, group or filter")
+		return
+	}
+	countFilter := sel.Filter
+	var n int
+	if len(sel.IDs) > 0 {
+		n, err = c.store.CountIDs(r.Context(), sel.IDs)
+	} else {
+		n, err = c.store.Count(r.Context(), countFilter)
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	// The confirmation is a token only the confirm step hands out, bound
+	// to this action on this selection: a link or a form that says
+	// confirm=1 by itself confirms nothing.
+	confirmToken := c.mac("confirm\x00" + act + "\x00" + scopeText(scope, sel))
+	if got := form.Get("confirm"); got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(confirmToken)) != 1 {
+		fields := filterFields(form)
+		for _, id := range sel.IDs {
+			fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
+		}
+		var in string
+		if scope == "group" {
+			in = within(sel.Filter)
+		}
+		c.render(w, r, "confirm", &confirmPage{Action: act, Scope: scope, Within: in, Count: n, Fields: fields, Confirm: confirmToken})
+		return
+	}
+	run := c.store.RequeueEach
+	if act == "discard" {
+		run = c.store.DiscardEach
+	}
+	var skipped []string
+	sum, err := run(r.Context(), sel, pgpoison.Run{Actor: c.actor(r), Scope: scopeText(scope, sel)}, func(a pgpoison.Action) error {
+		if !a.Done && len(skipped) < 20 {
+			skipped = append(skipped, fmt.Sprintf("#%d: %s", a.Record.ID, a.Why))
+		}
+		return nil
+	})
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	flash := fmt.Sprintf("requeued %d message(s)", sum.Done)
+	if act == "discard" {
+		flash = fmt.Sprintf("discarded %d message(s)", sum.Done)
+	}
+	if sum.Skipped > 0 {
+		flash += fmt.Sprintf("; skipped %d: %s", sum.Skipped, strings.Join(skipped, "; "))
+	}
+	http.Redirect(w, r, c.cfg.Prefix+"/poison?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+}
+
+// within is the filter a group action is confined to, "" for none.
+func within(f pgpoison.Filter) string {
+	f.Fingerprint = ""
+	if w := f.String(); w != "all" {
+		return w
+	}
+	return ""
+}
+
+func scopeText(scope string, sel pgpoison.Selector) string {
+	switch scope {
+	case "selected":
+		ids := make([]string, len(sel.IDs))
+		for i, id := range sel.IDs {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		return "ids " + strings.Join(ids, ",")
+	case "group":
+		if w := within(sel.Filter); w != "" {
+			return "group " + sel.Filter.Fingerprint + " within " + w
+		}
+		return "group " + sel.Filter.Fingerprint
+	}
+	return "filter " + sel.Filter.String()
+}
