@@ -4,7 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
@@ -33,28 +36,40 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 			if _, err := LoadConfig(); err != nil {
 				return err
 			}
-			if o.OlderThan <= 0 || o.BatchSize <= 0 {
-				return usagef("--older-than and --batch-size must be positive")
-			}
-			if target == pgretention.Ledger && o.OlderThan < time.Hour {
-				return usagef("--older-than must be at least 1h for the ledger: it must outlast redeliveries")
-			}
 			pool, err := OpenPool(ctx, "prune")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			res, err := pgretention.Prune(ctx, pool, target, o)
-			if err != nil {
-				return err
-			}
-			if *asJSON {
-				return WriteJSON(env.Stdout, res)
-			}
-			verb := map[[2]bool]string{{false, false}: "removed", {false, true}: "archived",
-				{true, false}: "would remove", {true, true}: "would archive"}[[2]bool{res.DryRun, res.Archive}]
-			fmt.Fprintf(env.Stdout, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches)
-			return nil
+			return Prune{Target: target, Options: o, JSON: *asJSON}.Run(ctx, pool, env.Stdout)
 		}
 	}
+}
+
+// Prune is `prune outbox|ledger|tool-calls`.
+type Prune struct {
+	Target  pgretention.Target
+	Options pgretention.Options
+	JSON    bool
+}
+
+// Run checks the options, prunes (or, dry, counts) and prints the result.
+func (o Prune) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
+	if o.Options.OlderThan <= 0 || o.Options.BatchSize <= 0 {
+		return usagef("--older-than and --batch-size must be positive")
+	}
+	if o.Target == pgretention.Ledger && o.Options.OlderThan < time.Hour {
+		return usagef("--older-than must be at least 1h for the ledger: it must outlast redeliveries")
+	}
+	res, err := pgretention.Prune(ctx, pool, o.Target, o.Options)
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		return WriteJSON(w, res)
+	}
+	verb := map[[2]bool]string{{false, false}: "removed", {false, true}: "archived",
+		{true, false}: "would remove", {true, true}: "would archive"}[[2]bool{res.DryRun, res.Archive}]
+	_, err = fmt.Fprintf(w, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.Options.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches)
+	return err
 }

@@ -10,15 +10,18 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ferry-dev/ferry/adoption/shadow"
 )
 
 func shadowReportFlags(fs *flag.FlagSet, env *Env) RunFunc {
-	since := fs.Duration("since", 168*time.Hour, "how far back to compare")
-	topic := fs.String("topic", "", "only this topic")
-	asJSON := fs.Bool("json", false, "print JSON")
+	var o ShadowReport
+	fs.DurationVar(&o.Since, "since", 168*time.Hour, "how far back to compare")
+	fs.StringVar(&o.Topic, "topic", "", "only this topic")
+	fs.BoolVar(&o.JSON, "json", false, "print JSON")
 	return func(ctx context.Context, _ []string) error {
-		if *since <= 0 {
+		if o.Since <= 0 {
 			return usagef("--since must be positive")
 		}
 		cfg, pool, err := openMigrated(ctx, "shadow")
@@ -26,23 +29,42 @@ func shadowReportFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			return err
 		}
 		defer pool.Close()
-		rep, err := shadow.Report(ctx, pool, shadow.Options{Since: *since, Topic: *topic, ShadowTopics: cfg.Relay.ShadowTopics, OutboxTable: cfg.Relay.Table})
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			err = WriteJSON(env.Stdout, map[string]any{"since": rep.Since, "topics": rep.Topics, "agree": rep.Agree()})
-		} else {
-			err = printShadow(env.Stdout, rep)
-		}
-		if err != nil {
-			return err
-		}
-		if !rep.Agree() {
-			return ExitError{Code: 1, Err: errors.New("the intents and the legacy effects do not agree: do not switch over yet")}
-		}
-		return nil
+		o.ShadowTopics, o.OutboxTable = cfg.Relay.ShadowTopics, cfg.Relay.Table
+		return o.Run(ctx, pool, env.Stdout)
 	}
+}
+
+// ShadowReport is `shadow report`: shadow intents against legacy effects,
+// per topic. Run fails with exit status 1 while they disagree.
+type ShadowReport struct {
+	Since        time.Duration
+	Topic        string
+	ShadowTopics []string
+	OutboxTable  string
+	JSON         bool
+}
+
+// Run compares and prints; a mismatch is an ExitError with code 1.
+func (o ShadowReport) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
+	if o.Since <= 0 {
+		return usagef("--since must be positive")
+	}
+	rep, err := shadow.Report(ctx, pool, shadow.Options{Since: o.Since, Topic: o.Topic, ShadowTopics: o.ShadowTopics, OutboxTable: o.OutboxTable})
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		err = WriteJSON(w, map[string]any{"since": rep.Since, "topics": rep.Topics, "agree": rep.Agree()})
+	} else {
+		err = printShadow(w, rep)
+	}
+	if err != nil {
+		return err
+	}
+	if !rep.Agree() {
+		return ExitError{Code: 1, Err: errors.New("the intents and the legacy effects do not agree: do not switch over yet")}
+	}
+	return nil
 }
 
 func printShadow(w io.Writer, rep shadow.ReportResult) error {

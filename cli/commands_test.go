@@ -1,0 +1,59 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/adoption/shadow"
+	"github.com/ferry-dev/ferry/cli"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgretention"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
+)
+
+// prune, audit and shadow report run without flags: their options are
+// checked before anything changes, and each says what it did.
+func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, dispatched_at)
+		SELECT 'orders.placed', 'a' || g, '{}', '{}', now() - interval '40 days' FROM generate_series(1, 5) g`)
+	require.NoError(t, err)
+
+	var out bytes.Buffer
+	err = cli.Prune{Target: pgretention.Ledger, Options: pgretention.Options{OlderThan: time.Minute, BatchSize: 10}}.Run(ctx, pool, &out)
+	var usage cli.UsageError
+	require.ErrorAs(t, err, &usage, "the ledger must outlast redeliveries")
+	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{OlderThan: 30 * 24 * time.Hour, BatchSize: 2, DryRun: true}}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "would remove 5 row(s)")
+	out.Reset()
+	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{OlderThan: 30 * 24 * time.Hour, BatchSize: 2}}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "removed 5 row(s)")
+
+	// An action on the poison store shows in the audit.
+	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ('m1', 't', 'h', '\x7b7d'::bytea, 'r')`)
+	require.NoError(t, err)
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	require.NoError(t, cli.PoisonAction{Action: "discard", Selector: pgpoison.Selector{All: true}, Actor: "ops@test"}.Run(ctx, store, &bytes.Buffer{}))
+	out.Reset()
+	require.NoError(t, cli.Audit{Limit: 10}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "poison.discard")
+	require.Contains(t, out.String(), "ops@test")
+	require.Error(t, cli.Audit{Limit: 0}.Run(ctx, pool, &out))
+
+	// A legacy effect with no shadow intent: the report disagrees, exit 1.
+	_, err = pool.Exec(ctx, `INSERT INTO `+shadow.Table+` (topic, aggregate_id) VALUES ('mail.welcome', 'u-1')`)
+	require.NoError(t, err)
+	out.Reset()
+	err = cli.ShadowReport{Since: time.Hour}.Run(ctx, pool, &out)
+	var exit cli.ExitError
+	require.True(t, errors.As(err, &exit) && exit.Code == 1, "%v", err)
+	require.Contains(t, out.String(), "MISMATCH")
+}
