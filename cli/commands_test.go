@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/adoption/shadow"
+	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
@@ -56,4 +58,27 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	var exit cli.ExitError
 	require.True(t, errors.As(err, &exit) && exit.Code == 1, "%v", err)
 	require.Contains(t, out.String(), "MISMATCH")
+}
+
+// status runs without flags: on a service with no live relay and a
+// poisoned message it prints the report and ends with ExitAttention, with
+// each thing that needs a human listed.
+func TestStatusRunsWithoutFlags(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ('m1', 't', 'h', '\x7b7d'::bytea, 'r')`)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	err = cli.Status{Config: app.Config{AMQP: pipelinetest.Rabbit(t)}, ExitCode: true, JSON: true}.Run(ctx, pool, &out)
+	var exit cli.ExitError
+	require.True(t, errors.As(err, &exit) && exit.Code == cli.ExitAttention, "%v", err)
+	var rep struct {
+		PoisonTotal int      `json:"poison_total"`
+		Attention   []string `json:"attention"`
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+	require.Equal(t, 1, rep.PoisonTotal)
+	require.NotEmpty(t, rep.Attention)
+	require.Error(t, cli.Status{Attempts: -1}.Run(ctx, pool, &out))
 }

@@ -57,11 +57,12 @@ type statusReport struct {
 }
 
 func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
-	asJSON := fs.Bool("json", false, "print JSON")
-	threshold := fs.Int("attempts", pgstatus.DefaultAttemptsThreshold, "list rows with more relay attempts than this")
-	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when something needs a human (the broker unreachable, no live relay, a held partition, a queue with messages and no consumer, poisoned, retrying or unrouted messages, rows past --attempts); false: exit 0 whenever the report is printed", ExitAttention))
+	o := Status{Env: env}
+	fs.BoolVar(&o.JSON, "json", false, "print JSON")
+	fs.IntVar(&o.Attempts, "attempts", pgstatus.DefaultAttemptsThreshold, "list rows with more relay attempts than this")
+	fs.BoolVar(&o.ExitCode, "exit-code", true, fmt.Sprintf("exit %d when something needs a human (the broker unreachable, no live relay, a held partition, a queue with messages and no consumer, poisoned, retrying or unrouted messages, rows past --attempts); false: exit 0 whenever the report is printed", ExitAttention))
 	return func(ctx context.Context, _ []string) error {
-		if *threshold < 0 {
+		if o.Attempts < 0 {
 			return usagef("--attempts must not be negative")
 		}
 		cfg, pool, err := openMigrated(ctx, "status")
@@ -69,34 +70,64 @@ func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			return err
 		}
 		defer pool.Close()
-		rep := statusReport{Attention: []string{}}
-		if rep.Report, err = pgstatus.Collect(ctx, pool, pgoutbox.DefaultTable, *threshold); err != nil {
-			return err
-		}
-		if err := inspectBroker(ctx, cfg, env, &rep); err != nil {
-			rep.BrokerError = pipeline.CleanText(err.Error(), 300)
-		}
-		if rep.CDC, err = cdcSlot(ctx, cfg, pool); err != nil {
-			return err
-		}
-		rep.Attention = attention.List(attention.State{Report: rep.Report, BrokerError: rep.BrokerError, Unrouted: rep.Unrouted,
-			Queues: rep.Queues, CDC: rep.CDC, Command: binaryName})
-		if rep.Audit, err = pgaudit.List(ctx, pool, 20); err != nil {
-			return err
-		}
-		if *asJSON {
-			err = WriteJSON(env.Stdout, rep)
-		} else {
-			err = printStatus(env.Stdout, rep)
-		}
-		if err != nil {
-			return err
-		}
-		if *exitCode && len(rep.Attention) > 0 {
-			return ExitError{Code: ExitAttention}
-		}
-		return nil
+		o.Config = cfg
+		return o.Run(ctx, pool, env.Stdout)
 	}
+}
+
+// Status is `status`: the whole report, from the database to the broker to
+// the poison store, and what needs a human.
+type Status struct {
+	// Config is the service's (its broker, CDC slot and routes are read).
+	Config app.Config
+	// Env gives the application's routes (Options.App), so the broker's
+	// queues of each route can be read; nil reads no queue.
+	Env *Env
+	// Attempts lists rows with more relay attempts than this.
+	Attempts int
+	// ExitCode makes Run end with ExitAttention when something needs a
+	// human.
+	ExitCode bool
+	JSON     bool
+}
+
+// Run collects the report and prints it.
+func (o Status) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
+	if o.Attempts < 0 {
+		return usagef("--attempts must not be negative")
+	}
+	env := o.Env
+	if env == nil {
+		env = &Env{}
+	}
+	var err error
+	rep := statusReport{Attention: []string{}}
+	if rep.Report, err = pgstatus.Collect(ctx, pool, pgoutbox.DefaultTable, o.Attempts); err != nil {
+		return err
+	}
+	if err := inspectBroker(ctx, o.Config, env, &rep); err != nil {
+		rep.BrokerError = pipeline.CleanText(err.Error(), 300)
+	}
+	if rep.CDC, err = cdcSlot(ctx, o.Config, pool); err != nil {
+		return err
+	}
+	rep.Attention = attention.List(attention.State{Report: rep.Report, BrokerError: rep.BrokerError, Unrouted: rep.Unrouted,
+		Queues: rep.Queues, CDC: rep.CDC, Command: binaryName})
+	if rep.Audit, err = pgaudit.List(ctx, pool, 20); err != nil {
+		return err
+	}
+	if o.JSON {
+		err = WriteJSON(w, rep)
+	} else {
+		err = printStatus(w, rep)
+	}
+	if err != nil {
+		return err
+	}
+	if o.ExitCode && len(rep.Attention) > 0 {
+		return ExitError{Code: ExitAttention}
+	}
+	return nil
 }
 
 // cdcSlot reads the configured (or default) CDC slot: nil when relay mode
