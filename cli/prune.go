@@ -36,12 +36,17 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 			if _, err := LoadConfig(); err != nil {
 				return err
 			}
+			prune := Prune{Target: target, Options: o, JSON: *asJSON}
+			// Refuse bad flags before connecting.
+			if err := prune.validate(); err != nil {
+				return err
+			}
 			pool, err := OpenPool(ctx, "prune")
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			return Prune{Target: target, Options: o, JSON: *asJSON}.Run(ctx, pool, env.Stdout)
+			return prune.Run(ctx, pool, env.Stdout)
 		}
 	}
 }
@@ -53,13 +58,20 @@ type Prune struct {
 	JSON    bool
 }
 
-// Run checks the options, prunes (or, dry, counts) and prints the result.
-func (o Prune) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
+func (o Prune) validate() error {
 	if o.Options.OlderThan <= 0 || o.Options.BatchSize <= 0 {
 		return usagef("--older-than and --batch-size must be positive")
 	}
 	if o.Target == pgretention.Ledger && o.Options.OlderThan < time.Hour {
 		return usagef("--older-than must be at least 1h for the ledger: it must outlast redeliveries")
+	}
+	return nil
+}
+
+// Run checks the options, prunes (or, dry, counts) and prints the result.
+func (o Prune) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
+	if err := o.validate(); err != nil {
+		return err
 	}
 	res, err := pgretention.Prune(ctx, pool, o.Target, o.Options)
 	if err != nil {
