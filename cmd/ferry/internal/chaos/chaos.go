@@ -386,17 +386,8 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	if run.RelayMode != app.RelayModeNotify && run.RelayMode != app.RelayModeCDC {
-		return ChaosReport{}, fmt.Errorf("relay mode %q: want %s or %s", run.RelayMode, app.RelayModeNotify, app.RelayModeCDC)
-	}
-	if run.Restarts != "" && run.Restarts != "sigterm" && run.Restarts != "sigkill" {
-		return ChaosReport{}, fmt.Errorf("restarts %q: want sigterm or sigkill", run.Restarts)
-	}
-	if run.Restarts != "" && (run.HA || run.DatabaseOutage > 0 || run.RestartBroker) {
-		return ChaosReport{}, errors.New("a run of rolling restarts has no other faults: not with HA, a database outage or broker restarts")
-	}
-	if run.HA && (run.DatabaseOutage > 0 || run.RestartBroker || run.RelayMode == app.RelayModeCDC) {
-		return ChaosReport{}, errors.New("the HA run has its own database and broker faults: not with a database outage, broker restarts or the CDC relay")
+	if err := run.validate(); err != nil {
+		return ChaosReport{}, err
 	}
 	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, HA: run.HA, Faults: map[string]int{}, FaultsMissed: map[string]int{}, PoisonReasons: map[string]int{}}
 	rng := rand.New(rand.NewPCG(run.Seed, run.Seed+1))
@@ -405,65 +396,15 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			return rep, err
 		}
 	}
-	// outage, with the run's own server, makes its database refuse
-	// connections (allow false) or take them again.
-	var outage func(ctx context.Context, allow bool) error
 	id := fmt.Sprintf("%d", time.Now().UnixNano())
 	schema, vhost, appName := "ferry_chaos_"+id, "ferry_chaos_"+id, "ferry-chaos-"+id
-
-	if run.DatabaseOutage > 0 {
-		// Refusing connections is a property of a whole database: the run
-		// takes a server of its own, so the shared one is never touched.
-		pg, err := startOwnPostgres(ctx)
-		if err != nil {
-			return rep, err
-		}
-		defer func() { _ = pg.Stop() }()
-		cfg.DatabaseURL = pg.URL(chaosDatabase)
-		outage = func(ctx context.Context, allow bool) error {
-			if err := pg.Exec(ctx, "postgres", fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %t", chaosDatabase, allow)); err != nil || allow {
-				return err
-			}
-			return pg.Exec(ctx, "postgres", `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, chaosDatabase)
-		}
+	var cl cleanups
+	defer cl.run()
+	srv, err := startServers(ctx, &cfg, run, &cl)
+	if err != nil {
+		return rep, err
 	}
-
-	// The HA run's clusters, and its two faults.
-	var brokerNodes []*pipelinetest.RabbitNode
-	var failover func(ctx context.Context) error
-	if run.HA {
-		pg, err := startOwnPostgres(ctx)
-		if err != nil {
-			return rep, err
-		}
-		defer func() { _ = pg.Stop() }()
-		standby, err := pg.StartStandby(ctx, true)
-		if err != nil {
-			return rep, fmt.Errorf("starting the run's standby: %w", err)
-		}
-		defer func() { _ = standby.Stop() }()
-		cfg.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
-			pg.Port, standby.Port, chaosDatabase)
-		failover = func(ctx context.Context) error {
-			if err := pg.Halt(); err != nil {
-				return err
-			}
-			return standby.Promote(ctx)
-		}
-		if brokerNodes, err = pipelinetest.StartRabbitCluster(ctx, 3); err != nil {
-			return rep, fmt.Errorf("starting the run's RabbitMQ cluster: %w", err)
-		}
-		defer func() {
-			for _, n := range brokerNodes {
-				_ = n.Close()
-			}
-		}()
-		urls := make([]string, len(brokerNodes))
-		for i, n := range brokerNodes {
-			urls[i] = n.Config.URL
-		}
-		cfg.AMQP.URL = strings.Join(urls, ",")
-	}
+	outage, failover, brokerNodes := srv.outage, srv.failover, srv.brokerNodes
 
 	world, err := sandbox.StartWorld()
 	if err != nil {
@@ -872,6 +813,21 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		logger.Warn("some faults could not be injected", "error", faultErr)
 	}
 
+	if err := settleAndCheck(ctx, run, env, driver, provider, sink, seq, committedKeys, faults, logDir, &rep); err != nil {
+		return rep, err
+	}
+	printChaosReport(out, rep, logDir)
+	if rep.OK() {
+		_ = os.RemoveAll(logDir)
+	}
+	return rep, nil
+}
+
+// settleAndCheck is the last phase: every role back to full strength, the
+// pipeline drained (every effect of every committed order there, or its
+// message poisoned), then every invariant checked into rep.
+func settleAndCheck(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.App, provider *sandbox.PaymentProvider, sink *sandbox.SMTPSink,
+	seq map[string]int64, committedKeys []string, faults func() string, logDir string, rep *ChaosReport) error {
 	// Every role back to full strength, then wait for the pipeline to settle.
 	for _, role := range []struct {
 		name  string
@@ -879,7 +835,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	}{{"relay", run.Relays}, {"consume", run.Consumers}} {
 		for live := len(env.live(role.name)); live < role.count; live++ {
 			if _, err := env.start(role.name, faults()); err != nil {
-				return rep, err
+				return err
 			}
 		}
 	}
@@ -908,9 +864,8 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if drainErr != nil {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("the pipeline did not drain within %s (logs in %s)", run.DrainTimeout, logDir))
 	}
-	err = checkChaos(ctx, driver, provider, sink, committedKeys, expectAudit, &rep)
-	if err != nil {
-		return rep, err
+	if err := checkChaos(ctx, driver, provider, sink, committedKeys, expectAudit, rep); err != nil {
+		return err
 	}
 	if b, err := os.ReadFile(filepath.Join(logDir, "consume.log")); err == nil {
 		rep.PartitionHolds = strings.Count(string(b), holdingThePartition)
@@ -931,11 +886,107 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		rep.Violations = append(rep.Violations, fmt.Sprintf("clean stops ran effects twice: %d charges, %d audit events, %d mails came again",
 			chargeReplays, auditReplays, rep.MailDuplicates))
 	}
-	printChaosReport(out, rep, logDir)
-	if rep.OK() {
-		_ = os.RemoveAll(logDir)
+	return nil
+}
+
+// validate refuses runs whose faults contradict each other.
+func (r ChaosRun) validate() error {
+	if r.RelayMode != app.RelayModeNotify && r.RelayMode != app.RelayModeCDC {
+		return fmt.Errorf("relay mode %q: want %s or %s", r.RelayMode, app.RelayModeNotify, app.RelayModeCDC)
 	}
-	return rep, nil
+	if r.Restarts != "" && r.Restarts != "sigterm" && r.Restarts != "sigkill" {
+		return fmt.Errorf("restarts %q: want sigterm or sigkill", r.Restarts)
+	}
+	if r.Restarts != "" && (r.HA || r.DatabaseOutage > 0 || r.RestartBroker) {
+		return errors.New("a run of rolling restarts has no other faults: not with HA, a database outage or broker restarts")
+	}
+	if r.HA && (r.DatabaseOutage > 0 || r.RestartBroker || r.RelayMode == app.RelayModeCDC) {
+		return errors.New("the HA run has its own database and broker faults: not with a database outage, broker restarts or the CDC relay")
+	}
+	return nil
+}
+
+// servers are the run's own database and broker, when its faults need
+// them: a database to refuse connections (outage) or to fail over, and a
+// RabbitMQ cluster to lose a node of.
+type servers struct {
+	// outage makes the run's own database refuse connections (allow
+	// false) or take them again; nil without DatabaseOutage.
+	outage func(ctx context.Context, allow bool) error
+	// failover halts the HA run's primary and promotes its standby.
+	failover    func(ctx context.Context) error
+	brokerNodes []*pipelinetest.RabbitNode
+}
+
+// startServers is the first phase: the servers of the run's own, cfg
+// pointed at them; cl stops them when the run ends.
+func startServers(ctx context.Context, cfg *app.Config, run ChaosRun, cl *cleanups) (servers, error) {
+	var srv servers
+
+	if run.DatabaseOutage > 0 {
+		// Refusing connections is a property of a whole database: the run
+		// takes a server of its own, so the shared one is never touched.
+		pg, err := startOwnPostgres(ctx)
+		if err != nil {
+			return srv, err
+		}
+		cl.add(func() { _ = pg.Stop() })
+		cfg.DatabaseURL = pg.URL(chaosDatabase)
+		srv.outage = func(ctx context.Context, allow bool) error {
+			if err := pg.Exec(ctx, "postgres", fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %t", chaosDatabase, allow)); err != nil || allow {
+				return err
+			}
+			return pg.Exec(ctx, "postgres", `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, chaosDatabase)
+		}
+	}
+
+	// The HA run's clusters, and its two faults.
+	if run.HA {
+		pg, err := startOwnPostgres(ctx)
+		if err != nil {
+			return srv, err
+		}
+		cl.add(func() { _ = pg.Stop() })
+		standby, err := pg.StartStandby(ctx, true)
+		if err != nil {
+			return srv, fmt.Errorf("starting the run's standby: %w", err)
+		}
+		cl.add(func() { _ = standby.Stop() })
+		cfg.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+			pg.Port, standby.Port, chaosDatabase)
+		srv.failover = func(ctx context.Context) error {
+			if err := pg.Halt(); err != nil {
+				return err
+			}
+			return standby.Promote(ctx)
+		}
+		if srv.brokerNodes, err = pipelinetest.StartRabbitCluster(ctx, 3); err != nil {
+			return srv, fmt.Errorf("starting the run's RabbitMQ cluster: %w", err)
+		}
+		cl.add(func() {
+			for _, n := range srv.brokerNodes {
+				_ = n.Close()
+			}
+		})
+		urls := make([]string, len(srv.brokerNodes))
+		for i, n := range srv.brokerNodes {
+			urls[i] = n.Config.URL
+		}
+		cfg.AMQP.URL = strings.Join(urls, ",")
+	}
+	return srv, nil
+}
+
+// cleanups are what a run undoes when it ends, in reverse order (as
+// defers would, across the phases).
+type cleanups []func()
+
+func (c *cleanups) add(f func()) { *c = append(*c, f) }
+
+func (c *cleanups) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
 }
 
 // chaosOrder places one order with its audit event in one transaction, or
