@@ -6,9 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/adoption/backfill"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -52,51 +55,69 @@ func backfillFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			return err
 		}
 		defer pool.Close()
-		outbox, err := pgoutbox.New(pgoutbox.Config{}, nil)
-		if err != nil {
-			return err
+		b := Backfill{Options: o, JSON: asJSON}
+		if f, ok := env.Stderr.(*os.File); ok && isTerminal(f) {
+			b.Progress = f
 		}
-		if f, ok := env.Stderr.(*os.File); ok && isTerminal(f) && o.Apply {
-			o.Progress = func(p backfill.Progress) {
-				rate := float64(p.Written) / max(p.Elapsed.Seconds(), 0.001)
-				eta := time.Duration(float64(p.ToWrite-p.Written) / max(rate, 0.001) * float64(time.Second))
-				fmt.Fprintf(f, "\r%d/%d intents written, %.0f/s, ETA %s   ", p.Written, p.ToWrite, rate, eta.Round(time.Second))
-			}
-		}
-		sum, err := backfill.Run(ctx, pool, outbox, o)
-		if o.Progress != nil {
-			fmt.Fprintln(env.Stderr)
-		}
-		if err != nil {
-			if errors.Is(err, backfill.ErrTooMany) {
-				return usagef("%v", err)
-			}
-			return err
-		}
-		if asJSON {
-			return WriteJSON(env.Stdout, sum)
-		}
-		w := env.Stdout
-		verb := "would write"
-		if o.Apply {
-			verb = "wrote"
-		}
-		fmt.Fprintf(w, "backfill %q on %s: the query returned %d row(s); %d already written by earlier runs of this name (%d in all)\n",
-			sum.Name, sum.Topic, sum.Rows, sum.AlreadyWritten, sum.PreviousRuns)
-		if o.Apply {
-			fmt.Fprintf(w, "%s %d intent(s) of %d\n", verb, sum.Written, sum.ToWrite)
-		} else {
-			fmt.Fprintf(w, "%s %d intent(s) (dry run: nothing written; --apply writes)\n", verb, sum.ToWrite)
-		}
-		if sum.FirstAt != nil {
-			fmt.Fprintf(w, "schedule: from %s to %s\n", sum.FirstAt.Format(time.RFC3339), sum.LastAt.Format(time.RFC3339))
-		}
-		for _, s := range sum.Samples {
-			b, _ := json.Marshal(s)
-			fmt.Fprintf(w, "sample: %s\n", cell(string(b), 500))
-		}
-		return nil
+		return b.Run(ctx, pool, env.Stdout)
 	}
+}
+
+// Backfill is `backfill`: intents for rows the legacy system never
+// handled, a dry run unless Options.Apply.
+type Backfill struct {
+	Options backfill.Options
+	JSON    bool
+	// Progress, if set, gets a progress line as intents are written.
+	Progress io.Writer
+}
+
+// Run backfills (or, dry, counts) and prints the summary.
+func (o Backfill) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
+	opts := o.Options
+	outbox, err := pgoutbox.New(pgoutbox.Config{}, nil)
+	if err != nil {
+		return err
+	}
+	if o.Progress != nil && opts.Apply {
+		opts.Progress = func(p backfill.Progress) {
+			rate := float64(p.Written) / max(p.Elapsed.Seconds(), 0.001)
+			eta := time.Duration(float64(p.ToWrite-p.Written) / max(rate, 0.001) * float64(time.Second))
+			fmt.Fprintf(o.Progress, "\r%d/%d intents written, %.0f/s, ETA %s   ", p.Written, p.ToWrite, rate, eta.Round(time.Second))
+		}
+	}
+	sum, err := backfill.Run(ctx, pool, outbox, opts)
+	if opts.Progress != nil {
+		fmt.Fprintln(o.Progress)
+	}
+	if err != nil {
+		if errors.Is(err, backfill.ErrTooMany) {
+			return usagef("%v", err)
+		}
+		return err
+	}
+	if o.JSON {
+		return WriteJSON(w, sum)
+	}
+	verb := "would write"
+	if opts.Apply {
+		verb = "wrote"
+	}
+	fmt.Fprintf(w, "backfill %q on %s: the query returned %d row(s); %d already written by earlier runs of this name (%d in all)\n",
+		sum.Name, sum.Topic, sum.Rows, sum.AlreadyWritten, sum.PreviousRuns)
+	if opts.Apply {
+		fmt.Fprintf(w, "%s %d intent(s) of %d\n", verb, sum.Written, sum.ToWrite)
+	} else {
+		fmt.Fprintf(w, "%s %d intent(s) (dry run: nothing written; --apply writes)\n", verb, sum.ToWrite)
+	}
+	if sum.FirstAt != nil {
+		fmt.Fprintf(w, "schedule: from %s to %s\n", sum.FirstAt.Format(time.RFC3339), sum.LastAt.Format(time.RFC3339))
+	}
+	for _, s := range sum.Samples {
+		b, _ := json.Marshal(s)
+		fmt.Fprintf(w, "sample: %s\n", cell(string(b), 500))
+	}
+	return nil
 }
 
 func isTerminal(f *os.File) bool {

@@ -10,9 +10,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/adoption/backfill"
 	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/cli"
+	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
@@ -81,4 +83,45 @@ func TestStatusRunsWithoutFlags(t *testing.T) {
 	require.Equal(t, 1, rep.PoisonTotal)
 	require.NotEmpty(t, rep.Attention)
 	require.Error(t, cli.Status{Attempts: -1}.Run(ctx, pool, &out))
+}
+
+// migrate runs without flags: status lists Ferry's migrations as applied
+// on a migrated schema, and an unknown verb is a usage error.
+func TestMigrateRunsWithoutFlags(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	var out bytes.Buffer
+	require.NoError(t, cli.Migrate{Verb: "status", Sets: []migrations.Set{migrations.Library}}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "applied")
+	require.NotContains(t, out.String(), "pending")
+	var usage cli.UsageError
+	require.ErrorAs(t, cli.Migrate{Verb: "sideways", Sets: []migrations.Set{migrations.Library}}.Run(ctx, pool, &out), &usage)
+}
+
+// backfill runs without flags: a dry run counts the rows its query returns
+// and writes nothing; --apply writes them once, and a second run of the
+// same name writes none again.
+func TestBackfillRunsWithoutFlags(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE legacy_orders (id text); INSERT INTO legacy_orders SELECT 'o-' || g FROM generate_series(1, 4) g`)
+	require.NoError(t, err)
+	opts := backfill.Options{Name: "welcome-mails", Topic: "mail.welcome", Query: `SELECT id AS aggregate_id, json_build_object('order', id) AS payload FROM legacy_orders`, Max: 100}
+	var out bytes.Buffer
+	require.NoError(t, cli.Backfill{Options: opts}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "would write 4 intent(s)")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+	require.Zero(t, n, "a dry run writes nothing")
+	opts.Apply = true
+	out.Reset()
+	require.NoError(t, cli.Backfill{Options: opts}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "wrote 4 intent(s)")
+	out.Reset()
+	require.NoError(t, cli.Backfill{Options: opts}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "wrote 0 intent(s)")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'mail.welcome'`).Scan(&n))
+	require.Equal(t, 4, n)
 }
