@@ -104,6 +104,11 @@ type ChaosRun struct {
 	// requires that no effect ran twice. Default "": every fault, a
 	// rolling restart with SIGTERM among them.
 	Restarts string
+	// MinConsumerStops, if set, keeps the faults going after the last
+	// order until the rolls have stopped at least this many consumer
+	// processes (at most two minutes more): on a loaded machine a roll
+	// takes longer, and a run that stopped few processes proves little.
+	MinConsumerStops int
 	// Binary is the ferry binary to run. Default: this process's executable.
 	Binary string
 	// DrainTimeout bounds the wait for the pipeline to settle. Default 3m.
@@ -565,6 +570,7 @@ func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema,
 // each in a goroutine of its own.
 type faultPhase struct {
 	run ChaosRun
+	rep *ChaosReport
 	// gate keeps the driver's own database work and the database outage
 	// (or failover) apart.
 	gate   sync.RWMutex
@@ -583,7 +589,7 @@ type faultPhase struct {
 // handler-fault seed.
 func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.App, provider *sandbox.PaymentProvider, srv servers,
 	vhost, appName string, childFaults func() string, rep *ChaosReport) *faultPhase {
-	f := &faultPhase{run: run}
+	f := &faultPhase{run: run, rep: rep}
 	f.ctx, f.cancel = context.WithCancel(ctx)
 	faultCtx := f.ctx
 	outage, failover, brokerNodes := srv.outage, srv.failover, srv.brokerNodes
@@ -841,6 +847,15 @@ func (f *faultPhase) finish(ctx context.Context) error {
 	select {
 	case <-f.haDone:
 	case <-ctx.Done():
+	}
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; {
+		f.mu.Lock()
+		stops := f.rep.ConsumerStops
+		f.mu.Unlock()
+		if stops >= f.run.MinConsumerStops {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	f.stop()
 	return f.err

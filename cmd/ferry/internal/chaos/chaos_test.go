@@ -51,7 +51,7 @@ func TestChaosRollingRestarts(t *testing.T) {
 	for _, sig := range []string{"sigterm", "sigkill"} {
 		t.Run(sig, func(t *testing.T) {
 			rep, report := runChaos(t, chaos.ChaosRun{Orders: 2000, Rate: 150, Consumers: 3, FaultEvery: 300 * time.Millisecond,
-				Seed: 23, Restarts: sig, HandlerFail: 0.3})
+				Seed: 23, Restarts: sig, HandlerFail: 0.3, MinConsumerStops: 10})
 			require.GreaterOrEqual(t, rep.ConsumerStops, 10, report)
 			require.Positive(t, rep.DurableRetries, "no durable retry was in flight: %s", report)
 			require.Positive(t, rep.PartitionHolds, "no ordered partition was held: %s", report)
