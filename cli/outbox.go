@@ -120,7 +120,7 @@ func (o OutboxAction) Run(ctx context.Context, ops *pgoutbox.Operator, w io.Writ
 	if o.Action == "discard" {
 		do = ops.Discard
 	}
-	acted, err := do(ctx, o.Stuck, o.Actor)
+	acted, err := do(ctx, o.Stuck, pgoutbox.By{Actor: o.Actor})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"html"
 	"io"
 	"log/slog"
@@ -22,6 +23,15 @@ import (
 )
 
 const token = "console-test-token-0123"
+
+// withConfirmation copies what a confirmation page hands the action (its
+// token, and the bound and nonce the token binds) into form, as a browser
+// submitting that page does.
+func withConfirmation(form url.Values, page string) {
+	for _, k := range []string{"confirm", "max_id", "shown", "nonce"} {
+		form.Set(k, between(page, `name="`+k+`" value="`, `"`))
+	}
+}
 
 // failOnRenderError fails the test when a page does not render: its typed
 // data lacks a field its template names (which a map hid as blank).
@@ -162,6 +172,7 @@ func TestActionsNeedTheTokenAndAreAudited(t *testing.T) {
 	require.Equal(t, 5, n, "the confirmation changes nothing")
 	confirm := between(body, `name="confirm" value="`, `"`)
 	require.NotEmpty(t, confirm)
+	confirmPage := body
 	form.Set("confirm", "1")
 	resp, _ = post(browser, form, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "confirm=1 by itself confirms nothing: the count is asked again")
@@ -170,7 +181,7 @@ func TestActionsNeedTheTokenAndAreAudited(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, "a confirmation is bound to the selection it was given for")
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
 	require.Equal(t, 5, n)
-	form.Set("confirm", confirm)
+	withConfirmation(form, confirmPage)
 	resp, _ = post(browser, form, nil)
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Contains(t, resp.Header.Get("Location"), "discarded+3")
@@ -397,7 +408,7 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	var due int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
 	require.Zero(t, due, "the count changes nothing")
-	form.Set("confirm", between(body, `name="confirm" value="`, `"`))
+	withConfirmation(form, body)
 	code, _ = post(form)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
@@ -408,7 +419,7 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	dform := url.Values{"csrf": {csrf}, "kind": {"failing"}, "action": {"discard"}, "scope": {"group"}, "fingerprint": {ffp}}
 	_, body = post(dform)
 	require.Contains(t, body, `<b id="count">2</b>`, body)
-	dform.Set("confirm", between(body, `name="confirm" value="`, `"`))
+	withConfirmation(dform, body)
 	code, _ = post(dform)
 	require.Equal(t, http.StatusSeeOther, code)
 	var left int
@@ -499,7 +510,7 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "kind": {"failing"}, "scope": {"selected"}, "id": {itoa(id)}, "action": {"retry-now"}}
 	_, body := postForm(t, browser, srv.URL+"/console/outbox-actions", form)
 	require.Contains(t, body, `<b id="count">1</b>`)
-	form.Set("confirm", between(body, `name="confirm" value="`, `"`))
+	withConfirmation(form, body)
 	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", form)
 	require.Equal(t, http.StatusSeeOther, code)
 	var due, otherDue bool
@@ -521,7 +532,7 @@ func TestPoisonDetailActsOnItsMessage(t *testing.T) {
 	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "scope": {"selected"}, "id": {"2"}, "action": {"discard"}}
 	_, body := postForm(t, browser, srv.URL+"/console/actions", form)
 	require.Contains(t, body, `<b id="count">1</b>`)
-	form.Set("confirm", between(body, `name="confirm" value="`, `"`))
+	withConfirmation(form, body)
 	postForm(t, browser, srv.URL+"/console/actions", form)
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages WHERE id = 2`).Scan(&n))
@@ -610,4 +621,79 @@ func TestLoginAttemptsAreRateLimited(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	require.NotEmpty(t, resp.Header.Get("Retry-After"))
+}
+
+// A bulk action does exactly what was confirmed (issue 33): a group that
+// grows between the confirmation and the click is acted on only as far as
+// it was shown; one confirmation acts on at most MaxActionRows, the oldest,
+// and says how many the group holds; posting the same confirmation again
+// does nothing and says so; the audit keeps the ids.
+func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
+	t.Parallel()
+	srv, pool := setup(t)
+	ctx := context.Background()
+	insert := func(from, to int) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+			SELECT 'bulk-' || g, 'bulk.topic', 'bulk.handler', '\x7b7d'::bytea, 'bulk failure ' || g FROM generate_series($1::int, $2::int) g`, from, to)
+		require.NoError(t, err)
+	}
+	left := func() (n int, first string) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(min(message_id) FILTER (WHERE id = (SELECT min(id) FROM poison_messages WHERE handler = 'bulk.handler')), '')
+			FROM poison_messages WHERE handler = 'bulk.handler'`).Scan(&n, &first))
+		return n, first
+	}
+	insert(1, console.MaxActionRows+5)
+	browser := loggedIn(t, srv)
+	_, page := get(t, browser, srv.URL+"/console/poison?handler=bulk.handler")
+	var fp string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT fingerprint FROM poison_messages WHERE message_id = 'bulk-1'`).Scan(&fp))
+	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "action": {"discard"}, "scope": {"group"}, "fingerprint": {fp}, "handler": {"bulk.handler"}}
+	code, body := postForm(t, browser, srv.URL+"/console/actions", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, fmt.Sprintf(`<b id="count">%d</b>`, console.MaxActionRows))
+	require.Contains(t, body, fmt.Sprintf(`<span id="total">%d</span>`, console.MaxActionRows+5))
+
+	insert(console.MaxActionRows+6, console.MaxActionRows+10) // the group grows meanwhile
+	withConfirmation(form, body)
+	code, body = postForm(t, browser, srv.URL+"/console/actions", form)
+	require.Equal(t, http.StatusSeeOther, code, body)
+	n, first := left()
+	require.Equal(t, 10, n, "the 1,000 shown went; the 5 beyond the cap and the 5 that arrived after the confirmation stay")
+	require.Equal(t, fmt.Sprintf("bulk-%d", console.MaxActionRows+1), first, "the oldest were taken")
+
+	code, body = postForm(t, browser, srv.URL+"/console/actions", form)
+	require.Equal(t, http.StatusConflict, code, "the same confirmation again: %s", body)
+	require.Contains(t, body, "used already")
+	n, _ = left()
+	require.Equal(t, 10, n, "nothing was done a second time")
+
+	var entries, ids int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(jsonb_array_length(detail->'ids')), 0) FROM ferry_audit_log WHERE action = 'poison.discard'`).Scan(&entries, &ids))
+	require.Equal(t, console.MaxActionRows, ids, "the audit keeps every id discarded")
+	require.Equal(t, 2, entries, "one entry per page of 500, each in its page's transaction")
+
+	// The same for outbox rows: failing rows confirmed, more fail, the click.
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+		SELECT 'f' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 3) g`)
+	require.NoError(t, err)
+	_, failing := get(t, browser, srv.URL+"/console/failing")
+	oform := url.Values{"csrf": {between(failing, `name="csrf" value="`, `"`)}, "kind": {"failing"}, "action": {"retry-now"}, "scope": {"group"},
+		"fingerprint": {html.UnescapeString(between(failing, `name="fingerprint" value="`, `"`))}}
+	code, body = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `<b id="count">3</b>`)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+		SELECT 'g' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 2) g`)
+	require.NoError(t, err)
+	withConfirmation(oform, body)
+	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
+	require.Equal(t, http.StatusSeeOther, code)
+	var due, waiting int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE available_at <= now()), count(*) FILTER (WHERE available_at > now()) FROM outbox WHERE topic = 'stripe.charge'`).Scan(&due, &waiting))
+	require.Equal(t, 3, due, "the three confirmed are due")
+	require.Equal(t, 2, waiting, "the two that failed after the confirmation wait for one of their own")
+	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
+	require.Equal(t, http.StatusConflict, code)
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
@@ -51,7 +52,7 @@ func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
 // transaction and records the audit entry.
 func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 	form := r.PostForm
-	for _, k := range []string{"kind", "action", "scope", "confirm", "handler", "fingerprint"} {
+	for _, k := range []string{"kind", "action", "scope", "confirm", "handler", "fingerprint", "max_id", "shown", "nonce"} {
 		if len(form[k]) > 1 {
 			c.fail(w, r, http.StatusBadRequest, "the form names "+k+" more than once")
 			return
@@ -90,8 +91,18 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	confirmToken := c.mac("outbox\x00" + act + "\x00" + sel.String())
-	if got := form.Get("confirm"); got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(confirmToken)) != 1 {
+	// As the poison store's: the confirmation binds the exact set it
+	// showed (newest row, how many, at most MaxActionRows) and is
+	// single-use.
+	got := form.Get("confirm")
+	maxID, shown, nonce, ok := confirmedBound(form)
+	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken("outbox", act, sel.String(), maxID, shown, nonce))) != 1 {
+		maxID, shown, err := c.ops.Bound(r.Context(), sel, MaxActionRows)
+		if err != nil {
+			c.internal(w, r, err)
+			return
+		}
+		nonce := newNonce()
 		fields := [][2]string{{"fingerprint", sel.Fingerprint}}
 		if kind == "retrying" {
 			fields = append(fields, [2]string{"handler", sel.Handler})
@@ -102,19 +113,36 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 				fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
 			}
 		}
-		c.render(w, r, "outbox-confirm", &outboxConfirmPage{Kind: kind, Action: act, Scope: scopeName, Count: n, Fields: fields, Confirm: confirmToken})
+		fields = append(fields, [2]string{"max_id", strconv.FormatInt(maxID, 10)}, [2]string{"shown", strconv.Itoa(shown)}, [2]string{"nonce", nonce})
+		c.render(w, r, "outbox-confirm", &outboxConfirmPage{Kind: kind, Action: act, Scope: scopeName, Count: shown, Total: n, Fields: fields,
+			Confirm: c.confirmToken("outbox", act, sel.String(), maxID, shown, nonce)})
 		return
 	}
+	if shown == 0 {
+		// Nothing was shown, so nothing is taken (a zero bound would mean
+		// "no bound").
+		flash := act + ": 0 row(s); the confirmation showed none"
+		http.Redirect(w, r, c.cfg.Prefix+"/"+kind+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+		return
+	}
+	sel.MaxID, sel.Limit = maxID, shown
 	do := c.ops.RetryNow
 	if act == "discard" {
 		do = c.ops.Discard
 	}
-	done, err := do(r.Context(), sel, c.actor(r))
+	done, err := do(r.Context(), sel, pgoutbox.By{Actor: c.actor(r), Confirmation: nonce})
+	if errors.Is(err, pgaudit.ErrConfirmationUsed) {
+		c.fail(w, r, http.StatusConflict, err.Error())
+		return
+	}
 	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
 	flash := fmt.Sprintf("%s: %d row(s)", act, len(done.IDs))
+	if gone := shown - len(done.IDs); gone > 0 {
+		flash += fmt.Sprintf("; %d of the %d confirmed were no longer there", gone, shown)
+	}
 	http.Redirect(w, r, c.cfg.Prefix+"/"+kind+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
 }
 

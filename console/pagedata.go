@@ -66,9 +66,11 @@ type detailPage struct {
 type confirmPage struct {
 	chrome
 	Action, Scope, Within string
-	Count                 int
-	Fields                [][2]string
-	Confirm               string
+	// Count is what the action will take (at most MaxActionRows, the
+	// oldest); Total what the selection holds now.
+	Count, Total int
+	Fields       [][2]string
+	Confirm      string
 }
 
 type failingPage struct {
@@ -96,7 +98,7 @@ type retryingPage struct {
 type outboxConfirmPage struct {
 	chrome
 	Kind, Action, Scope string
-	Count               int
+	Count, Total        int
 	Fields              [][2]string
 	Confirm             string
 }

@@ -1,10 +1,14 @@
 package console
 
 import (
+	"crypto/rand"
 	"crypto/subtle"
+	"encoding/hex"
 	"html/template"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/internal/display"
@@ -64,4 +68,32 @@ func (c *Console) flash(q url.Values) string {
 		return ""
 	}
 	return text
+}
+
+// MaxActionRows bounds what one confirmation acts on (the oldest first):
+// a click never requeues or discards more than this in one request, and
+// the confirmation says how many more there are. Larger clean-ups take
+// several confirmations, or `outbox`/`poison` on the command line.
+const MaxActionRows = 1000
+
+// newNonce is a confirmation's single-use id.
+func newNonce() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b)
+}
+
+// confirmToken binds a confirmation to its action on the exact set it
+// showed: the selection, the newest row in it and how many, and its nonce.
+func (c *Console) confirmToken(kind, act, scope string, maxID int64, shown int, nonce string) string {
+	return c.mac(strings.Join([]string{"confirm", kind, act, scope, strconv.FormatInt(maxID, 10), strconv.Itoa(shown), nonce}, "\x00"))
+}
+
+// confirmedBound reads the bound a confirmation form carries.
+func confirmedBound(form url.Values) (maxID int64, shown int, nonce string, ok bool) {
+	maxID, err1 := strconv.ParseInt(form.Get("max_id"), 10, 64)
+	shown, err2 := strconv.Atoi(form.Get("shown"))
+	nonce = form.Get("nonce")
+	ok = err1 == nil && err2 == nil && maxID >= 0 && shown >= 0 && shown <= MaxActionRows && len(nonce) == 32
+	return maxID, shown, nonce, ok
 }

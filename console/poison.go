@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
@@ -101,7 +102,7 @@ func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
 // back to the poison page with what was done.
 func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	form := r.PostForm
-	for _, k := range append([]string{"action", "scope", "confirm"}, filterKeys...) {
+	for _, k := range append([]string{"action", "scope", "confirm", "max_id", "shown", "nonce"}, filterKeys...) {
 		if len(form[k]) > 1 {
 			c.fail(w, r, http.StatusBadRequest, "the form names "+k+" more than once")
 			return
@@ -159,33 +160,58 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	// The confirmation is a token only the confirm step hands out, bound
-	// to this action on this selection: a link or a form that says
-	// confirm=1 by itself confirms nothing.
-	confirmToken := c.mac("confirm\x00" + act + "\x00" + scopeText(scope, sel))
-	if got := form.Get("confirm"); got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(confirmToken)) != 1 {
+	// The confirmation binds the exact set it showed: the newest message
+	// in it (max_id) and how many (shown, at most MaxActionRows, the
+	// oldest first), with a nonce that makes it single-use (the audit
+	// entry written with the action records it; a unique index refuses a
+	// second one). A link or a form that says confirm=1 by itself confirms
+	// nothing, and a group that grew after the confirmation is acted on
+	// only as far as it was shown.
+	got := form.Get("confirm")
+	maxID, shown, nonce, ok := confirmedBound(form)
+	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken("poison", act, scopeText(scope, sel), maxID, shown, nonce))) != 1 {
+		maxID, shown, err := c.store.Bound(r.Context(), sel, MaxActionRows)
+		if err != nil {
+			c.internal(w, r, err)
+			return
+		}
+		nonce := newNonce()
 		fields := filterFields(form)
 		for _, id := range sel.IDs {
 			fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
 		}
+		fields = append(fields, [2]string{"max_id", strconv.FormatInt(maxID, 10)}, [2]string{"shown", strconv.Itoa(shown)}, [2]string{"nonce", nonce})
 		var in string
 		if scope == "group" {
 			in = within(sel.Filter)
 		}
-		c.render(w, r, "confirm", &confirmPage{Action: act, Scope: scope, Within: in, Count: n, Fields: fields, Confirm: confirmToken})
+		c.render(w, r, "confirm", &confirmPage{Action: act, Scope: scope, Within: in, Count: shown, Total: n, Fields: fields,
+			Confirm: c.confirmToken("poison", act, scopeText(scope, sel), maxID, shown, nonce)})
 		return
 	}
+	if shown == 0 {
+		// Nothing was shown, so nothing is taken (a zero bound would mean
+		// "no bound").
+		flash := act + ": 0 message(s); the confirmation showed none"
+		http.Redirect(w, r, c.cfg.Prefix+"/poison?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+		return
+	}
+	sel.MaxID, sel.Limit = maxID, shown
 	run := c.store.RequeueEach
 	if act == "discard" {
 		run = c.store.DiscardEach
 	}
 	var skipped []string
-	sum, err := run(r.Context(), sel, pgpoison.Run{Actor: c.actor(r), Scope: scopeText(scope, sel)}, func(a pgpoison.Action) error {
+	sum, err := run(r.Context(), sel, pgpoison.Run{Actor: c.actor(r), Scope: scopeText(scope, sel), Confirmation: nonce}, func(a pgpoison.Action) error {
 		if !a.Done && len(skipped) < 20 {
 			skipped = append(skipped, fmt.Sprintf("#%d: %s", a.Record.ID, a.Why))
 		}
 		return nil
 	})
+	if errors.Is(err, pgaudit.ErrConfirmationUsed) {
+		c.fail(w, r, http.StatusConflict, err.Error())
+		return
+	}
 	if err != nil {
 		c.internal(w, r, err)
 		return
@@ -196,6 +222,9 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	}
 	if sum.Skipped > 0 {
 		flash += fmt.Sprintf("; skipped %d: %s", sum.Skipped, strings.Join(skipped, "; "))
+	}
+	if gone := shown - sum.Done - sum.Skipped; gone > 0 {
+		flash += fmt.Sprintf("; %d of the %d confirmed were no longer in the store", gone, shown)
 	}
 	http.Redirect(w, r, c.cfg.Prefix+"/poison?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
 }

@@ -27,6 +27,12 @@ type Entry struct {
 	Detail map[string]any `json:"detail"`
 }
 
+// ErrConfirmationUsed is returned by Record for an entry whose
+// Detail["confirmation"] an earlier entry recorded already (migration
+// 00020's unique index): a confirmation is single-use, and the action
+// recorded in the same transaction is rolled back with the entry.
+var ErrConfirmationUsed = errors.New("this confirmation was used already: nothing was done a second time")
+
 // Execer is a pool, a connection or a transaction. An action records its
 // entry in the action's own transaction: an audit that cannot be written
 // undoes the action, and an action that fails leaves no entry.
@@ -45,6 +51,10 @@ func Record(ctx context.Context, q Execer, e Entry) error {
 	}
 	if _, err := q.Exec(ctx, `INSERT INTO ferry_audit_log (actor, action, scope, count, detail) VALUES ($1, $2, $3, $4, $5)`,
 		e.Actor, e.Action, e.Scope, e.Count, e.Detail); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "ferry_audit_log_confirmation" {
+			return ErrConfirmationUsed
+		}
 		return fmt.Errorf("recording the audit entry: %w", err)
 	}
 	return nil

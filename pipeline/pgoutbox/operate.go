@@ -183,6 +183,11 @@ type Stuck struct {
 	Fingerprint string
 	Handler     string
 	IDs         []int64
+	// MaxID, if set, takes no row written after it, and Limit, if set, at
+	// most that many (oldest first): an action confirmed on what a page
+	// showed takes none that arrived since, and no more than were shown.
+	MaxID int64
+	Limit int
 }
 
 // Validate refuses a selection that names no kind or no rows.
@@ -197,6 +202,9 @@ func (p Stuck) Validate() error {
 		if id <= 0 {
 			return fmt.Errorf("pgoutbox: %d is not an outbox row id", id)
 		}
+	}
+	if p.MaxID < 0 || p.Limit < 0 {
+		return errors.New("pgoutbox: MaxID and Limit must not be negative")
 	}
 	return nil
 }
@@ -221,17 +229,38 @@ func (p Stuck) where() (string, []any) {
 	if p.Kind == Retrying {
 		rule = retryRule
 	}
-	if len(p.IDs) > 0 {
-		return rule + ` AND id = ANY($1)`, []any{p.IDs}
-	}
-	if p.Kind == Retrying {
-		return rule + ` AND ferry_fingerprint(headers->>'` + pipeline.MetaLastError + `') = $1 AND coalesce(headers->>'` + pipeline.MetaRetryQueue + `', '') = $2`,
+	var cond string
+	var args []any
+	switch {
+	case len(p.IDs) > 0:
+		cond, args = rule+` AND id = ANY($1)`, []any{p.IDs}
+	case p.Kind == Retrying:
+		cond, args = rule+` AND ferry_fingerprint(headers->>'`+pipeline.MetaLastError+`') = $1 AND coalesce(headers->>'`+pipeline.MetaRetryQueue+`', '') = $2`,
 			[]any{p.Fingerprint, p.Handler}
+	default:
+		cond, args = rule+` AND ferry_fingerprint(last_error) = $1`, []any{p.Fingerprint}
 	}
-	return rule + ` AND ferry_fingerprint(last_error) = $1`, []any{p.Fingerprint}
+	if p.MaxID > 0 {
+		args = append(args, p.MaxID)
+		cond += ` AND id <= $` + strconv.Itoa(len(args))
+	}
+	return cond, args
 }
 
-// Count counts the rows p chooses now.
+// chosen is p as the ids it takes: its condition, oldest first, at most
+// Limit, locked for the action.
+func (p Stuck) chosen(table string) (string, []any) {
+	where, args := p.where()
+	limit := ""
+	if p.Limit > 0 {
+		args = append(args, p.Limit)
+		limit = ` LIMIT $` + strconv.Itoa(len(args))
+	}
+	return `SELECT id FROM ` + table + ` WHERE ` + where + ` ORDER BY id` + limit + ` FOR UPDATE`, args
+}
+
+// Count counts the rows p chooses now (all of them: Limit does not cap
+// the count, so a caller sees how many it leaves).
 func (o *Operator) Count(ctx context.Context, p Stuck) (int, error) {
 	if err := p.Validate(); err != nil {
 		return 0, err
@@ -244,6 +273,27 @@ func (o *Operator) Count(ctx context.Context, p Stuck) (int, error) {
 	return n, nil
 }
 
+// Bound is the newest row p chooses now, and how many it chooses up to
+// it, taking at most limit (oldest first; 0: all): what a confirmation
+// shows, and then binds the action to (Stuck.MaxID, Stuck.Limit).
+func (o *Operator) Bound(ctx context.Context, p Stuck, limit int) (maxID int64, n int, err error) {
+	p.MaxID, p.Limit = 0, limit
+	q, args := p.chosen(o.table)
+	q = `SELECT coalesce(max(id), 0), count(*) FROM (` + strings.TrimSuffix(q, ` FOR UPDATE`) + `) c`
+	if err := o.pool.QueryRow(ctx, q, args...).Scan(&maxID, &n); err != nil {
+		return 0, 0, fmt.Errorf("bounding %s: %w", p, err)
+	}
+	return maxID, n, nil
+}
+
+// By says who acts and, for a console action, the single-use nonce of the
+// confirmation acted on (recorded with the audit entry: a second use fails
+// with pgaudit.ErrConfirmationUsed and changes nothing).
+type By struct {
+	Actor        string
+	Confirmation string
+}
+
 // Acted says what RetryNow or Discard did.
 type Acted struct {
 	// IDs are the rows acted on.
@@ -252,29 +302,29 @@ type Acted struct {
 
 // RetryNow makes the rows p chooses due at once and records the audit
 // entry (actor, the ids) in the same transaction.
-func (o *Operator) RetryNow(ctx context.Context, p Stuck, actor string) (Acted, error) {
-	return o.act(ctx, p, actor, "retry-now", `UPDATE `+o.table+` SET available_at = now() WHERE `)
+func (o *Operator) RetryNow(ctx context.Context, p Stuck, by By) (Acted, error) {
+	return o.act(ctx, p, by, "retry-now", `UPDATE `+o.table+` o SET available_at = now() FROM chosen WHERE o.id = chosen.id`)
 }
 
 // Discard deletes the rows p chooses and records the audit entry (actor,
 // the ids, their message ids) in the same transaction.
-func (o *Operator) Discard(ctx context.Context, p Stuck, actor string) (Acted, error) {
-	return o.act(ctx, p, actor, "discard", `DELETE FROM `+o.table+` WHERE `)
+func (o *Operator) Discard(ctx context.Context, p Stuck, by By) (Acted, error) {
+	return o.act(ctx, p, by, "discard", `DELETE FROM `+o.table+` o USING chosen WHERE o.id = chosen.id`)
 }
 
-func (o *Operator) act(ctx context.Context, p Stuck, actor, action, stmt string) (Acted, error) {
+func (o *Operator) act(ctx context.Context, p Stuck, by By, action, stmt string) (Acted, error) {
 	var res Acted
 	if err := p.Validate(); err != nil {
 		return res, err
 	}
-	if actor == "" {
+	if by.Actor == "" {
 		return res, errors.New("pgoutbox: an operator's action needs an actor for the audit log")
 	}
-	where, args := p.where()
+	chosen, args := p.chosen(o.table)
 	// A retry made due wakes the relays once it commits.
 	actx, committed := pipeline.WithAfterCommit(ctx)
 	err := pgx.BeginFunc(actx, o.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(actx, stmt+where+` RETURNING id, coalesce(message_uuid, '')`, args...)
+		rows, err := tx.Query(actx, `WITH chosen AS (`+chosen+`) `+stmt+` RETURNING o.id, coalesce(o.message_uuid, '')`, args...)
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", action, p, err)
 		}
@@ -292,11 +342,15 @@ func (o *Operator) act(ctx context.Context, p Stuck, actor, action, stmt string)
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("%s %s: %w", action, p, err)
 		}
-		if len(res.IDs) == 0 {
+		if len(res.IDs) == 0 && by.Confirmation == "" {
 			return nil
 		}
-		return pgaudit.Record(actx, tx, pgaudit.Entry{Actor: actor, Action: "outbox." + string(p.Kind) + "." + action, Scope: p.String(),
-			Count: len(res.IDs), Detail: map[string]any{"ids": res.IDs, "message_ids": messages}})
+		detail := map[string]any{"ids": res.IDs, "message_ids": messages}
+		if by.Confirmation != "" {
+			detail["confirmation"] = by.Confirmation
+		}
+		return pgaudit.Record(actx, tx, pgaudit.Entry{Actor: by.Actor, Action: "outbox." + string(p.Kind) + "." + action, Scope: p.String(),
+			Count: len(res.IDs), Detail: detail})
 	})
 	if err != nil {
 		return Acted{}, err

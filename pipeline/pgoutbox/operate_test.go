@@ -45,17 +45,17 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	failing := pgoutbox.Stuck{Kind: pgoutbox.Failing, Fingerprint: groups[0].Fingerprint}
 	require.Error(t, pgoutbox.Stuck{Kind: "other", Fingerprint: "x"}.Validate())
 	require.Error(t, pgoutbox.Stuck{Kind: pgoutbox.Failing}.Validate())
-	_, err = ops.Discard(ctx, failing, "")
+	_, err = ops.Discard(ctx, failing, pgoutbox.By{})
 	require.ErrorContains(t, err, "actor")
 
 	// A retry's id named as a failing row is not acted on.
 	var retryID int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT min(id) FROM outbox WHERE topic = $1`, pipeline.RetryTopic).Scan(&retryID))
-	acted, err := ops.Discard(ctx, pgoutbox.Stuck{Kind: pgoutbox.Failing, IDs: []int64{retryID}}, "ops@test")
+	acted, err := ops.Discard(ctx, pgoutbox.Stuck{Kind: pgoutbox.Failing, IDs: []int64{retryID}}, pgoutbox.By{Actor: "ops@test"})
 	require.NoError(t, err)
 	require.Empty(t, acted.IDs)
 
-	acted, err = ops.RetryNow(ctx, failing, "ops@test")
+	acted, err = ops.RetryNow(ctx, failing, pgoutbox.By{Actor: "ops@test"})
 	require.NoError(t, err)
 	require.Len(t, acted.IDs, 5)
 	var due int
@@ -73,7 +73,7 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	_, err = pool.Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$;
 		CREATE TRIGGER refuse BEFORE INSERT ON ferry_audit_log FOR EACH ROW EXECUTE FUNCTION refuse()`)
 	require.NoError(t, err)
-	_, err = ops.Discard(ctx, retries, "ops@test")
+	_, err = ops.Discard(ctx, retries, pgoutbox.By{Actor: "ops@test"})
 	require.ErrorContains(t, err, "audit refused")
 	n, err = ops.Count(ctx, retries)
 	require.NoError(t, err)
@@ -81,7 +81,7 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	_, err = pool.Exec(ctx, `DROP TRIGGER refuse ON ferry_audit_log`)
 	require.NoError(t, err)
 
-	acted, err = ops.Discard(ctx, retries, "ops@test")
+	acted, err = ops.Discard(ctx, retries, pgoutbox.By{Actor: "ops@test"})
 	require.NoError(t, err)
 	require.Len(t, acted.IDs, 3)
 	var entries int

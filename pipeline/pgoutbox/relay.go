@@ -201,7 +201,7 @@ type Relay struct {
 
 	claimSQL, lockSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL, probeSQL string
 
-	dispatched, failed, probes atomic.Int64
+	dispatched, failed, probes, claims atomic.Int64
 	wake                       chan struct{}
 }
 
@@ -376,11 +376,13 @@ type RelayStats struct {
 	// Probes counts the idle relay's looks at the pending index
 	// (RelayConfig.ProbeInterval).
 	Probes int64
+	// Claims counts its claims, those that found nothing included.
+	Claims int64
 }
 
 // Stats returns the relay's totals since it was created.
 func (r *Relay) Stats() RelayStats {
-	return RelayStats{Dispatched: r.dispatched.Load(), Failed: r.failed.Load(), Probes: r.probes.Load()}
+	return RelayStats{Dispatched: r.dispatched.Load(), Failed: r.failed.Load(), Probes: r.probes.Load(), Claims: r.claims.Load()}
 }
 
 // Wake makes a sleeping relay look for work now. The LISTEN/NOTIFY
@@ -594,6 +596,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 		return res, fmt.Errorf("reading claimed outbox rows: %w", err)
 	}
 	res.Claimed = len(claimed)
+	r.claims.Add(1)
 	if len(claimed) == 0 {
 		return res, tx.Commit(ctx)
 	}
@@ -706,6 +709,7 @@ func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err
 		}
 	}
 	res.Claimed = len(claimed)
+	r.claims.Add(1)
 	if len(claimed) == 0 {
 		return res, tx.Commit(ctx)
 	}

@@ -432,7 +432,9 @@ func TestRelayWakesAfterTheCommit(t *testing.T) {
 	wdone := make(chan struct{})
 	go func() { defer close(wdone); _ = waker.Run(ctx) }()
 	defer func() { cancel(); <-wdone }()
-	time.Sleep(300 * time.Millisecond) // the relay has found nothing and sleeps
+	// The relay has claimed once, found nothing and sleeps (an hour): a
+	// row committed from now on is found only by a wake-up.
+	require.Eventually(t, func() bool { return relay.Stats().Claims >= 1 }, 10*time.Second, time.Millisecond)
 
 	// Unannounced: the row waits for the poll.
 	publish(t, pool, "mail.send", event(t, "u", "silent"))

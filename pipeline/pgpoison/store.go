@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -84,6 +85,9 @@ type Selector struct {
 	AfterID int64
 	// Limit caps how many are chosen (oldest first); 0 means no cap.
 	Limit int
+	// MaxID, if set, chooses no message stored after it: an action
+	// confirmed on what a page showed takes none that arrived since.
+	MaxID int64
 }
 
 // MaxLimit bounds Selector.Limit and Filter.Limit.
@@ -392,6 +396,11 @@ type Run struct {
 	// Scope says what the operator chose, for the audit entry; the
 	// selector's own words when empty.
 	Scope string
+	// Confirmation, if set, is the single-use nonce of the confirmation
+	// this run acts on (the console's): recorded with the first page's
+	// audit entry, a second run with it fails with
+	// pgaudit.ErrConfirmationUsed and changes nothing.
+	Confirmation string
 }
 
 // Scope is sel in words, for the audit log.
@@ -498,8 +507,8 @@ var errDryRun = errors.New("dry run: roll back")
 
 // audit records one page of an action, in its transaction: the ids acted
 // on and those left, with why.
-func audit(ctx context.Context, tx pgx.Tx, actor, action, scope string, actions []Action) error {
-	if len(actions) == 0 {
+func audit(ctx context.Context, tx pgx.Tx, actor, action, scope, confirmation string, actions []Action) error {
+	if len(actions) == 0 && confirmation == "" {
 		return nil
 	}
 	done, messages := []int64{}, []string{}
@@ -512,8 +521,11 @@ func audit(ctx context.Context, tx pgx.Tx, actor, action, scope string, actions 
 			left[fmt.Sprint(a.Record.ID)] = pipeline.CleanText(a.Why, 300)
 		}
 	}
-	return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: action, Scope: scope, Count: len(done),
-		Detail: map[string]any{"ids": done, "message_ids": messages, "skipped": left}})
+	detail := map[string]any{"ids": done, "message_ids": messages, "skipped": left}
+	if confirmation != "" {
+		detail["confirmation"] = confirmation
+	}
+	return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: action, Scope: scope, Count: len(done), Detail: detail})
 }
 
 // act runs do on every selected record, page by page, each record under
@@ -534,6 +546,7 @@ func (s *Store) act(ctx context.Context, sel Selector, run Run, action string, f
 		scope = sel.Scope()
 	}
 	found := map[int64]bool{}
+	first := true
 	for {
 		n := pageSize
 		if sel.Limit > 0 {
@@ -551,10 +564,14 @@ func (s *Store) act(ctx context.Context, sel Selector, run Run, action string, f
 			if sel.Topic != "" {
 				f.Topic = sel.Topic
 			}
-			where, args := where(f, 4)
+			where, args := where(f, 5)
+			maxID := sel.MaxID
+			if maxID <= 0 {
+				maxID = math.MaxInt64
+			}
 			rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
-				WHERE id > $1 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND `+where+`
-				ORDER BY id LIMIT $3 FOR UPDATE`, append([]any{sum.LastID, sel.IDs, n}, args...)...)
+				WHERE id > $1 AND id <= $4 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND `+where+`
+				ORDER BY id LIMIT $3 FOR UPDATE`, append([]any{sum.LastID, sel.IDs, n, maxID}, args...)...)
 			if err != nil {
 				return fmt.Errorf("selecting poisoned messages: %w", err)
 			}
@@ -591,7 +608,12 @@ func (s *Store) act(ctx context.Context, sel Selector, run Run, action string, f
 			if dryRun {
 				return errDryRun
 			}
-			return audit(ctx, tx, run.Actor, action, scope, actions)
+			confirmation := ""
+			if first {
+				confirmation = run.Confirmation
+			}
+			first = false
+			return audit(ctx, tx, run.Actor, action, scope, confirmation, actions)
 		})
 		if err != nil && !errors.Is(err, errDryRun) {
 			return sum, err
@@ -641,4 +663,27 @@ func (s *Store) CountByHandler(ctx context.Context) ([]HandlerCount, error) {
 		return nil, fmt.Errorf("counting poisoned messages per handler: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[HandlerCount])
+}
+
+// Bound is the newest message sel chooses now among the oldest limit (0:
+// all), and how many that is: what a confirmation shows, and then binds
+// the action to (Selector.MaxID, Selector.Limit), so that messages
+// poisoned after it are not taken.
+func (s *Store) Bound(ctx context.Context, sel Selector, limit int) (maxID int64, n int, err error) {
+	f := sel.Filter
+	if sel.Topic != "" {
+		f.Topic = sel.Topic
+	}
+	cond, args := where(f, 3)
+	lim := int64(math.MaxInt64)
+	if limit > 0 {
+		lim = int64(limit)
+	}
+	err = s.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0), count(*) FROM (SELECT id FROM `+Table+`
+		WHERE (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1)) AND `+cond+` ORDER BY id LIMIT $2) c`,
+		append([]any{sel.IDs, lim}, args...)...).Scan(&maxID, &n)
+	if err != nil {
+		return 0, 0, fmt.Errorf("bounding the selection: %w", err)
+	}
+	return maxID, n, nil
 }
