@@ -202,7 +202,7 @@ type Relay struct {
 	claimSQL, lockSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL, probeSQL string
 
 	dispatched, failed, probes, claims atomic.Int64
-	wake                       chan struct{}
+	wake                               chan struct{}
 }
 
 // ClaimSQL is the relay's claim query for table (with $1 the batch size
