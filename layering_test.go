@@ -139,18 +139,19 @@ func rig(imp string) bool {
 // and tests are outside the rule.
 func TestEveryTableHasOneOwner(t *testing.T) {
 	owners := map[string][]string{
-		"outbox":                {"pipeline/pgoutbox"},
-		"outbox_archive":        {"pipeline/pgoutbox"},
-		"poison_messages":       {"pipeline/pgpoison"},
-		"processed_messages":    {"pipeline/pgledger"},
-		"ferry_audit_log":       {"pipeline/pgaudit"},
-		"ferry_tool_calls":      {"pipeline/pgtoolcalls"},
-		"budget_usage":          {"pipeline/pgbudget"},
-		"ferry_backfill_items":  {"adoption/backfill"},
-		"ferry_legacy_effects":  {"adoption/shadow"},
-		"ferry_instances":       {"pipeline/pgstatus"},
-		"ferry_held_partitions": {"pipeline/pgstatus"},
-		"ferry_samples":         {"pipeline/pgstatus"},
+		"outbox":                 {"pipeline/pgoutbox"},
+		"outbox_archive":         {"pipeline/pgoutbox"},
+		"poison_messages":        {"pipeline/pgpoison"},
+		"processed_messages":     {"pipeline/pgledger"},
+		"ferry_audit_log":        {"pipeline/pgaudit"},
+		"ferry_tool_calls":       {"pipeline/pgtoolcalls"},
+		"budget_usage":           {"pipeline/pgbudget"},
+		"ferry_backfill_items":   {"adoption/backfill"},
+		"ferry_legacy_effects":   {"adoption/shadow"},
+		"ferry_instances":        {"pipeline/pgstatus"},
+		"ferry_held_partitions":  {"pipeline/pgstatus"},
+		"ferry_samples":          {"pipeline/pgstatus"},
+		"ferry_console_sessions": {"pipeline/pgsession"},
 	}
 	// Names that stand for a table in code: the owner's constant or
 	// quoting function. pgcdc names the outbox in its publication (DDL).

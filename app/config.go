@@ -83,6 +83,12 @@ type Config struct {
 	// AdminToken guards the admin endpoints that change state (Bearer
 	// token); without one they refuse. FERRY_ADMIN_TOKEN.
 	AdminToken string
+	// ConsoleIdentityHeader names the request header an authenticating
+	// proxy in front of the console sets to who the user is: the console
+	// records it with each login, and the audit log names it.
+	// FERRY_CONSOLE_IDENTITY_HEADER; empty: none (set it only behind such
+	// a proxy, which must also strip it from clients' requests).
+	ConsoleIdentityHeader string
 	// MetricsRefresh is how often the outbox gauges are recomputed. FERRY_METRICS_REFRESH.
 	MetricsRefresh time.Duration
 	// HTTPAddr is where the application's HTTP API (Options.HTTP) listens.
@@ -305,6 +311,13 @@ func EnvVars() []EnvVar {
 		{"FERRY_PRUNE_BATCH_SIZE", "10000", "rows per pruning transaction", intVar(func(c *Config) *int { return &c.Retention.BatchSize }, 1, 1_000_000)},
 		{"FERRY_ADMIN_ADDR", DefaultAdminAddr, "admin server (/metrics, /healthz, /readyz, /admin/*); off to disable", func(c *Config, v string) error { c.AdminAddr = v; return nil }},
 		{"FERRY_ADMIN_TOKEN", "(none: state-changing admin endpoints refuse)", "Bearer token of the state-changing admin endpoints (at least 16 characters)", func(c *Config, v string) error { c.AdminToken = v; return nil }},
+		{"FERRY_CONSOLE_IDENTITY_HEADER", "(none)", "request header in which an authenticating proxy in front of the console passes the user's identity, recorded with each login and in the audit log", func(c *Config, v string) error {
+			if v != "" && !validHeaderName(v) {
+				return fmt.Errorf("%q is not an HTTP header name", v)
+			}
+			c.ConsoleIdentityHeader = v
+			return nil
+		}},
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "listen address of the application's HTTP API (Options.HTTP)", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
 		{"FERRY_MCP_TOKEN", "(none: /mcp and /tools need no token; keep FERRY_HTTP_ADDR on loopback)", "Bearer token of the agent tool endpoints /mcp and /tools (at least 16 characters)", func(c *Config, v string) error { c.MCPToken = v; return nil }},
@@ -652,4 +665,16 @@ func parseHosts(v string) ([]string, error) {
 		return nil, errors.New("names no host")
 	}
 	return hosts, nil
+}
+
+// validHeaderName reports whether v is an HTTP header field name (RFC 9110
+// token characters).
+func validHeaderName(v string) bool {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return v != ""
 }

@@ -36,8 +36,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/time/rate"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgsession"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -57,6 +59,12 @@ type Config struct {
 	Prefix string
 	// OutboxTable is the outbox ("" for the default).
 	OutboxTable string
+	// IdentityHeader, if set, names the request header in which an
+	// authenticating proxy in front of the console passes who the user is
+	// (X-Forwarded-Email, X-Auth-Request-User): a login records it with the
+	// session, and the audit log names it. Leave it empty unless such a
+	// proxy sets it on every request: a client could send it too.
+	IdentityHeader string
 	// Unrouted, if set, reads the broker's unrouted queue depth.
 	Unrouted func(context.Context) (int, error)
 	// Queues, if set, inspects the route table's queues (ready messages
@@ -179,30 +187,81 @@ func (c *Console) mac(purpose string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// authed reports whether r carries the admin token: a Bearer header, or
-// the session cookie the login form set.
-func (c *Console) authed(r *http.Request) bool {
-	if c.cfg.Token == "" {
-		return false
-	}
-	if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
-		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(c.cfg.Token)) == 1
-	}
-	if ck, err := r.Cookie(sessionCookie); err == nil {
-		// "<expiry unix>.<mac>": the server checks the expiry, so a
-		// copied cookie stops working when the session ends, whatever the
-		// browser keeps.
-		exp, sig, ok := strings.Cut(ck.Value, ".")
-		until, err := strconv.ParseInt(exp, 10, 64)
-		return ok && err == nil && time.Now().Unix() < until &&
-			subtle.ConstantTimeCompare([]byte(sig), []byte(c.mac("session\x00"+exp))) == 1
-	}
-	return false
+// who is the caller a request was authenticated as: Bearer (the admin
+// token in a header: a script), or a console session.
+type who struct {
+	ok      bool
+	bearer  bool
+	session pgsession.Session
 }
 
-// actor is who acts, for the audit log: the console and where the
-// request came from.
-func (c *Console) actor(r *http.Request) string { return "console " + r.RemoteAddr }
+type whoKey struct{}
+
+// whoIs authenticates r once: the Bearer header, or the session cookie the
+// login form set, checked against the server's sessions (so a cookie kept
+// after logging out, or copied elsewhere, no longer works). The answer is
+// kept in the request's context for the rest of the request.
+func (c *Console) whoIs(r *http.Request) who {
+	if w, ok := r.Context().Value(whoKey{}).(who); ok {
+		return w
+	}
+	if c.cfg.Token == "" {
+		return who{}
+	}
+	if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		return who{ok: subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(c.cfg.Token)) == 1, bearer: true}
+	}
+	ck, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return who{}
+	}
+	// "<session id>.<mac>": the mac keeps a forged id from costing a
+	// query; the session itself lives on the server.
+	id, sig, ok := strings.Cut(ck.Value, ".")
+	if !ok || len(id) != 32 || subtle.ConstantTimeCompare([]byte(sig), []byte(c.mac("session\x00"+id))) != 1 {
+		return who{}
+	}
+	s, err := pgsession.Get(r.Context(), c.pool, id)
+	if err != nil {
+		if !errors.Is(err, pgsession.ErrNone) {
+			c.cfg.Logger.ErrorContext(r.Context(), "console: reading the session", "error", err)
+		}
+		return who{}
+	}
+	return who{ok: true, session: s}
+}
+
+// withWho keeps r's authentication in its context.
+func (c *Console) withWho(r *http.Request) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), whoKey{}, c.whoIs(r)))
+}
+
+// authed reports whether r carries the admin token or a live session.
+func (c *Console) authed(r *http.Request) bool { return c.whoIs(r).ok }
+
+// csrf is the form token of r's session: each session has its own, and it
+// ends with the session.
+func (c *Console) csrf(r *http.Request) string {
+	w := c.whoIs(r)
+	if !w.ok || w.bearer {
+		return ""
+	}
+	return c.mac("csrf\x00" + w.session.ID)
+}
+
+// actor is who acts, for the audit log: the identity the session was
+// started with (the authenticating proxy's, FERRY_CONSOLE_IDENTITY_HEADER),
+// or the token's holder, and where the request came from.
+func (c *Console) actor(r *http.Request) string {
+	w := c.whoIs(r)
+	switch {
+	case w.bearer:
+		return "console token-holder " + r.RemoteAddr
+	case w.session.Identity != "":
+		return "console " + w.session.Identity + " " + r.RemoteAddr
+	}
+	return "console session " + w.session.ID[:8] + " " + r.RemoteAddr
+}
 
 // SessionLifetime is how long a console login lasts.
 const SessionLifetime = 12 * time.Hour
@@ -219,6 +278,7 @@ func loopback(r *http.Request) bool {
 // read lets a request read: from loopback always, else with the token.
 func (c *Console) read(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		r = c.withWho(r)
 		if !loopback(r) && !c.authed(r) {
 			http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
 			return
@@ -231,6 +291,7 @@ func (c *Console) read(h http.HandlerFunc) http.HandlerFunc {
 // token, always.
 func (c *Console) act(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		r = c.withWho(r)
 		if c.cfg.Token == "" {
 			c.fail(w, r, http.StatusForbidden, "actions are off: set FERRY_ADMIN_TOKEN (and log in) to requeue or discard")
 			return
@@ -246,7 +307,7 @@ func (c *Console) act(h http.HandlerFunc) http.HandlerFunc {
 		}
 		// The Bearer header cannot be sent cross-site; a cookie session also
 		// needs the form token only the console's own pages carry.
-		if r.Header.Get("Authorization") == "" && subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(c.mac("csrf"))) != 1 {
+		if !c.whoIs(r).bearer && subtle.ConstantTimeCompare([]byte(r.PostForm.Get("csrf")), []byte(c.csrf(r))) != 1 {
 			c.fail(w, r, http.StatusForbidden, "the form's token is missing or stale: reload the page")
 			return
 		}
@@ -269,9 +330,15 @@ func (c *Console) next(v string) string {
 	return u.RequestURI()
 }
 
-// logout ends the session: the cookie is cleared (and the server refuses
-// it anyway once it expires).
+// logout ends the session on the server (a copy of the cookie kept
+// anywhere no longer works) and clears the cookie.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	if who := c.whoIs(r); who.ok && !who.bearer {
+		if err := pgsession.End(r.Context(), c.pool, who.session.ID); err != nil {
+			c.internal(w, r, err)
+			return
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: c.cfg.Prefix, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: -1})
 	http.Redirect(w, r, c.cfg.Prefix+"/", http.StatusSeeOther)
@@ -289,8 +356,16 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, "login", &loginPage{Off: c.cfg.Token == "", Wrong: true, Next: c.next(r.PostForm.Get("next"))})
 		return
 	}
-	exp := strconv.FormatInt(time.Now().Add(SessionLifetime).Unix(), 10)
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: exp + "." + c.mac("session\x00"+exp), Path: c.cfg.Prefix, HttpOnly: true,
+	identity := ""
+	if c.cfg.IdentityHeader != "" {
+		identity = pipeline.CleanText(r.Header.Get(c.cfg.IdentityHeader), 200)
+	}
+	sess, err := pgsession.Start(r.Context(), c.pool, identity, SessionLifetime)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: sess.ID + "." + c.mac("session\x00"+sess.ID), Path: c.cfg.Prefix, HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(SessionLifetime.Seconds())})
 	http.Redirect(w, r, c.next(r.PostForm.Get("next")), http.StatusSeeOther)
 }
@@ -301,10 +376,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, data pageData) {
-	ch := chrome{Prefix: c.cfg.Prefix, Authed: c.authed(r), CanAct: c.cfg.Token != "", Page: name, Here: r.URL.RequestURI()}
-	if ch.Authed {
-		ch.CSRF = c.mac("csrf")
-	}
+	ch := chrome{Prefix: c.cfg.Prefix, Authed: c.authed(r), CanAct: c.cfg.Token != "", Page: name, Here: r.URL.RequestURI(), CSRF: c.csrf(r)}
 	data.setChrome(ch)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := c.tmpl.ExecuteTemplate(w, name, data); err != nil {

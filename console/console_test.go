@@ -697,3 +697,82 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
 	require.Equal(t, http.StatusConflict, code)
 }
+
+// Sessions live on the server (issue 33): logging out ends the session, so
+// a copy of its cookie kept anywhere acts no more; each session has its
+// own form token, and a confirmation of one session is no good in another;
+// the identity an authenticating proxy gives is what the audit records.
+func TestLoggingOutEndsTheSessionAndTokensAreTheSessions(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	c, err := console.New(pool, store, console.Config{Token: token, IdentityHeader: "X-Forwarded-Email", Logger: slog.New(failOnRenderError{t})})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	mux.Handle("/console/", c)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+		SELECT 'm' || g, 't', 'h', '\x7b7d'::bytea, 'provider said no' FROM generate_series(1, 3) g`)
+	require.NoError(t, err)
+
+	login := func(email string) (*http.Client, string) {
+		t.Helper()
+		browser := newBrowser()
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/console/login", strings.NewReader(url.Values{"token": {token}}.Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("X-Forwarded-Email", email)
+		resp, err := browser.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		_, page := get(t, browser, srv.URL+"/console/poison")
+		return browser, between(page, `name="csrf" value="`, `"`)
+	}
+	alice, aliceCSRF := login("alice@example.com")
+	bob, bobCSRF := login("bob@example.com")
+	require.NotEqual(t, aliceCSRF, bobCSRF, "each session has its own form token")
+
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT min(id) FROM poison_messages`).Scan(&id))
+	form := url.Values{"csrf": {aliceCSRF}, "action": {"discard"}, "scope": {"selected"}, "id": {strconv.FormatInt(id, 10)}}
+	code, body := postForm(t, alice, srv.URL+"/console/actions", form)
+	require.Equal(t, http.StatusOK, code, body)
+	withConfirmation(form, body)
+
+	// Bob cannot use Alice's confirmation, nor her form token.
+	bobForm := url.Values{}
+	for k, v := range form {
+		bobForm[k] = v
+	}
+	bobForm.Set("csrf", bobCSRF)
+	code, body = postForm(t, bob, srv.URL+"/console/actions", bobForm)
+	require.Equal(t, http.StatusOK, code, "another session's confirmation only asks again: %s", body)
+	code, _ = postForm(t, bob, srv.URL+"/console/actions", form)
+	require.Equal(t, http.StatusForbidden, code, "another session's form token")
+
+	// Alice keeps a copy of her cookie, logs out, and the copy acts no more.
+	kept := newBrowser()
+	u, _ := url.Parse(srv.URL + "/console/")
+	kept.Jar.SetCookies(u, alice.Jar.Cookies(u))
+	code, _ = postForm(t, alice, srv.URL+"/console/logout", url.Values{"csrf": {aliceCSRF}})
+	require.Equal(t, http.StatusSeeOther, code)
+	code, _ = postForm(t, kept, srv.URL+"/console/actions", form)
+	require.Equal(t, http.StatusUnauthorized, code, "the session ended on the server")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM poison_messages`).Scan(&n))
+	require.Equal(t, 3, n, "nothing was discarded after logging out")
+
+	// Bob's own confirmation works, and the audit names him.
+	bobForm = url.Values{"csrf": {bobCSRF}, "action": {"discard"}, "scope": {"selected"}, "id": {strconv.FormatInt(id, 10)}}
+	_, body = postForm(t, bob, srv.URL+"/console/actions", bobForm)
+	withConfirmation(bobForm, body)
+	code, _ = postForm(t, bob, srv.URL+"/console/actions", bobForm)
+	require.Equal(t, http.StatusSeeOther, code)
+	var actor string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT actor FROM ferry_audit_log WHERE action = 'poison.discard'`).Scan(&actor))
+	require.Contains(t, actor, "bob@example.com")
+}

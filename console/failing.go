@@ -96,7 +96,7 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 	// single-use.
 	got := form.Get("confirm")
 	maxID, shown, nonce, ok := confirmedBound(form)
-	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken("outbox", act, sel.String(), maxID, shown, nonce))) != 1 {
+	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken(r, "outbox", act, sel.String(), maxID, shown, nonce))) != 1 {
 		maxID, shown, err := c.ops.Bound(r.Context(), sel, MaxActionRows)
 		if err != nil {
 			c.internal(w, r, err)
@@ -115,7 +115,7 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 		}
 		fields = append(fields, [2]string{"max_id", strconv.FormatInt(maxID, 10)}, [2]string{"shown", strconv.Itoa(shown)}, [2]string{"nonce", nonce})
 		c.render(w, r, "outbox-confirm", &outboxConfirmPage{Kind: kind, Action: act, Scope: scopeName, Count: shown, Total: n, Fields: fields,
-			Confirm: c.confirmToken("outbox", act, sel.String(), maxID, shown, nonce)})
+			Confirm: c.confirmToken(r, "outbox", act, sel.String(), maxID, shown, nonce)})
 		return
 	}
 	if shown == 0 {

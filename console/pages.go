@@ -83,10 +83,12 @@ func newNonce() string {
 	return hex.EncodeToString(b)
 }
 
-// confirmToken binds a confirmation to its action on the exact set it
-// showed: the selection, the newest row in it and how many, and its nonce.
-func (c *Console) confirmToken(kind, act, scope string, maxID int64, shown int, nonce string) string {
-	return c.mac(strings.Join([]string{"confirm", kind, act, scope, strconv.FormatInt(maxID, 10), strconv.Itoa(shown), nonce}, "\x00"))
+// confirmToken binds a confirmation to its session (another session, or
+// this one after logging out, cannot use it) and to its action on the
+// exact set it showed: the selection, the newest row in it and how many,
+// and its nonce.
+func (c *Console) confirmToken(r *http.Request, kind, act, scope string, maxID int64, shown int, nonce string) string {
+	return c.mac(strings.Join([]string{"confirm", c.csrf(r), kind, act, scope, strconv.FormatInt(maxID, 10), strconv.Itoa(shown), nonce}, "\x00"))
 }
 
 // confirmedBound reads the bound a confirmation form carries.

@@ -169,7 +169,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	// only as far as it was shown.
 	got := form.Get("confirm")
 	maxID, shown, nonce, ok := confirmedBound(form)
-	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken("poison", act, scopeText(scope, sel), maxID, shown, nonce))) != 1 {
+	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken(r, "poison", act, scopeText(scope, sel), maxID, shown, nonce))) != 1 {
 		maxID, shown, err := c.store.Bound(r.Context(), sel, MaxActionRows)
 		if err != nil {
 			c.internal(w, r, err)
@@ -186,7 +186,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 			in = within(sel.Filter)
 		}
 		c.render(w, r, "confirm", &confirmPage{Action: act, Scope: scope, Within: in, Count: shown, Total: n, Fields: fields,
-			Confirm: c.confirmToken("poison", act, scopeText(scope, sel), maxID, shown, nonce)})
+			Confirm: c.confirmToken(r, "poison", act, scopeText(scope, sel), maxID, shown, nonce)})
 		return
 	}
 	if shown == 0 {
