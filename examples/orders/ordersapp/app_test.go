@@ -154,9 +154,12 @@ func apiServer(t *testing.T, h *harness) *httptest.Server {
 	return srv
 }
 
+// eventually waits for cond, failing the test after two minutes: a bound
+// for a hang, not a speed target (CI runs this package beside the chaos
+// runs on two cores, under the race detector).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -97,7 +97,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	defer cancelA()
 	ctx, cancel := chromedp.NewContext(actx)
 	defer cancel()
-	ctx, cancelT := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancelT := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancelT()
 	run := func(what string, actions ...chromedp.Action) {
 		t.Helper()
