@@ -81,6 +81,17 @@ func TestReadmeBrokerPermissions(t *testing.T) {
 				return amqp.ErrClosed
 			case <-conf.Done():
 				if !conf.Acked() {
+					// A refused publish closes the channel, and the client
+					// settles its pending confirms as nacks as it does: the
+					// two arrive together, in either order. The close says
+					// why.
+					select {
+					case cerr := <-closed:
+						if cerr != nil {
+							return cerr
+						}
+					case <-time.After(2 * time.Second):
+					}
 					return errors.New("nacked")
 				}
 				return nil
