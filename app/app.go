@@ -10,10 +10,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
@@ -23,6 +25,7 @@ import (
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
@@ -282,7 +285,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if a.pubConn, err = rabbit.Dial(cfg.AMQP, "ferry-publisher", a.watermillLogger()); err != nil {
 		return nil, err
 	}
-	if err := a.topology.Declare(a.pubConn.Connection(), a.bindings()...); err != nil {
+	if err := declareTopology(ctx, a.pubConn, a.topology, a.bindings()); err != nil {
 		return nil, fmt.Errorf("declaring RabbitMQ topology: %w", err)
 	}
 	if a.publisher, err = wamqp.NewPublisherWithConnection(a.topology.PublisherConfig(), a.watermillLogger(), a.pubConn); err != nil {
@@ -362,6 +365,31 @@ func MigrationSets(opts Options) ([]migrations.Set, error) {
 		sets = append(sets, s)
 	}
 	return sets, nil
+}
+
+// declareTopology declares the route table's topology. A quorum queue the
+// broker cannot place for the moment (INTERNAL_ERROR, "cluster_not_formed":
+// its Raft system starting or busy) is a broker blip, not a bad
+// configuration: the broker closes the connection, and the declaration is
+// tried again on the reconnected one, for up to 30 s.
+func declareTopology(ctx context.Context, conn *wamqp.ConnectionWrapper, topo *rabbit.Topology, bindings []rabbit.Binding) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for attempt := 1; ; attempt++ {
+		err := topo.Declare(conn.Connection(), bindings...)
+		var aerr *amqp.Error
+		if err == nil || !errors.As(err, &aerr) || aerr.Code != amqp.InternalError || time.Now().After(deadline) {
+			return err
+		}
+		if err := pipeline.Sleep(ctx, time.Duration(attempt)*500*time.Millisecond); err != nil {
+			return err
+		}
+		select {
+		case <-conn.Connected():
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Second):
+		}
+	}
 }
 
 // qualifiedTable names the outbox table with the schema it lives in when
