@@ -152,6 +152,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"ferry_held_partitions":  {"pipeline/pgstatus"},
 		"ferry_samples":          {"pipeline/pgstatus"},
 		"ferry_console_sessions": {"pipeline/pgsession"},
+		"ferry_relay_timelines":  {"pipeline/pgoutbox"},
 	}
 	// Names that stand for a table in code: the owner's constant or
 	// quoting function. pgcdc names the outbox in its publication (DDL).

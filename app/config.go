@@ -270,6 +270,13 @@ func EnvVars() []EnvVar {
 			}
 			return durationVar(func(c *Config) *time.Duration { return &c.Relay.ProbeInterval })(c, v)
 		}},
+		{"FERRY_RELAY_FAILOVER_REPLAY", pgoutbox.DefaultFailoverReplay.String(), "after a failover (the database on a newer timeline), the relay sends again the events dispatched this long before the last dispatch the new primary knows; the consumers' ledger drops those already done (an asynchronous standby can lack their last ledger commits); off: never", func(c *Config, v string) error {
+			if v == "off" {
+				c.Relay.FailoverReplay = -1
+				return nil
+			}
+			return durationVar(func(c *Config) *time.Duration { return &c.Relay.FailoverReplay })(c, v)
+		}},
 		{"FERRY_RELAY_MODE", RelayModeNotify, "notify (producers wake the relays after their commits; LISTEN, polling as the fallback), poll (polling only) or cdc (stream from the WAL; see CDC relay mode)", func(c *Config, v string) error { c.RelayMode = v; return nil }},
 		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},

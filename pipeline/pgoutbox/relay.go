@@ -1,6 +1,7 @@
 package pgoutbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,6 +93,15 @@ type RelayConfig struct {
 	// old (by created_at). The CDC relay's safety-net poller uses it to stay
 	// out of the stream's way. Default 0.
 	MinAge time.Duration
+	// FailoverReplay is how far back, from the last dispatch the database
+	// knows, a relay makes dispatched events pending again when it finds the
+	// database promoted since (a newer timeline: a failover). With
+	// asynchronous replication the promoted standby can lack a consumer's
+	// last ledger commits while it has the dispatches they followed; the
+	// replay sends those events again and the consumers' ledger drops the
+	// ones whose effect survived. Cover the consumers' queueing delay.
+	// Needs migration 00022. Default 5m; negative turns it off.
+	FailoverReplay time.Duration
 	// Spans, if set, opens a span around each event's publish
 	// (tracing.Tracer does, as a producer span in the event's trace).
 	Spans PublishSpans
@@ -147,6 +157,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.MaxErrorLength == 0 {
 		c.MaxErrorLength = DefaultMaxErrorLength
 	}
+	if c.FailoverReplay == 0 {
+		c.FailoverReplay = DefaultFailoverReplay
+	}
 	c.Backoff = c.Backoff.WithDefaults()
 	return c
 }
@@ -200,9 +213,12 @@ type Relay struct {
 	ordered []string
 
 	claimSQL, lockSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL, probeSQL string
+	// table is the outbox table's name as configured, quoted as quoted;
+	// timelineTable is where CheckFailover records the timeline.
+	table, quoted, timelineTable string
 
-	dispatched, failed, probes, claims atomic.Int64
-	wake                               chan struct{}
+	dispatched, failed, probes, claims, replayed atomic.Int64
+	wake                                         chan struct{}
 }
 
 // ClaimSQL is the relay's claim query for table (with $1 the batch size
@@ -326,6 +342,9 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 		ordered:       ordered,
 		logger:        logger.With("component", "relay"),
 		wake:          make(chan struct{}, 1),
+		table:         cmp.Or(cfg.Table, DefaultTable),
+		quoted:        t,
+		timelineTable: timelineTable(t),
 		claimSQL:      claimSQL(t, len(ordered) > 0, cfg.MinAge),
 		probeSQL:      probeSQL(t, len(ordered) > 0, cfg.MinAge),
 		lockSQL:       lockSQL(t, len(ordered) > 0),
@@ -378,11 +397,14 @@ type RelayStats struct {
 	Probes int64
 	// Claims counts its claims, those that found nothing included.
 	Claims int64
+	// Replayed counts the events it made pending again after finding the
+	// database promoted (RelayConfig.FailoverReplay).
+	Replayed int64
 }
 
 // Stats returns the relay's totals since it was created.
 func (r *Relay) Stats() RelayStats {
-	return RelayStats{Dispatched: r.dispatched.Load(), Failed: r.failed.Load(), Probes: r.probes.Load(), Claims: r.claims.Load()}
+	return RelayStats{Dispatched: r.dispatched.Load(), Failed: r.failed.Load(), Probes: r.probes.Load(), Claims: r.claims.Load(), Replayed: r.replayed.Load()}
 }
 
 // Wake makes a sleeping relay look for work now. The LISTEN/NOTIFY
@@ -405,6 +427,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancel()
 	if !r.cfg.PollOnly {
 		go r.listen(ctx)
+	}
+	if r.cfg.FailoverReplay > 0 {
+		// Before the first claim: what a failover left to replay goes
+		// first, ahead of the rows committed since.
+		if _, err := r.CheckFailover(ctx); err != nil && ctx.Err() == nil {
+			r.logger.Warn("relay could not check the database's timeline for a failover", "error", err)
+		}
+		go r.watchFailover(ctx)
 	}
 	var wg sync.WaitGroup
 	for range r.cfg.InFlight {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/app"
@@ -182,18 +183,45 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var effects, distinct int
-	require.Eventually(t, func() bool {
-		missing := 0
-		rows, err := conn.Query(ctx, `SELECT o.id FROM ha_orders o LEFT JOIN ha_effects e ON e.order_id = o.id WHERE e.order_id IS NULL`)
+	missingOrders := func() ([]int64, error) {
+		rows, err := conn.Query(ctx, `SELECT o.id FROM ha_orders o LEFT JOIN ha_effects e ON e.order_id = o.id WHERE e.order_id IS NULL ORDER BY o.id`)
 		if err != nil {
-			return false
+			return nil, err
 		}
-		for rows.Next() {
-			missing++
+		return pgx.CollectRows(rows, pgx.RowTo[int64])
+	}
+	if !assert.Eventually(t, func() bool {
+		missing, err := missingOrders()
+		return err == nil && len(missing) == 0
+	}, 90*time.Second, 250*time.Millisecond, "every order on the new primary gets its effect") {
+		// Say where each missing order's event stands, so a failure tells
+		// a lost ledger commit from an event never relayed.
+		missing, err := missingOrders()
+		require.NoError(t, err)
+		for _, id := range missing {
+			var dispatched *time.Time
+			var attempts, ledger int
+			var lastError *string
+			_ = conn.QueryRow(ctx, `SELECT dispatched_at, attempts, last_error FROM outbox WHERE topic = 'ha.order' AND aggregate_id = $1::text`, id).Scan(&dispatched, &attempts, &lastError)
+			_ = conn.QueryRow(ctx, `SELECT count(*) FROM processed_messages p JOIN outbox e ON e.message_uuid::text = p.message_id WHERE e.aggregate_id = $1::text`, id).Scan(&ledger)
+			externalMu.Lock()
+			calls := external[id]
+			externalMu.Unlock()
+			ackedAt, _ := acked.Load(id)
+			t.Logf("order %d: acknowledged %v (crash %s, back %s); outbox dispatched_at %v attempts %d last_error %v; ledger rows %d; external calls %d",
+				id, ackedAt, crashed.Format(time.RFC3339Nano), back.Format(time.RFC3339Nano), dispatched, attempts, lastError, ledger, calls)
 		}
-		rows.Close()
-		return missing == 0
-	}, 90*time.Second, 250*time.Millisecond, "every order on the new primary gets its effect")
+		t.FailNow()
+	}
+	// The relay saw the promotion (a new timeline) and sent again what was
+	// dispatched just before it: the effects a lost ledger commit took
+	// with it run again, the others are dropped by the ledger.
+	var timeline int64
+	var replayedFrom, replayedRows *int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT timeline, replayed_from, replayed_rows FROM ferry_relay_timelines WHERE outbox_table = 'outbox'`).Scan(&timeline, &replayedFrom, &replayedRows))
+	require.NotNil(t, replayedFrom, "the relay replayed after the promotion")
+	require.Greater(t, timeline, *replayedFrom)
+	require.Positive(t, *replayedRows)
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT order_id) FROM ha_effects`).Scan(&effects, &distinct))
 	require.Equal(t, distinct, effects, "no effect twice")
 	// Consistent whatever was lost: an order and its event together.
@@ -232,4 +260,130 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 	t.Logf("failover (synchronous %t): promoted %s after the crash; producers paused %s at most; %d orders acknowledged, %d refused; %d effects, each once; %d acknowledged lost; %d external calls repeated",
 		synchronous, promoted.Round(time.Millisecond), longestGap.Round(time.Millisecond), count, failures.Load(), effects, r.lostAcked, r.externalRepeats)
 	return r
+}
+
+// The case the failover replay is for, made to happen rather than waited
+// for: an event's dispatch reaches the asynchronous standby, the standby
+// is then cut off, the consumer's ledger transaction (its effect) commits
+// on the primary alone and the broker forgets the message, and the
+// primary crashes. On the promoted standby the event is dispatched and its
+// effect is missing. The relay sees the new timeline and sends the event
+// again: the effect runs (a second call outside, under the same message
+// id), and an event whose effect the standby did receive is dropped by
+// the ledger, not run twice. With FailoverReplay off the effect stays
+// missing, which the test also checks.
+func TestFailoverReplayRunsAnEffectWhoseLedgerCommitWasLost(t *testing.T) {
+	t.Parallel()
+	for _, replay := range []bool{true, false} {
+		t.Run(fmt.Sprintf("replay=%t", replay), func(t *testing.T) {
+			t.Parallel()
+			lostLedgerCommit(t, replay)
+		})
+	}
+}
+
+func lostLedgerCommit(t *testing.T, replay bool) {
+	ctx := context.Background()
+	primary := pipelinetest.OwnPostgres(t)
+	standby, err := primary.StartStandby(ctx, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = standby.Stop() })
+	require.NoError(t, primary.Exec(ctx, "postgres", `CREATE TABLE ha_effects (order_id bigint NOT NULL)`))
+
+	cfg, _, _ := testConfig(t)
+	cfg.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+		primary.Port, standby.Port)
+	cfg.DatabaseSchema = ""
+	if !replay {
+		cfg.Relay.FailoverReplay = -1
+	}
+	var mu sync.Mutex
+	calls := map[int64]int{}
+	entered, release := make(chan struct{}), make(chan struct{})
+	a, err := app.New(ctx, cfg, app.Options{Migrate: true, Logger: slog.New(slog.DiscardHandler), Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "ha.effect", Topic: "ha.order", Handler: func(msg *message.Message) error {
+			var o struct{ ID int64 }
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return pipeline.Permanent(err)
+			}
+			mu.Lock()
+			calls[o.ID]++
+			first := o.ID == 2 && calls[o.ID] == 1
+			mu.Unlock()
+			if first {
+				close(entered)
+				<-release
+			}
+			_, err := pgledger.TxFromContext(msg.Context()).Exec(msg.Context(), `INSERT INTO ha_effects (order_id) VALUES ($1)`, o.ID)
+			return err
+		}}}, nil
+	}})
+	require.NoError(t, err)
+	pipelinetest.TeardownTopology(t, a.Topology())
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- a.Run(runCtx, app.Components{Relay: true, Consumers: true}, nil) }()
+	defer func() {
+		stop()
+		<-ran
+		a.Close()
+	}()
+	order := func(id int64) {
+		require.NoError(t, a.Outbox().InTx(ctx, a.Pool(), func(ctx context.Context, _ pgoutbox.Querier, p *pgoutbox.Pending) error {
+			evt, err := pipeline.NewEvent(ctx, strconv.FormatInt(id, 10), map[string]int64{"id": id})
+			if err != nil {
+				return err
+			}
+			return p.PublishEvents(ctx, pipeline.Outgoing{Topic: "ha.order", Msg: evt})
+		}))
+	}
+	count := func(s *pipelinetest.PostgresServer, sql string, args ...any) int {
+		conn, err := pgx.Connect(ctx, s.URL("postgres"))
+		if err != nil {
+			return -1
+		}
+		defer conn.Close(ctx)
+		var n int
+		if err := conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			return -1
+		}
+		return n
+	}
+
+	// Order 1 is done on both servers; order 2's dispatch reaches the
+	// standby while its handler waits.
+	order(1)
+	require.Eventually(t, func() bool { return count(standby, `SELECT count(*) FROM ha_effects WHERE order_id = 1`) == 1 }, time.Minute, 50*time.Millisecond)
+	order(2)
+	<-entered
+	require.Eventually(t, func() bool {
+		return count(standby, `SELECT count(*) FROM outbox WHERE aggregate_id = '2' AND dispatched_at IS NOT NULL`) == 1
+	}, time.Minute, 50*time.Millisecond, "order 2's dispatch reaches the standby")
+	// Cut the standby off, then let the effect commit on the primary alone.
+	require.NoError(t, standby.Exec(ctx, "postgres", `ALTER SYSTEM SET primary_conninfo = ''`))
+	require.NoError(t, standby.Exec(ctx, "postgres", `SELECT pg_reload_conf()`))
+	require.Eventually(t, func() bool { return count(primary, `SELECT count(*) FROM pg_stat_replication`) == 0 }, time.Minute, 50*time.Millisecond)
+	close(release)
+	require.Eventually(t, func() bool {
+		return count(primary, `SELECT count(*) FROM processed_messages p JOIN outbox e ON e.message_uuid = p.message_id WHERE e.aggregate_id = '2'`) == 1
+	}, time.Minute, 50*time.Millisecond, "order 2's ledger commit on the primary")
+	time.Sleep(time.Second) // the consumer's ack follows its commit within milliseconds
+	require.Zero(t, count(standby, `SELECT count(*) FROM ha_effects WHERE order_id = 2`), "the standby lacks order 2's effect")
+
+	require.NoError(t, primary.Halt())
+	require.NoError(t, standby.Promote(ctx))
+	if !replay {
+		// Given as long as the replay takes below, and then some.
+		time.Sleep(20 * time.Second)
+		require.Zero(t, count(standby, `SELECT count(*) FROM ha_effects WHERE order_id = 2`), "without the replay, nothing sends order 2 again")
+		return
+	}
+	require.Eventually(t, func() bool { return count(standby, `SELECT count(*) FROM ha_effects WHERE order_id = 2`) == 1 }, 90*time.Second, 100*time.Millisecond,
+		"the relay sends order 2 again after the promotion and its effect runs")
+	require.Equal(t, 1, count(standby, `SELECT count(*) FROM ha_effects WHERE order_id = 1`), "order 1's replay is dropped by the ledger")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, calls[1], "order 1's handler did not run again")
+	require.Equal(t, 2, calls[2], "order 2's handler ran again, under the same message id")
+	require.Positive(t, a.Stats().Relay.Replayed)
 }

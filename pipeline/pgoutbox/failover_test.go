@@ -1,0 +1,115 @@
+package pgoutbox_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
+)
+
+// A relay that finds the database on a newer timeline than the one it
+// recorded (here: the recorded one set back, as a promotion leaves it;
+// examples/orders/ordersapp's failover tests promote a real standby) makes
+// the events dispatched within FailoverReplay of the last dispatch pending
+// again, once, whichever of several relays looks first; shadow intents and
+// older dispatches stay as they are. A plain restart replays nothing.
+func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "orders.placed")
+	seed(t, pool, "orders.placed", 30, 30)
+	rec := &recorder{Publisher: b.pub}
+	cfg := pgoutbox.RelayConfig{FailoverReplay: time.Minute}
+	relay := newRelay(t, pool, rec, cfg)
+	for {
+		res, err := relay.RelayBatch(ctx)
+		require.NoError(t, err)
+		if res.Claimed == 0 {
+			break
+		}
+	}
+	// Ten were dispatched long ago, five are shadow intents.
+	_, err := pool.Exec(ctx, `UPDATE outbox SET dispatched_at = dispatched_at - interval '1 hour' WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 10)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE outbox SET shadowed = true WHERE id IN (SELECT id FROM outbox ORDER BY id DESC LIMIT 5)`)
+	require.NoError(t, err)
+
+	// First sight records the timeline; a restart (same timeline) replays nothing.
+	res, err := relay.CheckFailover(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res)
+	var timeline int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT timeline FROM ferry_relay_timelines WHERE outbox_table = 'outbox'`).Scan(&timeline))
+	require.Positive(t, timeline)
+	res, err = newRelay(t, pool, rec, cfg).CheckFailover(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res)
+
+	// A promotion since: three relays look at once, one replays.
+	_, err = pool.Exec(ctx, `UPDATE ferry_relay_timelines SET timeline = timeline - 1`)
+	require.NoError(t, err)
+	var (
+		mu      sync.Mutex
+		replays []pgoutbox.Replay
+		wg      sync.WaitGroup
+	)
+	for range 3 {
+		r := newRelay(t, pool, rec, cfg)
+		wg.Go(func() {
+			res, err := r.CheckFailover(ctx)
+			require.NoError(t, err)
+			if res != (pgoutbox.Replay{}) {
+				mu.Lock()
+				replays = append(replays, res)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, replays, 1, "one relay replays")
+	require.Equal(t, timeline-1, replays[0].From)
+	require.Equal(t, timeline, replays[0].To)
+	require.EqualValues(t, 15, replays[0].Rows, "the dispatches in the window, shadow intents left")
+	var pending, shadowPending int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NULL), count(*) FILTER (WHERE dispatched_at IS NULL AND shadowed) FROM outbox`).Scan(&pending, &shadowPending))
+	require.Equal(t, 15, pending)
+	require.Zero(t, shadowPending)
+	var replayedRows int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT timeline, replayed_rows FROM ferry_relay_timelines WHERE outbox_table = 'outbox'`).Scan(&timeline, &replayedRows))
+	require.Equal(t, replays[0].To, timeline)
+	require.EqualValues(t, 15, replayedRows)
+
+	// They go to the broker again: the same message ids, for the ledger.
+	before := map[string]int{}
+	rec.mu.Lock()
+	for k, v := range rec.published {
+		before[k] = v
+	}
+	rec.mu.Unlock()
+	for {
+		res, err := relay.RelayBatch(ctx)
+		require.NoError(t, err)
+		if res.Claimed == 0 {
+			break
+		}
+	}
+	again := 0
+	for id, n := range rec.published {
+		require.Contains(t, before, id, "a replay publishes the same message ids")
+		again += n - before[id]
+	}
+	require.Equal(t, 15, again)
+
+	// Turned off, a promotion replays nothing.
+	_, err = pool.Exec(ctx, `UPDATE ferry_relay_timelines SET timeline = timeline - 1`)
+	require.NoError(t, err)
+	res, err = newRelay(t, pool, rec, pgoutbox.RelayConfig{FailoverReplay: -1}).CheckFailover(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res)
+}
