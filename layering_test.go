@@ -56,6 +56,9 @@ func TestLayering(t *testing.T) {
 		{"handlers", func(imp string) bool {
 			return strings.Contains(imp, "jackc/pgx") || strings.Contains(imp, "amqp") || imp == mod+"/app" || imp == mod+"/middleware"
 		}, "handlers know no database or broker driver"},
+		{"evolve", func(imp string) bool {
+			return strings.Contains(imp, "jackc/pgx") || strings.Contains(imp, "amqp") || (strings.HasPrefix(imp, mod) && imp != mod+"/pipeline" && imp != mod+"/strictjson")
+		}, "event versions are pure functions over payloads: the core and strict JSON only"},
 		{"middleware", func(imp string) bool {
 			return strings.Contains(imp, "jackc/pgx") || strings.Contains(imp, "amqp") || imp == mod+"/app" || imp == mod+"/handlers"
 		}, "middleware takes its stores through interfaces"},

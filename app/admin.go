@@ -58,7 +58,7 @@ func (a *App) AdminHandler() http.Handler {
 // broker, for mounting at /console/ in a server of your own (AdminHandler
 // mounts it on the admin server).
 func (a *App) Console() (*console.Console, error) {
-	cfg := console.Config{Token: a.cfg.AdminToken, OutboxTable: a.cfg.Relay.Table, IdentityHeader: a.cfg.ConsoleIdentityHeader, Logger: a.logger}
+	cfg := console.Config{Token: a.cfg.AdminToken, OutboxTable: a.cfg.Relay.Table, IdentityHeader: a.cfg.ConsoleIdentityHeader, Events: a.opts.Events, Logger: a.logger}
 	if a.pubConn != nil {
 		cfg.Unrouted = a.UnroutedDepth
 		cfg.Queues = a.QueueStats

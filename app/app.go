@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/ferry-dev/ferry/adoption/cutoff"
 	"github.com/ferry-dev/ferry/agenttools"
+	"github.com/ferry-dev/ferry/evolve"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/metrics"
 	"github.com/ferry-dev/ferry/middleware"
@@ -73,6 +75,11 @@ type Options struct {
 	// (/tools), by `ferry mcp` over stdio, and run in-process with
 	// App.Tools.Call; intent_status comes with them.
 	Tools func(Deps) ([]agenttools.Tool, error)
+	// Events are the application's event types with their versions
+	// (evolve.New): `ferry schema check` compares them with the recorded
+	// snapshot, and their names must be unique. Handlers decode through
+	// them with handlers.Evolving.
+	Events []evolve.Schema
 	// Migrate applies pending migrations at start instead of refusing to start.
 	Migrate bool
 	// Logger receives every log line. Default: NewLogger(cfg, os.Stderr).
@@ -132,6 +139,23 @@ type App struct {
 	waker *pgoutbox.Waker
 }
 
+// ValidateEvents checks Options.Events: no nil entry, each name once.
+func ValidateEvents(events []evolve.Schema) error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, e := range events {
+		switch {
+		case e == nil || reflect.ValueOf(e).Kind() == reflect.Pointer && reflect.ValueOf(e).IsNil():
+			errs = append(errs, fmt.Errorf("Options.Events[%d] is nil (evolve.New returned an error?)", i))
+		case seen[e.Name()]:
+			errs = append(errs, fmt.Errorf("Options.Events: event type %q is listed twice", e.Name()))
+		default:
+			seen[e.Name()] = true
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // New connects to PostgreSQL and RabbitMQ, checks the schema, declares the
 // broker topology of the route table and wires every component. It fails
 // fast, with the address, when a server is unreachable.
@@ -144,6 +168,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, ErrNoRoutes
 	}
 	if _, err := MigrationSets(opts); err != nil {
+		return nil, err
+	}
+	if err := ValidateEvents(opts.Events); err != nil {
 		return nil, err
 	}
 	if opts.Logger == nil {

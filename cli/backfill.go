@@ -50,6 +50,19 @@ func backfillFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		if o.Spread < 0 || o.Rate < 0 || (o.Spread > 0 && o.Rate > 0) {
 			return usagef("give a positive --spread or --rate, not both")
 		}
+		if env.Options.App != nil {
+			// The topic's event type, if the application has one: the
+			// intents get its current version and must decode through it.
+			opts, err := env.Options.App()
+			if err != nil {
+				return err
+			}
+			for _, e := range opts.Events {
+				if e.Name() == o.Topic {
+					o.Event = e
+				}
+			}
+		}
 		pool, err := OpenPool(ctx, "backfill")
 		if err != nil {
 			return err

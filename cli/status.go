@@ -255,6 +255,13 @@ func printStatus(w io.Writer, rep statusReport) error {
 	for _, t := range topics {
 		fmt.Fprintf(tw, "  %s\t%d\n", cell(t, maxIDCell), rep.Poison[t])
 	}
+	if len(rep.Versions) > 0 {
+		fmt.Fprintln(tw, "events still to be read, by schema version:")
+		fmt.Fprintln(tw, "  TOPIC\tVERSION\tWHERE\tCOUNT\tOLDEST")
+		for _, v := range rep.Versions {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\n", cell(v.Topic, maxIDCell), cell(cmp.Or(v.Version, "(none)"), maxIDCell), v.Place, v.Count, v.Oldest.UTC().Format(time.RFC3339))
+		}
+	}
 	if rep.QueuesError != "" {
 		fmt.Fprintf(tw, "broker queues: unknown: %s\n", cell(rep.QueuesError, maxReasonCell))
 	}

@@ -37,6 +37,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/evolve"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgsession"
@@ -70,6 +71,10 @@ type Config struct {
 	// Queues, if set, inspects the route table's queues (ready messages
 	// and consumers of each).
 	Queues func(context.Context) ([]rabbit.QueueStat, error)
+	// Events are the application's event types (app.Options.Events): a
+	// stored event of an older version is also shown as the current one,
+	// as its handler will see it, or with the reason it will refuse it.
+	Events []evolve.Schema
 	// Logger receives the console's log lines. Default: discard.
 	Logger *slog.Logger
 }

@@ -156,6 +156,7 @@ type outboxRow struct {
 	Attempts               int
 	CreatedAt, AvailableAt time.Time
 	Dispatched             bool
+	Current                asCurrent
 }
 
 // outboxRowPage shows one outbox row whole (a failing row's last error,
@@ -178,6 +179,7 @@ func (c *Console) outboxRowPage(w http.ResponseWriter, r *http.Request) {
 	row := outboxRow{ID: got.ID, MessageID: got.MessageID, Topic: got.Topic, AggregateID: got.AggregateID, LastError: got.LastError,
 		Attempts: got.Attempts, CreatedAt: got.CreatedAt, AvailableAt: got.AvailableAt, Dispatched: got.Dispatched}
 	payload, headers := got.Payload, got.Headers
+	row.Current = c.upcast(got.Topic, headers, payload)
 	if len(payload) > maxDetailBytes {
 		payload = payload[:maxDetailBytes]
 	}

@@ -62,6 +62,7 @@ type detail struct {
 	Headers   [][2]string
 	History   []pipeline.FailedAttempt
 	Requeued  string
+	Current   asCurrent
 }
 
 func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
@@ -79,7 +80,8 @@ func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	d := detail{R: rec, History: pipeline.ErrorHistory(rec.Headers), Requeued: rec.Headers["ferry_requeued_from_poison_id"]}
+	d := detail{R: rec, History: pipeline.ErrorHistory(rec.Headers), Requeued: rec.Headers["ferry_requeued_from_poison_id"],
+		Current: c.upcast(rec.Topic, rec.Headers, rec.Payload)}
 	payload := rec.Payload
 	if len(payload) > maxDetailBytes {
 		payload, d.Truncated = payload[:maxDetailBytes], true

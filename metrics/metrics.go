@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"regexp"
 	"slices"
@@ -66,6 +67,8 @@ type Metrics struct {
 	cdcStreaming     prometheus.Gauge
 	pending          *prometheus.GaugeVec
 	retrying         *prometheus.GaugeVec
+	versions         *prometheus.GaugeVec
+	shownVersions    map[[3]string]bool
 	instances        *prometheus.GaugeVec
 	held             *prometheus.GaugeVec
 	queueReady       *prometheus.GaugeVec
@@ -114,6 +117,9 @@ func New() *Metrics {
 		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_instances", Help: "Ferry processes registered in ferry_instances, by component (relay, consumers) and state: alive (a recent heartbeat) or stale (none for 15s: died without deregistering).",
 		}, []string{"component", "state"}),
+		versions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_events_stored", Help: "Events still to be read (place: pending in the outbox, retry, poison), by topic and schema_version: an old version's upcast step may go once it is gone from here.",
+		}, []string{"topic", "schema_version", "place"}),
 		retrying: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_retrying_messages", Help: "Durable retries waiting in the outbox for their handler, by handler.",
 		}, []string{"handler"}),
@@ -188,7 +194,7 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.own = []prometheus.Collector{m.held, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+	m.own = []prometheus.Collector{m.held, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.versions, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.batchSize, m.batches, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming}
 	m.Registry.MustRegister(m.own...)
@@ -444,6 +450,27 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		byHandler[g.Handler] += float64(g.Count)
 	}
 	m.setGauges(m.retrying, byHandler)
+	versions, err := pgstatus.StoredVersions(ctx, pool, m.OutboxTable)
+	if err != nil {
+		return err
+	}
+	// A version gone from every place reads 0 rather than vanishing, so
+	// that a dashboard shows it leave.
+	now := map[[3]string]bool{}
+	for _, v := range versions {
+		key := [3]string{v.Topic, v.Version, v.Place}
+		now[key] = true
+		m.versions.WithLabelValues(key[:]...).Set(float64(v.Count))
+	}
+	if m.shownVersions == nil {
+		m.shownVersions = map[[3]string]bool{}
+	}
+	for key := range m.shownVersions {
+		if !now[key] {
+			m.versions.WithLabelValues(key[:]...).Set(0)
+		}
+	}
+	maps.Copy(m.shownVersions, now)
 	held, err := pgstatus.HeldPartitions(ctx, pool)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@
 package backfill
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/evolve"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
@@ -68,6 +70,12 @@ type Options struct {
 	BatchSize int
 	// Progress, if set, is told after every committed batch.
 	Progress func(Progress)
+	// Event, if set, is the topic's event type (app.Options.Events): the
+	// intents are stamped with its current version (unless a row's headers
+	// name a schema_version), and a row whose payload does not decode
+	// through it refuses the run, dry or not, before anything is written.
+	// Default: schema_version "1", payloads only checked to be JSON.
+	Event evolve.Schema
 }
 
 // Progress is how far an applying run has come.
@@ -263,6 +271,12 @@ func read(ctx context.Context, pool *pgxpool.Pool, o Options) ([]row, int, error
 			if seen[r.aggregate] {
 				return fmt.Errorf("row %d: aggregate_id %q appears twice: one intent per aggregate", n, r.aggregate)
 			}
+			if o.Event != nil {
+				v := cmp.Or(r.headers[pipeline.MetaSchemaVersion], o.Event.Current())
+				if err := o.Event.Verify(v, r.payload); err != nil {
+					return fmt.Errorf("row %d (aggregate %s): the payload is not an event its handler reads: %w", n, r.aggregate, err)
+				}
+			}
 			seen[r.aggregate] = true
 			out = append(out, r)
 		}
@@ -370,6 +384,9 @@ func writeBatch(ctx context.Context, pool *pgxpool.Pool, outbox *pgoutbox.Outbox
 			}
 			msg := message.NewMessage(id, message.Payload(r.payload))
 			msg.Metadata.Set(pipeline.MetaSchemaVersion, pipeline.DefaultSchemaVersion)
+			if o.Event != nil {
+				msg.Metadata.Set(pipeline.MetaSchemaVersion, o.Event.Current())
+			}
 			for k, v := range r.headers {
 				msg.Metadata.Set(k, v)
 			}

@@ -2,6 +2,7 @@ package backfill_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/adoption/backfill"
+	"github.com/ferry-dev/ferry/evolve"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -158,4 +160,44 @@ func TestQueryRunsAsOneReadOnlyStatementUnderEveryProtocol(t *testing.T) {
 		require.ErrorIs(t, err, pipeline.ErrInvalidEvent, topic)
 	}
 	require.Zero(t, intents(t, pool))
+}
+
+type welcomeV2 struct {
+	UserID int    `json:"user_id"`
+	Email  string `json:"email"`
+}
+
+func (w welcomeV2) Validate() error {
+	if w.Email == "" {
+		return errors.New("email is required")
+	}
+	return nil
+}
+
+// With the topic's event type, the intents carry its current version and
+// a row its handler would refuse stops the run before any write.
+func TestBackfillWritesTheEventTypesCurrentVersionAndRefusesWhatItCannotRead(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	chain, err := evolve.New[welcomeV2]("mail.welcome", "2", evolve.Raw("1", "2", func(raw json.RawMessage) (json.RawMessage, error) { return raw, nil }))
+	require.NoError(t, err)
+	bad := backfill.Options{Name: "welcome-v2", Topic: "mail.welcome", Apply: true, Event: chain,
+		Query: `SELECT id AS aggregate_id, json_build_object('user_id', id, 'email', CASE WHEN id = 17 THEN '' ELSE email END) AS payload FROM users WHERE NOT welcomed ORDER BY id`}
+	_, err = backfill.Run(ctx, pool, pipelinetest.Outbox(t), bad)
+	require.ErrorContains(t, err, "row 12 (aggregate 17): the payload is not an event its handler reads")
+	require.ErrorContains(t, err, "email is required")
+	require.Zero(t, intents(t, pool), "refused before any write")
+
+	good := bad
+	good.Query = `SELECT id AS aggregate_id, json_build_object('user_id', id, 'email', email) AS payload FROM users WHERE NOT welcomed ORDER BY id`
+	res, err := backfill.Run(ctx, pool, pipelinetest.Outbox(t), good)
+	require.NoError(t, err)
+	require.Equal(t, 20, res.Written)
+	var versions []string
+	rows, err := pool.Query(ctx, `SELECT DISTINCT headers->>'schema_version' FROM outbox`)
+	require.NoError(t, err)
+	versions, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"2"}, versions)
 }

@@ -2,6 +2,7 @@ package snippets_test
 
 import (
 	"database/sql"
+	"os"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/examples/snippets"
 	"github.com/ferry-dev/ferry/ferrytest"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
@@ -29,3 +31,19 @@ func requireIssued(t *testing.T, tx *sql.Tx, pool *pgxpool.Pool, routes []handle
 // snippet:end ferrytest
 
 var _ = requireIssued
+
+// snippet:begin evolve-test
+// The golden corpus (testdata/events/<topic>/<version>/*.json, one sample
+// per version at least) decodes as the current type, and so does every
+// version a staging database holds.
+func TestStoredEventsStillDecode(t *testing.T) {
+	ferrytest.RequireCorpusDecodes(t, "testdata/events", snippets.OrderPlacedEvents)
+	if url := os.Getenv("STAGING_DATABASE_URL"); url != "" {
+		pool, err := pgxpool.New(t.Context(), url)
+		require.NoError(t, err)
+		defer pool.Close()
+		ferrytest.RequireStoredEventsDecode(t, pool, "outbox", snippets.OrderPlacedEvents)
+	}
+}
+
+// snippet:end evolve-test

@@ -89,7 +89,12 @@ type Report struct {
 	Retrying      []RetryGroup `json:"retrying"`
 	RetryingTotal int          `json:"retrying_total"`
 	// Held are the ordered partitions waiting behind a failing head.
-	Held           []HeldPartition `json:"held_partitions"`
+	Held []HeldPartition `json:"held_partitions"`
+	// Versions count the events still to be read (pending, retrying,
+	// poisoned) by topic and schema version: when an old version is gone
+	// from here (and from the archive a replay would read), its upcast
+	// step may be deleted.
+	Versions       []StoredVersion `json:"schema_versions"`
 	Poison         map[string]int  `json:"poison"`
 	PoisonTotal    int             `json:"poison_total"`
 	Instances      []Instance      `json:"instances"`
@@ -131,6 +136,9 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		return rep, err
 	}
 	if rep.Held, err = HeldPartitions(ctx, pool); err != nil {
+		return rep, err
+	}
+	if rep.Versions, err = StoredVersions(ctx, pool, table); err != nil {
 		return rep, err
 	}
 	if rep.Poison, err = pgpoison.Depth(ctx, pool); err != nil {

@@ -125,10 +125,16 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 	// order counts once its commit was acknowledged.
 	var acked sync.Map // id → when its commit was acknowledged
 	var next, failures atomic.Int64
+	var lastRefusal atomic.Value // the last refused commit's error, for a failure's message
 	var lastAck time.Time
 	var longestGap time.Duration // the producers' pause: the longest time without an acknowledged commit
-	produce := func(until time.Time) {
-		for time.Now().Before(until) {
+	produce := func(done <-chan struct{}) {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
 			id := next.Add(1)
 			err := a.Outbox().InTx(ctx, a.Pool(), func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
 				if _, err := q.Exec(ctx, `INSERT INTO ha_orders (id) VALUES ($1)`, id); err != nil {
@@ -142,6 +148,7 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 			})
 			if err != nil {
 				failures.Add(1)
+				lastRefusal.Store(err.Error())
 			} else {
 				acked.Store(id, time.Now())
 				if !lastAck.IsZero() {
@@ -153,12 +160,20 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 		}
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { produce(time.Now().Add(8 * time.Second)) })
+	// Orders for 3 s, the crash and the promotion, and orders for 5 s
+	// after the promotion: timed from the promotion, since a busy machine
+	// can take seconds to stop one server and promote the other.
+	stopProducing := make(chan struct{})
+	stopOnce := sync.OnceFunc(func() { close(stopProducing) })
+	defer stopOnce()
+	wg.Go(func() { produce(stopProducing) })
 	time.Sleep(3 * time.Second)
 	crashed := time.Now()
 	require.NoError(t, primary.Halt())
 	require.NoError(t, standby.Promote(ctx))
 	promoted := time.Since(crashed)
+	time.Sleep(5 * time.Second)
+	stopOnce()
 	wg.Wait()
 
 	// Orders were taken before the crash and again after the promotion:
@@ -178,7 +193,7 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 		return true
 	})
 	require.Positive(t, before, "orders were taken before the crash")
-	require.GreaterOrEqual(t, after, 20, "orders were taken again after the promotion (%d refused meanwhile)", failures.Load())
+	require.GreaterOrEqual(t, after, 20, "orders were taken again after the promotion, %s after the crash (%d refused meanwhile; the last refusal: %v)", promoted, failures.Load(), lastRefusal.Load())
 	conn, err := pgx.Connect(ctx, standby.URL("postgres"))
 	require.NoError(t, err)
 	defer conn.Close(ctx)

@@ -53,7 +53,7 @@ const (
 
 // BenchScenarios lists every scenario, in the order they run.
 var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory,
-	ScenarioConsumerThroughput, ScenarioEndToEndDrain}
+	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -105,6 +105,8 @@ type BenchConfig struct {
 	// ConsumerConns is the database pool of the consumer and relay child
 	// processes (FERRY_DATABASE_MAX_CONNS). Default 4.
 	ConsumerConns int
+	// UpcastIterations are the decodes of each upcast round. Default 2,000.
+	UpcastIterations int
 	// Binary is the ferry binary the memory scenario starts its relay and
 	// consumer processes with. Default: this process's own executable.
 	Binary string
@@ -116,6 +118,7 @@ func (b BenchConfig) withDefaults() BenchConfig {
 	}
 	b.Events = cmp.Or(b.Events, 50_000)
 	b.BaselineEvents = cmp.Or(b.BaselineEvents, 5_000)
+	b.UpcastIterations = cmp.Or(b.UpcastIterations, 2_000)
 	if len(b.Relays) == 0 {
 		b.Relays = []int{1, 2, 4}
 	}
@@ -207,6 +210,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioConsumerThroughput:  benchConsumerThroughput,
 		ScenarioEndToEndDrain:       benchEndToEndDrain,
 		ScenarioMemory:              benchMemory,
+		ScenarioUpcast:              benchUpcast,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {

@@ -37,7 +37,7 @@ func TestBenchSmoke(t *testing.T) {
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
 		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
 		CPUProfile: profile, Writers: []int{2}, Rounds: 1, ProducerDuration: 300 * time.Millisecond,
-		ConsumerEvents: 300, DrainEvents: 300,
+		ConsumerEvents: 300, DrainEvents: 300, UpcastIterations: 50,
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -117,6 +117,11 @@ func TestBenchSmoke(t *testing.T) {
 	require.Len(t, cc["runs"].([]any), 2)
 	require.Contains(t, cc, "ratio_p50_largest_vs_smallest")
 	require.Contains(t, human.String(), "== relay_throughput")
+
+	up := got[bench.ScenarioUpcast]
+	require.GreaterOrEqual(t, up["payload_bytes"].(float64), 1024.0)
+	require.Positive(t, up["decode_current_us"].(float64))
+	require.Positive(t, up["decode_two_raw_us"].(float64))
 
 	mem := got[bench.ScenarioMemory]
 	require.Positive(t, mem["relay_peak_rss_bytes"].(float64), "peak RSS of a relay process")
