@@ -2,9 +2,9 @@ package app_test
 
 import (
 	"context"
-	"log/slog"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -213,4 +213,3 @@ func TestEventsOutliveTheirCodeAcrossARollingDeploy(t *testing.T) {
 	ferrytest.RequireStoredEventsDecode(t, a3.Pool(), "", chain3)
 	stop3()
 }
-
