@@ -37,8 +37,12 @@ const (
 // Modes are the valid modes.
 var Modes = []Mode{Backward, BackwardTransitive, Forward, ForwardTransitive, Full, FullTransitive, None}
 
-func (m Mode) backward() bool   { return strings.HasPrefix(string(m), "BACKWARD") || strings.HasPrefix(string(m), "FULL") }
-func (m Mode) forward() bool    { return strings.HasPrefix(string(m), "FORWARD") || strings.HasPrefix(string(m), "FULL") }
+func (m Mode) backward() bool {
+	return strings.HasPrefix(string(m), "BACKWARD") || strings.HasPrefix(string(m), "FULL")
+}
+func (m Mode) forward() bool {
+	return strings.HasPrefix(string(m), "FORWARD") || strings.HasPrefix(string(m), "FULL")
+}
 func (m Mode) transitive() bool { return strings.HasSuffix(string(m), "_TRANSITIVE") }
 
 // ParseMode returns the mode named s (case-insensitive).

@@ -118,4 +118,3 @@ func mapKeys(m map[string]int) func(func(string) bool) {
 		}
 	}
 }
-
