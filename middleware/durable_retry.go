@@ -53,6 +53,16 @@ type PartitionHolds interface {
 	Released(ctx context.Context, consumer string) error
 }
 
+// PartitionResumer, implemented by a PartitionHolds, gives the head
+// message of a held partition, delivered again after its consumer stopped
+// (a deploy, a crash), the attempt its hold had reached and since when it
+// holds: a stop never resets a failing head's attempts. Without it, a
+// partition whose consumers restart more often than MaxAttempts would
+// retry a broken head (and call its provider) forever.
+type PartitionResumer interface {
+	HeldAttempt(ctx context.Context, consumer, messageID string) (attempt int, since time.Time, ok bool, err error)
+}
+
 // transient are metadata keys that describe one delivery, not the message.
 var transient = []string{
 	"x-delivery-count", pipeline.MetaOutboxAttempt, pipeline.MetaOutboxCreatedAt, pipeline.MetaAggregateID,
@@ -158,7 +168,8 @@ func (c DurableRetryConfig) schedule(ctx context.Context, r pipeline.Retry, logg
 // partition waits instead, in process, through the same backoff and
 // attempts, and poisons only after the last. The delivery stays unacked
 // while it waits: a consumer that dies meanwhile hands the message, still
-// first in line, to the next one (the attempt count then starts over).
+// first in line, to the next one, which goes on from the attempt the hold
+// had reached when Holds is a PartitionResumer (pgstatus.PartitionHolds is).
 // Keep the total wait under RabbitMQ's consumer_timeout (30 min by default).
 func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Message, logger *slog.Logger) ([]*message.Message, error) {
 	ctx := msg.Context()
@@ -175,14 +186,33 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 			logger.WarnContext(ctx, "cannot record the partition's hold", "handler", handler, "error", pipeline.ErrorText(err, 300))
 		}
 	}
+	if r, ok := c.Holds.(PartitionResumer); ok {
+		// This head was held before its consumer stopped: its attempts
+		// go on from where they were.
+		record(func(rctx context.Context) error {
+			held, heldSince, found, err := r.HeldAttempt(rctx, handler, pipeline.MessageID(msg))
+			if found && held > attempt {
+				attempt, since = held, heldSince
+				msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
+			}
+			return err
+		})
+	}
+	stopped := false
 	defer func() {
-		if !since.IsZero() {
+		// A stop keeps the hold (and its attempt) for the consumer that
+		// gets the head next; an outcome ends it.
+		if !since.IsZero() && !stopped {
 			record(func(rctx context.Context) error { return c.Holds.Released(rctx, handler) })
 		}
 	}()
 	for {
 		produced, err := h(msg)
-		if err == nil || errors.Is(err, context.Canceled) {
+		if errors.Is(err, context.Canceled) {
+			stopped = true
+			return produced, err
+		}
+		if err == nil {
 			return produced, err
 		}
 		next, delay, deferred, giveUp := c.nextTry(msg, attempt, err)
@@ -203,6 +233,7 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		// A stop ends the wait, never a nack-requeue: the consumer gives
 		// the delivery back with its channel, first in line (rabbit.Consumer).
 		if err := pipeline.Sleep(ctx, delay); err != nil {
+			stopped = true
 			return nil, err
 		}
 	}

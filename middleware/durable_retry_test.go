@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -82,4 +83,53 @@ func TestDurableRetryWritesTheNextAttemptIntoTheOutbox(t *testing.T) {
 	require.Equal(t, "order-10-charge", id)
 	require.Equal(t, "2", attempt, "a deferral spends no attempt")
 	require.InDelta(t, (10 * time.Minute).Seconds(), due.Seconds(), 5)
+}
+
+// A failing head of an ordered partition whose consumer stops mid-hold (a
+// deploy) keeps its attempts: the next delivery goes on from the attempt
+// the hold had reached (recorded in ferry_held_partitions) instead of
+// starting over, so consumers restarted more often than MaxAttempts still
+// poison a broken head, and its provider is not called forever.
+func TestAHeldHeadKeepsItsAttemptsAcrossAConsumerStop(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	holds := pgstatus.PartitionHolds{Pool: pool}
+	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	mw, err := middleware.DurableRetryConfig{Scheduler: resched, MaxAttempts: 3, Holds: holds,
+		Backoff: pipeline.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond, Jitter: -1}}.Middleware(nil)
+	require.NoError(t, err)
+	const partition = "billing.charge" + pipeline.PartitionSeparator + "3"
+	calls := 0
+	// First delivery: attempt 1 fails, then the consumer stops during attempt 2.
+	errs := deliver(t, partition, []message.HandlerMiddleware{mw}, func(*message.Message) ([]*message.Message, error) {
+		calls++
+		if calls == 1 {
+			return nil, errors.New("provider 503")
+		}
+		return nil, context.Canceled
+	}, message.NewMessage("order-9-charge", []byte(`{"order":9}`)))
+	require.ErrorIs(t, errs[0], context.Canceled)
+	held, err := pgstatus.HeldPartitions(context.Background(), pool)
+	require.NoError(t, err)
+	require.Len(t, held, 1, "a stop keeps the hold for the next consumer")
+	require.Equal(t, 2, held[0].Attempt)
+
+	// Delivered again: attempts 2 and 3, then it gives up; not 1, 2 and 3.
+	calls = 0
+	errs = deliver(t, partition, []message.HandlerMiddleware{mw}, func(*message.Message) ([]*message.Message, error) {
+		calls++
+		return nil, errors.New("provider 503")
+	}, message.NewMessage("order-9-charge", []byte(`{"order":9}`)))
+	require.ErrorContains(t, errs[0], "gave up after 3 attempts")
+	require.Equal(t, 2, calls, "the attempts went on from where the stop left them")
+	held, err = pgstatus.HeldPartitions(context.Background(), pool)
+	require.NoError(t, err)
+	require.Empty(t, held, "an outcome ends the hold")
+
+	// Another message on the partition starts at its own first attempt,
+	// and its success releases the hold.
+	errs = deliver(t, partition, []message.HandlerMiddleware{mw}, func(*message.Message) ([]*message.Message, error) { return nil, nil },
+		message.NewMessage("order-10-charge", []byte(`{"order":10}`)))
+	require.NoError(t, errs[0])
 }

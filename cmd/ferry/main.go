@@ -56,6 +56,7 @@ func options() cli.Options {
 // rigs' (set by ferry chaos and ferry bench on their children).
 func envVars() []app.EnvVar {
 	return append(ordersapp.EnvVars(),
+		app.EnvVar{Name: "FERRY_CHAOS_EVENT_VERSION", Default: "(none)", Doc: "testing only: run version 1, 2 or 3 of the charge event's code, as the chaos run's version roll does (ferry chaos --versions sets it)"},
 		app.EnvVar{Name: "FERRY_CHAOS_FAULTS", Default: "(none)", Doc: "testing only: inject handler faults, e.g. fail=0.1,panic=0.01,seed=7 (ferry chaos sets it)"},
 		app.EnvVar{Name: "FERRY_BENCH_CHILD", Default: "(none)", Doc: "benchmark only: ferry bench runs as a relay or consume child of its memory scenario (the parent sets it)"},
 		app.EnvVar{Name: "FERRY_BENCH_CHILD_CPUPROFILE", Default: "(none)", Doc: "benchmark only: where a child of the memory scenario writes its CPU profile, its kind and pid appended (the parent sets it from --cpuprofile)"})
@@ -69,6 +70,13 @@ func exampleApp() (app.Options, error) {
 		return app.Options{}, fmt.Errorf("invalid configuration: %w", err)
 	}
 	opts := ordersapp.Options(ex)
+	if v := os.Getenv("FERRY_CHAOS_EVENT_VERSION"); v != "" {
+		n, err := chaos.ParseEventVersion(v)
+		if err != nil {
+			return opts, fmt.Errorf("invalid configuration: FERRY_CHAOS_EVENT_VERSION=%q: %w", v, err)
+		}
+		opts = chaos.WithEventVersion(opts, n, ex.PaymentURL)
+	}
 	if v := os.Getenv("FERRY_CHAOS_FAULTS"); v != "" {
 		f, err := chaos.ParseFaults(v)
 		if err != nil {
@@ -277,6 +285,7 @@ var cmdChaos = &cli.Command{
 		fs.DurationVar(&run.FaultEvery, "fault-every", 500*time.Millisecond, "pause between injected faults")
 		fs.BoolVar(&run.RestartBroker, "restart-broker", false, "also restart RabbitMQ (hits every user of the broker)")
 		fs.StringVar(&run.RelayMode, "relay-mode", "notify", "relay processes' mode: notify, or cdc (the CDC variant: the relays stream from a replication slot, one active, one standing by)")
+		fs.BoolVar(&run.Versions, "versions", false, "make a version roll the run's only fault: the charge event goes v1 → v2 → v3 while orders flow, the consumers rolled first each time (old and new code at once), then the producers; version 1's code poisons some charges (a bug), which are requeued after version 3 is deployed and must succeed")
 		fs.StringVar(&run.Restarts, "restarts", "", "make rolling restarts of the consumers (one at a time, the replacement up first, as a Deployment rolls) the only fault, with this signal: sigterm (a deploy: nothing may run twice) or sigkill; by default a SIGTERM roll is one fault among the others")
 		fs.BoolVar(&run.HA, "ha", false, "on clusters of the run's own (3 RabbitMQ nodes, a PostgreSQL primary with a synchronous standby, on loopback ports, removed afterwards), with a broker node's loss and a database failover among the faults")
 		asJSON := fs.Bool("json", false, "print the report as JSON")

@@ -742,3 +742,14 @@ func TestStatusShowsQueuesWithoutConsumer(t *testing.T) {
 	require.Len(t, rep.Queues, len(stats), "status reads the queues the application declared, and no other")
 	require.Equal(t, 1, rep.Queues[0].Ready)
 }
+
+// The example's event types against the snapshot committed at the root
+// (ferry-schemas.json), as a service's CI runs `ferry schema check`: a
+// change to orders.ChargeRequested that would break stored events fails
+// here until it comes as a new version with a step.
+func TestTheExamplesEventTypesMatchTheirSnapshot(t *testing.T) {
+	var out, errOut strings.Builder
+	require.Equal(t, 0, run([]string{"schema", "check", "--file", "../../ferry-schemas.json"}, &out, &errOut), "%s%s", out.String(), errOut.String())
+	require.Contains(t, out.String(), "stripe.charge v1")
+	require.Contains(t, out.String(), "compatible")
+}

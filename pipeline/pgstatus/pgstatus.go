@@ -200,6 +200,20 @@ func (p PartitionHolds) Held(ctx context.Context, consumer, messageID string, at
 	return err
 }
 
+// HeldAttempt returns the attempt and start of consumer's hold of
+// messageID, if it holds that message (middleware.PartitionResumer): a
+// head delivered again after a stop resumes its attempts.
+func (p PartitionHolds) HeldAttempt(ctx context.Context, consumer, messageID string) (int, time.Time, bool, error) {
+	var attempt int
+	var since time.Time
+	err := p.Pool.QueryRow(ctx, `SELECT attempt, since FROM ferry_held_partitions WHERE consumer = $1 AND message_id = $2`,
+		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512)).Scan(&attempt, &since)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, time.Time{}, false, nil
+	}
+	return attempt, since, err == nil, err
+}
+
 // Released removes consumer's hold.
 func (p PartitionHolds) Released(ctx context.Context, consumer string) error {
 	_, err := p.Pool.Exec(ctx, `DELETE FROM ferry_held_partitions WHERE consumer = $1`, pipeline.CleanText(consumer, 200))

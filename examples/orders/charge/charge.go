@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/ferry-dev/ferry/evolve"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
@@ -43,6 +44,13 @@ type Charger interface {
 
 // Route is the stripe.charge route, charging through c.
 func Route(c Charger, logger *slog.Logger) handlers.Route {
+	return RouteOf(orders.ChargeEvents, func(e *orders.ChargeRequested) orders.ChargeRequested { return *e }, c, logger)
+}
+
+// RouteOf is Route for code that reads the charge event as another
+// version's type T (chain's current one): as turns it into the charge to
+// make. A rolling deploy runs old and new code at once, each with its own.
+func RouteOf[T any](chain *evolve.Chain[T], as func(*T) orders.ChargeRequested, c Charger, logger *slog.Logger) handlers.Route {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -51,7 +59,8 @@ func Route(c Charger, logger *slog.Logger) handlers.Route {
 		Topic: orders.TopicChargeRequested,
 		// A charge and a later refund of one order must not swap places.
 		Ordered: true,
-		Handler: handlers.Typed(func(ctx context.Context, e *orders.ChargeRequested) error {
+		Handler: handlers.Evolving(chain, func(ctx context.Context, v *T) error {
+			e := as(v)
 			key, err := handlers.IdempotencyKey(ctx)
 			if err != nil {
 				return err

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode"
+
+	"github.com/ferry-dev/ferry/evolve"
 )
 
 // Topics of the events create_order publishes.
@@ -12,6 +14,19 @@ const (
 	TopicChargeRequested = "stripe.charge"
 	TopicMailRequested   = "mail.send"
 )
+
+// ChargeEvents is stripe.charge's version chain: version 1, the only one
+// so far. The charge route decodes through it and create_order publishes
+// with it, so that a version 2 is a type and a step away
+// (docs/library.md, Events that change).
+var ChargeEvents = mustChain(evolve.New[ChargeRequested](TopicChargeRequested, "1"))
+
+func mustChain[T any](c *evolve.Chain[T], err error) *evolve.Chain[T] {
+	if err != nil {
+		panic(err) // a chain that cannot work stops the program at init, like regexp.MustCompile
+	}
+	return c
+}
 
 // ChargeRequested asks for the order's amount to be charged (topic stripe.charge).
 type ChargeRequested struct {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 
@@ -159,6 +160,24 @@ type Service struct {
 	db     *sql.DB
 	outbox TxPublisher
 	logger *slog.Logger
+	// chargeEvent, if set, builds the charge event in place of
+	// ChargeEvents.NewEvent (SetChargeEvent).
+	chargeEvent atomic.Pointer[ChargeEventFunc]
+}
+
+// ChargeEventFunc builds an order's charge event.
+type ChargeEventFunc func(ctx context.Context, aggregateID string, e ChargeRequested) (*message.Message, error)
+
+// SetChargeEvent makes the service publish its charge events with fn: a
+// producer that writes another version of the event (a rolling deploy's
+// new code, as the chaos run's version roll has it). Nil restores
+// ChargeEvents.NewEvent.
+func (s *Service) SetChargeEvent(fn ChargeEventFunc) {
+	if fn == nil {
+		s.chargeEvent.Store(nil)
+		return
+	}
+	s.chargeEvent.Store(&fn)
 }
 
 // NewService returns a Service writing orders through db and events through outbox.
@@ -220,7 +239,7 @@ func (s *Service) CreateOrderTx(ctx context.Context, tx *sql.Tx, in Input) (Resu
 	if err != nil {
 		return Result{}, fmt.Errorf("inserting order: %w", err)
 	}
-	charge, mail, err := orderEvents(ctx, id, in.UserID, in.Amount, in.Currency)
+	charge, mail, err := orderEvents(ctx, s.chargeEvent.Load(), id, in.UserID, in.Amount, in.Currency)
 	if err != nil {
 		return Result{}, err
 	}
@@ -240,10 +259,16 @@ const insertOrderSQL = `INSERT INTO orders (user_id, amount, currency, idempoten
 	ON CONFLICT (idempotency_key) DO NOTHING
 	RETURNING id`
 
-// orderEvents are an order's two intents: charge it, mail its confirmation.
-func orderEvents(ctx context.Context, id int64, userID string, amount int64, currency string) (charge, mail *message.Message, err error) {
+// orderEvents are an order's two intents: charge it, mail its
+// confirmation. chargeEvent builds the charge event (nil: ChargeEvents.NewEvent).
+func orderEvents(ctx context.Context, chargeEvent *ChargeEventFunc, id int64, userID string, amount int64, currency string) (charge, mail *message.Message, err error) {
 	aggregate := strconv.FormatInt(id, 10)
-	charge, err = pipeline.NewEvent(ctx, aggregate, ChargeRequested{OrderID: id, UserID: userID, Amount: amount, Currency: currency})
+	e := ChargeRequested{OrderID: id, UserID: userID, Amount: amount, Currency: currency}
+	if chargeEvent != nil {
+		charge, err = (*chargeEvent)(ctx, aggregate, e)
+	} else {
+		charge, err = ChargeEvents.NewEvent(ctx, aggregate, e)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -300,7 +325,7 @@ func CreateOrderInTx(ctx context.Context, ob *pgoutbox.Outbox, pool *pgxpool.Poo
 		if err != nil {
 			return fmt.Errorf("inserting order: %w", err)
 		}
-		charge, mail, err := orderEvents(ctx, id, in.UserID, in.Amount, in.Currency)
+		charge, mail, err := orderEvents(ctx, nil, id, in.UserID, in.Amount, in.Currency)
 		if err != nil {
 			return err
 		}

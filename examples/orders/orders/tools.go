@@ -58,7 +58,7 @@ func CreateOrderTool() (agenttools.Tool, error) {
 		if err != nil {
 			return OrderPlaced{}, fmt.Errorf("inserting order: %w", err)
 		}
-		charge, mail, err := orderEvents(ctx, id, in.UserID, in.Amount, in.Currency)
+		charge, mail, err := orderEvents(ctx, nil, id, in.UserID, in.Amount, in.Currency)
 		if err != nil {
 			return OrderPlaced{}, err
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/evolve"
 	"github.com/ferry-dev/ferry/examples/orders/charge"
 	"github.com/ferry-dev/ferry/examples/orders/mail"
 	"github.com/ferry-dev/ferry/examples/orders/migrations"
@@ -143,7 +144,7 @@ func HTTP(a *app.App) (http.Handler, error) {
 // Options are app.Options for the example: its routes, its HTTP API and
 // its migrations. Set Logger, Migrate and the rest on the result.
 func Options(c Config) app.Options {
-	return app.Options{Routes: Routes(c), HTTP: HTTP, Tools: Tools, Migrations: []ferrymigrations.Set{migrations.Set}}
+	return app.Options{Routes: Routes(c), HTTP: HTTP, Tools: Tools, Migrations: []ferrymigrations.Set{migrations.Set}, Events: []evolve.Schema{orders.ChargeEvents}}
 }
 
 // Tools are the example's agent tools: create_order and send_reminder.

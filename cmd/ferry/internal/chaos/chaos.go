@@ -30,6 +30,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -104,6 +105,15 @@ type ChaosRun struct {
 	// requires that no effect ran twice. Default "": every fault, a
 	// rolling restart with SIGTERM among them.
 	Restarts string
+	// Versions makes a version roll the run's only fault: the charge event
+	// goes from version 1 to 2 to 3 while orders flow. Each step rolls the
+	// consumers first (one at a time, the new code up before the old stops,
+	// so old and new read one queue at once), then the producers publish
+	// the new version. Version 1's code poisons the charges of a multiple
+	// of 97 (VersionBugText); once the pipeline drained under version 3,
+	// they are requeued and must succeed. Nothing may be poisoned for its
+	// version, lost or done twice.
+	Versions bool
 	// MinConsumerStops, if set, keeps the faults going after the last
 	// order until the rolls have stopped at least this many consumer
 	// processes (at most two minutes more): on a loaded machine a roll
@@ -178,6 +188,12 @@ type ChaosReport struct {
 	// ConsumerStops is how many consumer processes the rolling restarts
 	// stopped (each replaced first, as a Deployment rolls).
 	ConsumerStops int `json:"consumer_stops"`
+	// VersionRequeued is how many messages the version roll requeued from
+	// the poison store after version 3 was deployed (version 1's bug).
+	VersionRequeued int `json:"version_requeued"`
+	// ProducerVersion is the charge event version the driver published
+	// last (the version roll moves it to 3).
+	ProducerVersion int `json:"producer_version,omitempty"`
 	// PartitionHolds is how many times a consumer held an ordered
 	// partition behind a failing head (its WARN line in the consumers'
 	// logs): the holds the stops met.
@@ -218,8 +234,11 @@ type child struct {
 }
 
 type chaosEnv struct {
-	bin      string
-	env      []string
+	bin string
+	env []string
+	// version, if set, is the event version children started now run
+	// (FERRY_CHAOS_EVENT_VERSION): the version roll changes it.
+	version  atomic.Value
 	logDir   string
 	mu       sync.Mutex
 	children []*child
@@ -247,6 +266,9 @@ func (e *chaosEnv) start(role string, extra ...string) (*child, error) {
 	}
 	cmd := exec.Command(e.bin, role)
 	cmd.Env = append(append(os.Environ(), e.env...), extra...)
+	if v, _ := e.version.Load().(string); v != "" {
+		cmd.Env = append(cmd.Env, "FERRY_CHAOS_EVENT_VERSION="+v)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -540,6 +562,9 @@ func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema,
 	// the audit topic ordered); only consumers run handlers, so only they
 	// meet the faults. Each process draws its faults from a seed of its own.
 	// Children are started by the fault loop and the rolls at once.
+	if run.Versions {
+		env.version.Store("1")
+	}
 	var spawned atomic.Uint64
 	faults := func() string {
 		return fmt.Sprintf("FERRY_CHAOS_FAULTS=fail=%g,panic=%g,seed=%d", run.HandlerFail, run.HandlerPanic, run.Seed*1000+spawned.Add(1))
@@ -628,6 +653,34 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 	kind, sig := "rolling_restart", syscall.SIGTERM
 	if run.Restarts != "" {
 		kind, sig = "rolling_restart_"+run.Restarts, map[string]syscall.Signal{"sigterm": syscall.SIGTERM, "sigkill": syscall.SIGKILL}[run.Restarts]
+	}
+	if run.Versions {
+		// The version roll: the consumers to version 2 at a fifth of the
+		// orders, to version 3 at three fifths (the producers follow at two
+		// and four fifths: placeOrders). Each roll starts the new code
+		// before it stops the old.
+		producing := time.Duration(run.Orders) * time.Second / time.Duration(run.Rate)
+		start := time.Now()
+		// finish waits for both rolls (haDone), as for the HA faults.
+		f.outageDone, f.haDone = make(chan struct{}), make(chan struct{})
+		close(f.outageDone)
+		f.wg.Go(func() {
+			defer close(f.haDone)
+			for _, step := range []struct {
+				at      time.Duration
+				version string
+			}{{producing / 5, "2"}, {producing * 3 / 5, "3"}} {
+				select {
+				case <-faultCtx.Done():
+					return
+				case <-time.After(time.Until(start.Add(step.at))):
+				}
+				env.version.Store(step.version)
+				n, err := env.roll(context.WithoutCancel(faultCtx), driver.Pool(), "consume", syscall.SIGTERM, consumerStopWait, childFaults)
+				recordFault("version_consumers_v"+step.version, "rolling the consumers to version "+step.version, err, func() { rep.ConsumerStops += n })
+			}
+		})
+		return f
 	}
 	f.wg.Go(func() {
 		for {
@@ -879,8 +932,20 @@ func placeOrders(ctx context.Context, run ChaosRun, rng *rand.Rand, driver *app.
 	interval := time.Second / time.Duration(run.Rate)
 	seq := map[string]int64{}
 	var committedKeys []string
+	if run.Versions {
+		rep.ProducerVersion = 1
+	}
 	for i := range run.Orders {
 		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		if run.Versions && (i == run.Orders*2/5 || i == run.Orders*4/5) {
+			// The producers follow the consumers to the next version.
+			fn, err := chargeEventOf(rep.ProducerVersion + 1)
+			if err != nil {
+				return seq, committedKeys, err
+			}
+			svc.SetChargeEvent(fn)
+			rep.ProducerVersion++
+		}
 		userID := fmt.Sprintf("user-%02d", rng.IntN(40))
 		in := orders.Input{UserID: userID, Amount: int64(100 + rng.IntN(9900)), Currency: []string{"JPY", "USD"}[rng.IntN(2)], IdempotencyKey: fmt.Sprintf("chaos-%d", i)}
 		rollback := rng.Float64() < run.RollbackRate
@@ -946,6 +1011,21 @@ func settleAndCheck(ctx context.Context, run ChaosRun, env *chaosEnv, driver *ap
 			len(provider.Audit())+poisoned >= expectAudit && counted+poisoned >= rep.OrdersCommitted
 	}
 	drainErr := wait.For(dctx, settled)
+	if run.Versions && drainErr == nil {
+		// Version 3 is deployed everywhere: what version 1's code poisoned
+		// (its bug) goes back, as version 1 events, and must succeed.
+		var bugged int
+		_ = driver.Pool().QueryRow(dctx, `SELECT count(*) FROM poison_messages WHERE reason LIKE '%' || $1 || '%'`, VersionBugText).Scan(&bugged)
+		if bugged == 0 {
+			rep.Violations = append(rep.Violations, "version 1's bug poisoned nothing: the run proves nothing about requeueing old versions")
+		}
+		res, err := driver.Poison().Requeue(dctx, pgpoison.Selector{All: true}, pgpoison.Run{Actor: "ferry chaos"})
+		if err != nil {
+			return fmt.Errorf("requeueing after the version roll: %w", err)
+		}
+		rep.VersionRequeued = len(res.Requeued)
+		drainErr = wait.For(dctx, settled)
+	}
 	time.Sleep(500 * time.Millisecond) // room for a late duplicate to show
 	rep.DrainSeconds = time.Since(drainStart).Seconds()
 	if drainErr != nil {
@@ -983,6 +1063,9 @@ func (r ChaosRun) validate() error {
 	}
 	if r.Restarts != "" && r.Restarts != "sigterm" && r.Restarts != "sigkill" {
 		return fmt.Errorf("restarts %q: want sigterm or sigkill", r.Restarts)
+	}
+	if r.Versions && (r.Restarts != "" || r.HA || r.DatabaseOutage > 0 || r.RestartBroker) {
+		return errors.New("a version roll has no other faults: not with rolling restarts, HA, a database outage or broker restarts")
 	}
 	if r.Restarts != "" && (r.HA || r.DatabaseOutage > 0 || r.RestartBroker) {
 		return errors.New("a run of rolling restarts has no other faults: not with HA, a database outage or broker restarts")
@@ -1319,6 +1402,9 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	fmt.Fprintf(&b, "  mails                  %6d   (%d duplicate deliveries dropped by Message-ID)\n", r.Mails, r.MailDuplicates)
 	fmt.Fprintf(&b, "  ordered audit events   %6d   (%d order violations)\n", r.AuditEvents, r.OrderViolations)
 	fmt.Fprintf(&b, "  consumer stops         %6d   (rolling restarts, each process replaced first; %d partition holds met; %d effects a handler ran again, kept single by their keys)\n", r.ConsumerStops, r.PartitionHolds, r.EffectReplays)
+	if r.ProducerVersion > 0 {
+		fmt.Fprintf(&b, "  version roll           v1 → v%d (consumers first, old and new code at once); %d poisoned by version 1's bug, requeued under version 3\n", r.ProducerVersion, r.VersionRequeued)
+	}
 	fmt.Fprintf(&b, "  retries                %6d   (%d durable retries of failed handlers, %d rows that needed more than one relay attempt)\n", r.DurableRetries+r.RelayRetries, r.DurableRetries, r.RelayRetries)
 	fmt.Fprintf(&b, "  poisoned               %6d   %v\n", r.Poisoned, r.PoisonReasons)
 	fmt.Fprintf(&b, "  lost                   %6d\n", r.Lost)
