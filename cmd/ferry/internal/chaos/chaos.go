@@ -1373,7 +1373,7 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	var faults []string
 	total := 0
 	for _, k := range []string{"kill_relay", "kill_consumer", "rolling_restart", "rolling_restart_sigterm", "rolling_restart_sigkill", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "restart_broker", "database_refuses_connections",
-		"broker_node_lost", "database_failover"} {
+		"broker_node_lost", "database_failover", "version_consumers_v2", "version_consumers_v3"} {
 		if n, ok := r.Faults[k]; ok {
 			faults = append(faults, fmt.Sprintf("%s %d", k, n))
 			total += n
