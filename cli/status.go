@@ -49,6 +49,9 @@ type statusReport struct {
 	UnroutedError string `json:"unrouted_error,omitempty"`
 	// Attention lists what needs a human; empty when all is well.
 	Attention []string `json:"attention"`
+	// AttentionItems are the same, each with its kind, target, count,
+	// since and hint, for a script or a pager.
+	AttentionItems []attention.Item `json:"attention_items"`
 	// Audit is the newest entries of the audit log (ferry audit).
 	Audit []pgaudit.Entry `json:"audit"`
 	// CDC is the CDC relay's replication slot, when relay mode is cdc or
@@ -111,8 +114,11 @@ func (o Status) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error 
 	if rep.CDC, err = cdcSlot(ctx, o.Config, pool); err != nil {
 		return err
 	}
-	rep.Attention = attention.List(attention.State{Report: rep.Report, BrokerError: rep.BrokerError, Unrouted: rep.Unrouted,
+	rep.AttentionItems = attention.Items(attention.State{Report: rep.Report, BrokerError: rep.BrokerError, Unrouted: rep.Unrouted,
 		Queues: rep.Queues, CDC: rep.CDC, Command: binaryName})
+	for _, it := range rep.AttentionItems {
+		rep.Attention = append(rep.Attention, it.Text)
+	}
 	if rep.Audit, err = pgaudit.List(ctx, pool, 20); err != nil {
 		return err
 	}

@@ -5,9 +5,11 @@ package attention
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/internal/display"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -38,52 +40,142 @@ type State struct {
 	Command string
 }
 
+// Item is one thing that needs a human: what kind of thing, which one (a
+// route, a queue, a slot), how many of it, since when, what to do, and the
+// sentence that says all of it. One outage is one item with a count, not
+// one line per partition or queue.
+type Item struct {
+	// Kind names the check: broker_unreachable, no_relay, held_partitions,
+	// queue_without_consumer, poison, retrying, failing_rows, cdc_slot,
+	// unrouted.
+	Kind string `json:"kind"`
+	// Target is what it is about (a route, a queue, a slot); empty when
+	// it is the whole pipeline.
+	Target string `json:"target,omitempty"`
+	// Count is how many (partitions, queues, messages, rows); 1 for a
+	// condition.
+	Count int `json:"count"`
+	// Since is when it started, when that is known.
+	Since *time.Time `json:"since,omitempty"`
+	// Hint says what to do.
+	Hint string `json:"hint"`
+	// Text is the item as one sentence (what `ferry status` prints).
+	Text string `json:"text"`
+}
+
 // List says what needs a human, most urgent first; empty when all is well.
 func List(s State) []string {
+	items := Items(s)
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.Text
+	}
+	return out
+}
+
+// Items is List with each item's kind, target, count, since and hint.
+func Items(s State) []Item {
 	cmd := s.Command
 	if cmd == "" {
 		cmd = "ferry"
 	}
 	rep := s.Report
-	out := []string{}
+	out := []Item{}
+	add := func(it Item) { out = append(out, it) }
 	if s.BrokerError != "" {
-		out = append(out, "RabbitMQ unreachable ("+reason(s.BrokerError)+"): relays cannot dispatch and consumers receive nothing; check FERRY_AMQP_URL and the broker")
+		add(Item{Kind: "broker_unreachable", Count: 1, Hint: "check FERRY_AMQP_URL and the broker",
+			Text: "RabbitMQ unreachable (" + reason(s.BrokerError) + "): relays cannot dispatch and consumers receive nothing; check FERRY_AMQP_URL and the broker"})
 	}
 	if rep.RelaysAlive == 0 {
-		out = append(out, "no live relay: nothing is being dispatched")
+		add(Item{Kind: "no_relay", Count: 1, Hint: "start a relay (" + cmd + " relay, or " + cmd + " run)", Text: "no live relay: nothing is being dispatched"})
 	}
+	// Held partitions, one item per route: an outage of its provider holds
+	// every partition of it at once.
+	var routes []string
+	held := map[string][]pgstatus.HeldPartition{}
 	for _, h := range rep.Held {
-		out = append(out, fmt.Sprintf("ordered partition %s held since %s behind message %s (next attempt %d): %s; the later events of its aggregates wait",
-			display.Cell(h.Consumer, 60), stamp(h.Since), display.Cell(h.MessageID, 60), h.Attempt, reason(h.LastError)))
+		r := pipeline.RouteName(h.Consumer)
+		if _, ok := held[r]; !ok {
+			routes = append(routes, r)
+		}
+		held[r] = append(held[r], h)
 	}
+	for _, r := range routes {
+		hs := held[r]
+		oldest := hs[0]
+		for _, h := range hs[1:] {
+			if h.Since.Before(oldest.Since) {
+				oldest = h
+			}
+		}
+		since := oldest.Since
+		hint := "fix what the error says; the head is retried with backoff and poisoned after its last attempt (" + cmd + " status shows each partition)"
+		text := fmt.Sprintf("ordered partition %s held since %s behind message %s (next attempt %d): %s; the later events of its aggregates wait",
+			display.Cell(oldest.Consumer, 60), stamp(oldest.Since), display.Cell(oldest.MessageID, 60), oldest.Attempt, reason(oldest.LastError))
+		if len(hs) > 1 {
+			text = fmt.Sprintf("%d ordered partitions of %s held, the oldest since %s behind message %s (next attempt %d): %s; the later events of their aggregates wait",
+				len(hs), display.Cell(r, 60), stamp(oldest.Since), display.Cell(oldest.MessageID, 60), oldest.Attempt, reason(oldest.LastError))
+		}
+		add(Item{Kind: "held_partitions", Target: r, Count: len(hs), Since: &since, Hint: hint, Text: text})
+	}
+	var idle []string
+	idleReady := 0
 	for _, q := range s.Queues {
 		if q.Ready > 0 && q.Consumers == 0 {
-			out = append(out, fmt.Sprintf("queue %s: %d message(s) ready and no consumer: start the consumers of its route (%s consume)", display.Cell(q.Queue, 80), q.Ready, cmd))
+			idle = append(idle, q.Queue)
+			idleReady += q.Ready
 		}
 	}
+	switch {
+	case len(idle) == 1:
+		add(Item{Kind: "queue_without_consumer", Target: idle[0], Count: 1, Hint: "start the consumers of its route (" + cmd + " consume)",
+			Text: fmt.Sprintf("queue %s: %d message(s) ready and no consumer: start the consumers of its route (%s consume)", display.Cell(idle[0], 80), idleReady, cmd)})
+	case len(idle) > 1:
+		names := idle
+		if len(names) > 3 {
+			names = names[:3]
+		}
+		for i := range names {
+			names[i] = display.Cell(names[i], 80)
+		}
+		more := ""
+		if len(idle) > 3 {
+			more = fmt.Sprintf(" and %d more", len(idle)-3)
+		}
+		add(Item{Kind: "queue_without_consumer", Count: len(idle), Hint: "start the consumers (" + cmd + " consume)",
+			Text: fmt.Sprintf("%d queues with %d message(s) ready and no consumer (%s%s): start the consumers (%s consume)", len(idle), idleReady, strings.Join(names, ", "), more, cmd)})
+	}
 	if rep.PoisonTotal > 0 {
-		out = append(out, fmt.Sprintf("%d message(s) in the poison store (%s poison list)", rep.PoisonTotal, cmd))
+		add(Item{Kind: "poison", Count: rep.PoisonTotal, Hint: "read why (" + cmd + " poison list --group), fix, then requeue or discard",
+			Text: fmt.Sprintf("%d message(s) in the poison store (%s poison list)", rep.PoisonTotal, cmd)})
 	}
 	if rep.RetryingTotal > 0 && len(rep.Retrying) > 0 {
 		g := rep.Retrying[0]
-		out = append(out, fmt.Sprintf("%d message(s) retrying (most: %d for %s, failing since %s: %s)", rep.RetryingTotal, g.Count,
-			display.Cell(g.Handler, 60), stamp(g.FirstFailed), reason(g.Example)))
+		since := g.FirstFailed
+		add(Item{Kind: "retrying", Target: g.Handler, Count: rep.RetryingTotal, Since: &since, Hint: "they retry on their own; " + cmd + " outbox retry-now --kind retrying once the cause is fixed",
+			Text: fmt.Sprintf("%d message(s) retrying (most: %d for %s, failing since %s: %s)", rep.RetryingTotal, g.Count,
+				display.Cell(g.Handler, 60), stamp(g.FirstFailed), reason(g.Example))})
 	}
 	if len(rep.Failing) > 0 {
-		out = append(out, fmt.Sprintf("%d outbox row(s) with more than %d relay attempts", len(rep.Failing), rep.AttemptsThreshold))
+		add(Item{Kind: "failing_rows", Count: len(rep.Failing), Hint: cmd + " outbox failing shows why the relay cannot publish them",
+			Text: fmt.Sprintf("%d outbox row(s) with more than %d relay attempts", len(rep.Failing), rep.AttemptsThreshold)})
 	}
 	if c := s.CDC; c != nil {
 		switch {
 		case !c.Exists:
-			out = append(out, fmt.Sprintf("CDC relay mode, but replication slot %s does not exist (the CDC relay creates it; the polling safety net relays meanwhile)", c.Name))
+			add(Item{Kind: "cdc_slot", Target: c.Name, Count: 1, Hint: "start the CDC relay",
+				Text: fmt.Sprintf("CDC relay mode, but replication slot %s does not exist (the CDC relay creates it; the polling safety net relays meanwhile)", c.Name)})
 		case c.WALStatus == "lost":
-			out = append(out, fmt.Sprintf("replication slot %s was invalidated (max_slot_wal_keep_size); the CDC relay recreates it, the polling safety net relays what it missed", c.Name))
+			add(Item{Kind: "cdc_slot", Target: c.Name, Count: 1, Hint: "nothing: the CDC relay recreates it",
+				Text: fmt.Sprintf("replication slot %s was invalidated (max_slot_wal_keep_size); the CDC relay recreates it, the polling safety net relays what it missed", c.Name)})
 		case !c.Active && c.RetainedBytes >= CDCRetained:
-			out = append(out, fmt.Sprintf("replication slot %s is not streamed and retains %d MiB of WAL: start the CDC relay, or remove the slot (%s cdc drop)", c.Name, c.RetainedBytes>>20, cmd))
+			add(Item{Kind: "cdc_slot", Target: c.Name, Count: 1, Hint: "start the CDC relay, or " + cmd + " cdc drop",
+				Text: fmt.Sprintf("replication slot %s is not streamed and retains %d MiB of WAL: start the CDC relay, or remove the slot (%s cdc drop)", c.Name, c.RetainedBytes>>20, cmd)})
 		}
 	}
 	if s.Unrouted != nil && *s.Unrouted > 0 {
-		out = append(out, fmt.Sprintf("%d unrouted message(s) in the broker: published to a topic no route consumes", *s.Unrouted))
+		add(Item{Kind: "unrouted", Count: *s.Unrouted, Hint: "publish only to topics a route consumes, or add the route",
+			Text: fmt.Sprintf("%d unrouted message(s) in the broker: published to a topic no route consumes", *s.Unrouted)})
 	}
 	return out
 }

@@ -48,3 +48,32 @@ func TestBrokerUnreachableComesFirst(t *testing.T) {
 	require.True(t, strings.HasPrefix(got[0], "RabbitMQ unreachable (dial tcp"), got[0])
 	require.Equal(t, "no live relay: nothing is being dispatched", got[1])
 }
+
+// One outage is one item with a count: every partition of a route held
+// behind its provider, every queue left without consumers. Each item
+// says its kind, target, count, since and what to do (ferry status
+// --json prints them).
+func TestOneOutageIsOneItemWithACount(t *testing.T) {
+	early, late := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC), time.Date(2026, 12, 3, 10, 5, 0, 0, time.UTC)
+	var held []pgstatus.HeldPartition
+	for i, since := range []time.Time{late, early, late, late, late, late, late, late} {
+		held = append(held, pgstatus.HeldPartition{Consumer: "payments.charge@" + string(rune('0'+i)), Since: since, MessageID: "m-" + string(rune('a'+i)), Attempt: 3, LastError: "provider 503"})
+	}
+	held = append(held, pgstatus.HeldPartition{Consumer: "mail.send@1", Since: late, MessageID: "m-z", Attempt: 2, LastError: "451 try later"})
+	items := attention.Items(attention.State{
+		Report: pgstatus.Report{RelaysAlive: 1, Held: held},
+		Queues: []rabbit.QueueStat{{Queue: "a.q", Ready: 1}, {Queue: "b.q", Ready: 2}, {Queue: "c.q", Ready: 3}, {Queue: "d.q", Ready: 4}},
+	})
+	require.Len(t, items, 3, "%+v", items)
+	require.Equal(t, "held_partitions", items[0].Kind)
+	require.Equal(t, "payments.charge", items[0].Target)
+	require.Equal(t, 8, items[0].Count)
+	require.Equal(t, early, *items[0].Since, "since the oldest hold")
+	require.Contains(t, items[0].Text, "8 ordered partitions of payments.charge held, the oldest since 2026-12-03T10:00:00Z behind message m-b")
+	require.NotEmpty(t, items[0].Hint)
+	require.Equal(t, "mail.send", items[1].Target)
+	require.Equal(t, 1, items[1].Count)
+	require.Equal(t, "queue_without_consumer", items[2].Kind)
+	require.Equal(t, 4, items[2].Count)
+	require.Contains(t, items[2].Text, "4 queues with 10 message(s) ready and no consumer (a.q, b.q, c.q and 1 more)")
+}
