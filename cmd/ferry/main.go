@@ -191,6 +191,8 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.Rounds, "rounds", 2, "producer_concurrency: runs of each variant (rotated)")
 		fs.DurationVar(&bc.ProducerDuration, "producer-duration", 4*time.Second, "producer_concurrency: length of one run")
 		fs.IntVar(&bc.ConsumerEvents, "consumer-events", 20_000, "consumer_throughput: messages the consumer process drains")
+		fs.IntVar(&bc.HeldXminEvents, "held-xmin-events", 50_000, "held_xmin: events inserted and drained per round")
+		fs.IntVar(&bc.HeldXminRounds, "held-xmin-rounds", 6, "held_xmin: rounds without, then with, a long transaction holding the horizon")
 		fs.IntVar(&bc.DrainEvents, "drain-events", 20_000, "end_to_end_drain: business transactions committed")
 		fs.IntVar(&bc.DrainWriters, "drain-writers", 8, "end_to_end_drain: goroutines committing them")
 		fs.IntVar(&bc.ConsumerConns, "consumer-conns", 4, "consumer_throughput, end_to_end_drain and memory: database pool of the child processes")

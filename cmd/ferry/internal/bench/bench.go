@@ -53,7 +53,7 @@ const (
 
 // BenchScenarios lists every scenario, in the order they run.
 var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory,
-	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast}
+	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -105,6 +105,10 @@ type BenchConfig struct {
 	// ConsumerConns is the database pool of the consumer and relay child
 	// processes (FERRY_DATABASE_MAX_CONNS). Default 4.
 	ConsumerConns int
+	// HeldXminEvents and HeldXminRounds size held_xmin: rounds of events
+	// inserted and drained, without and with a long transaction. Default
+	// 50,000 and 6.
+	HeldXminEvents, HeldXminRounds int
 	// UpcastIterations are the decodes of each upcast round. Default 2,000.
 	UpcastIterations int
 	// Binary is the ferry binary the memory scenario starts its relay and
@@ -119,6 +123,8 @@ func (b BenchConfig) withDefaults() BenchConfig {
 	b.Events = cmp.Or(b.Events, 50_000)
 	b.BaselineEvents = cmp.Or(b.BaselineEvents, 5_000)
 	b.UpcastIterations = cmp.Or(b.UpcastIterations, 2_000)
+	b.HeldXminEvents = cmp.Or(b.HeldXminEvents, 50_000)
+	b.HeldXminRounds = cmp.Or(b.HeldXminRounds, 6)
 	if len(b.Relays) == 0 {
 		b.Relays = []int{1, 2, 4}
 	}
@@ -211,6 +217,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioEndToEndDrain:       benchEndToEndDrain,
 		ScenarioMemory:              benchMemory,
 		ScenarioUpcast:              benchUpcast,
+		ScenarioHeldXmin:            benchHeldXmin,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {

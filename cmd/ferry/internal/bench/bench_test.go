@@ -37,7 +37,7 @@ func TestBenchSmoke(t *testing.T) {
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
 		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
 		CPUProfile: profile, Writers: []int{2}, Rounds: 1, ProducerDuration: 300 * time.Millisecond,
-		ConsumerEvents: 300, DrainEvents: 300, UpcastIterations: 50,
+		ConsumerEvents: 300, DrainEvents: 300, UpcastIterations: 50, HeldXminEvents: 500, HeldXminRounds: 2,
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -117,6 +117,15 @@ func TestBenchSmoke(t *testing.T) {
 	require.Len(t, cc["runs"].([]any), 2)
 	require.Contains(t, cc, "ratio_p50_largest_vs_smallest")
 	require.Contains(t, human.String(), "== relay_throughput")
+
+	hx := got[bench.ScenarioHeldXmin]
+	require.Len(t, hx["with_long_tx"].([]any), 2)
+	require.Len(t, hx["without_long_tx"].([]any), 2)
+	require.Positive(t, hx["last_over_first_held"].(float64))
+	require.Contains(t, hx["server_settings"].([]any), "autovacuum=on", "a bench about bloat runs with production's vacuum")
+	// What a held horizon leaves today: every dispatch's dead row version
+	// (issue 34 is to take it to none).
+	require.Positive(t, hx["dead_tuples_per_event"].(float64))
 
 	up := got[bench.ScenarioUpcast]
 	require.GreaterOrEqual(t, up["payload_bytes"].(float64), 1024.0)

@@ -1,0 +1,156 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
+)
+
+// ScenarioHeldXmin measures what one long transaction elsewhere (a report,
+// pg_dump, a standby's hot_standby_feedback) costs the relay: rounds of
+// events inserted and drained, first with nothing holding the horizon,
+// then with one REPEATABLE READ transaction open the whole time, in the
+// same run. It runs on a PostgreSQL server of its own with autovacuum on
+// (production's default; the shared test server has it off), so that
+// what vacuum can and cannot clean shows.
+const ScenarioHeldXmin = "held_xmin"
+
+func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
+	// autovacuum on with a short naptime: what a busy production server
+	// would do for the outbox within a round.
+	settings := []string{"autovacuum=on", "autovacuum_naptime=1s"}
+	srv, err := pipelinetest.StartPostgres(ctx, settings...)
+	if err != nil {
+		return benchReport{}, fmt.Errorf("starting a PostgreSQL server of the scenario's own: %w", err)
+	}
+	defer func() { _ = srv.Stop() }()
+	url := srv.URL("postgres")
+	pool, err := pgdb.Open(ctx, pgdb.Config{URL: url, ApplicationName: "ferry-bench", MaxConns: 8})
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer pool.Close()
+	db := pgdb.SQLDB(pool)
+	defer db.Close()
+	if _, err := migrations.Up(ctx, db); err != nil {
+		return benchReport{}, err
+	}
+	if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pgstattuple`); err != nil {
+		return benchReport{}, fmt.Errorf("pgstattuple (postgresql-contrib): %w", err)
+	}
+	br, err := newBenchBroker(cfg, benchTopic)
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer br.close()
+	pub, err := rabbit.NewBatchPublisher(br.conn, br.topo)
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer pub.Close()
+
+	type round struct {
+		Round        int     `json:"round"`
+		EventsPerSec float64 `json:"events_per_sec"`
+		DeadTuples   int64   `json:"dead_tuples"`
+	}
+	runMode := func(held bool) ([]round, error) {
+		if _, err := pool.Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
+			return nil, err
+		}
+		if held {
+			// The horizon held from before the first round to after the
+			// last: a snapshot with an xid, as a long report has.
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				return nil, err
+			}
+			defer conn.Close(context.WithoutCancel(ctx))
+			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			if err != nil {
+				return nil, err
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			if _, err := tx.Exec(ctx, `SELECT txid_current(), count(*) FROM pg_class`); err != nil {
+				return nil, err
+			}
+		}
+		var rounds []round
+		for r := 1; r <= bc.HeldXminRounds; r++ {
+			if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, headers)
+				SELECT (g % 1000)::text, $1,
+				       jsonb_build_object('order_id', g, 'user_id', 'user-' || (g % 977), 'amount', 1200, 'currency', 'JPY'),
+				       jsonb_build_object('schema_version', '1', 'correlation_id', md5(g::text))
+				FROM generate_series(1, $2::int) g`, benchTopic, bc.HeldXminEvents); err != nil {
+				return nil, err
+			}
+			relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, PollInterval: 20 * time.Millisecond, PollOnly: true, FailoverReplay: -1}, logger)
+			if err != nil {
+				return nil, err
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			start := time.Now()
+			go func() { _ = relay.Run(rctx); close(done) }()
+			for relay.Stats().Dispatched < int64(bc.HeldXminEvents) && ctx.Err() == nil && time.Since(start) < 10*time.Minute {
+				time.Sleep(2 * time.Millisecond)
+			}
+			secs := time.Since(start).Seconds()
+			cancel()
+			<-done
+			if got := relay.Stats().Dispatched; got < int64(bc.HeldXminEvents) {
+				return nil, fmt.Errorf("round %d: the relay dispatched %d of %d events", r, got, bc.HeldXminEvents)
+			}
+			var dead int64
+			if err := pool.QueryRow(ctx, `SELECT dead_tuple_count FROM pgstattuple('outbox')`).Scan(&dead); err != nil {
+				return nil, err
+			}
+			rounds = append(rounds, round{Round: r, EventsPerSec: float64(bc.HeldXminEvents) / secs, DeadTuples: dead})
+			if err := br.purge(); err != nil {
+				return nil, err
+			}
+		}
+		return rounds, nil
+	}
+	free, err := runMode(false)
+	if err != nil {
+		return benchReport{}, fmt.Errorf("rounds without a long transaction: %w", err)
+	}
+	held, err := runMode(true)
+	if err != nil {
+		return benchReport{}, fmt.Errorf("rounds with a long transaction: %w", err)
+	}
+	ratio := func(rs []round) float64 { return rs[len(rs)-1].EventsPerSec / rs[0].EventsPerSec }
+	deadPerEvent := float64(held[len(held)-1].DeadTuples) / float64(bc.HeldXminEvents*bc.HeldXminRounds)
+	rep := benchReport{JSON: map[string]any{
+		"events_per_round":      bc.HeldXminEvents,
+		"rounds":                bc.HeldXminRounds,
+		"server_settings":       append([]string{"fsync=off"}, settings...),
+		"without_long_tx":       free,
+		"with_long_tx":          held,
+		"last_over_first_free":  ratio(free),
+		"last_over_first_held":  ratio(held),
+		"dead_tuples_per_event": deadPerEvent,
+		"goal_last_over_first":  0.9,
+		"goal_met":              ratio(held) >= 0.9,
+	}}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d rounds of %d events, own server (autovacuum on, naptime 1s, fsync off):\n  round   free ev/s   dead     held ev/s   dead\n", bc.HeldXminRounds, bc.HeldXminEvents)
+	for i := range free {
+		fmt.Fprintf(&b, "  %5d   %9.0f   %7d  %9.0f   %7d\n", i+1, free[i].EventsPerSec, free[i].DeadTuples, held[i].EventsPerSec, held[i].DeadTuples)
+	}
+	fmt.Fprintf(&b, "  last/first: %.2f free, %.2f with the horizon held (goal ≥ 0.9); %.2f dead tuples per event left behind\n", ratio(free), ratio(held), deadPerEvent)
+	rep.Table = b.String()
+	return rep, nil
+}
