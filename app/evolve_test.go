@@ -86,11 +86,18 @@ func TestEventsOutliveTheirCodeAcrossARollingDeploy(t *testing.T) {
 			return []handlers.Route{{Name: "bills.charge", Topic: billTopic, Handler: h}}, nil
 		}
 	}
+	tornDown := false
 	start := func(opts app.Options) (*app.App, func()) {
 		opts.Migrate = true
 		opts.Logger = slog.New(slog.DiscardHandler)
 		a, err := app.New(ctx, cfg, opts)
 		require.NoError(t, err)
+		// The three versions share one broker namespace and one route
+		// table: removed once, when the test ends.
+		if !tornDown {
+			ferrytest.TeardownTopology(t, a.Topology())
+			tornDown = true
+		}
 		stop, err := a.Start(ctx, app.Components{Relay: true, Consumers: true})
 		require.NoError(t, err)
 		return a, func() {
