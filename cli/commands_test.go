@@ -15,6 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
@@ -124,4 +125,59 @@ func TestBackfillRunsWithoutFlags(t *testing.T) {
 	require.Contains(t, out.String(), "wrote 0 intent(s)")
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'mail.welcome'`).Scan(&n))
 	require.Equal(t, 4, n)
+}
+
+// Old poison does not keep exit 3 forever: `status --acknowledge` records
+// (in the audit log) that the store as it is was seen; its messages then
+// need no human, and a message poisoned later does, named as new.
+func TestAcknowledgedPoisonNeedsNoHumanUntilMoreComes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	poison := func(id string) {
+		_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ($1, 't', 'h', '\x7b7d'::bytea, 'r')`, id)
+		require.NoError(t, err)
+	}
+	type item struct {
+		Kind  string `json:"kind"`
+		Count int    `json:"count"`
+		Text  string `json:"text"`
+	}
+	status := func(ack bool) (items []item, newPoison int) {
+		var out bytes.Buffer
+		_ = cli.Status{Config: app.Config{AMQP: pipelinetest.Rabbit(t)}, JSON: true, Acknowledge: ack, Actor: "ops@example.com"}.Run(ctx, pool, &out)
+		var rep struct {
+			Items     []item `json:"attention_items"`
+			PoisonNew int    `json:"poison_new"`
+		}
+		require.NoError(t, json.Unmarshal(out.Bytes(), &rep), out.String())
+		for _, it := range rep.Items {
+			if it.Kind == "poison" {
+				items = append(items, it)
+			}
+		}
+		return items, rep.PoisonNew
+	}
+	poison("m1")
+	poison("m2")
+	got, n := status(false)
+	require.Len(t, got, 1)
+	require.Equal(t, 2, got[0].Count)
+	require.Equal(t, 2, n)
+
+	got, n = status(true)
+	require.Empty(t, got, "acknowledged: the poison store no longer needs a human")
+	require.Zero(t, n)
+	entries, err := pgaudit.List(ctx, pool, 5)
+	require.NoError(t, err)
+	require.Equal(t, "status.acknowledge", entries[0].Action)
+	require.Equal(t, "ops@example.com", entries[0].Actor)
+
+	poison("m3")
+	got, n = status(false)
+	require.Len(t, got, 1)
+	require.Equal(t, 1, got[0].Count)
+	require.Equal(t, 1, n)
+	require.Contains(t, got[0].Text, "1 new message(s) in the poison store since ops@example.com acknowledged it")
+	require.Contains(t, got[0].Text, "(3 in all;")
 }

@@ -63,6 +63,7 @@ func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	o := Status{Env: env}
 	fs.BoolVar(&o.JSON, "json", false, "print JSON")
 	fs.IntVar(&o.Attempts, "attempts", pgstatus.DefaultAttemptsThreshold, "list rows with more relay attempts than this")
+	fs.BoolVar(&o.Acknowledge, "acknowledge", false, "record (in the audit log) that the poison store as it is now was seen: its messages stop needing attention and only those poisoned later count toward exit 3")
 	fs.BoolVar(&o.ExitCode, "exit-code", true, fmt.Sprintf("exit %d when something needs a human (the broker unreachable, no live relay, a held partition, a queue with messages and no consumer, poisoned, retrying or unrouted messages, rows past --attempts); false: exit 0 whenever the report is printed", ExitAttention))
 	return func(ctx context.Context, _ []string) error {
 		if o.Attempts < 0 {
@@ -92,6 +93,11 @@ type Status struct {
 	// human.
 	ExitCode bool
 	JSON     bool
+	// Acknowledge records that the poison store as it is now was seen
+	// (pgstatus.Acknowledge), before the report is made.
+	Acknowledge bool
+	// Actor is who acknowledges. Default: the user running the command.
+	Actor string
 }
 
 // Run collects the report and prints it.
@@ -104,6 +110,11 @@ func (o Status) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error 
 		env = &Env{}
 	}
 	var err error
+	if o.Acknowledge {
+		if _, err := pgstatus.Acknowledge(ctx, pool, cmp.Or(o.Actor, pgaudit.CLIActor())); err != nil {
+			return err
+		}
+	}
 	rep := statusReport{Attention: []string{}}
 	if rep.Report, err = pgstatus.Collect(ctx, pool, pgoutbox.DefaultTable, o.Attempts); err != nil {
 		return err
@@ -252,7 +263,11 @@ func printStatus(w io.Writer, rep statusReport) error {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\n", cell(h.Consumer, maxIDCell), h.Since.UTC().Format(time.RFC3339), cell(h.MessageID, maxIDCell), h.Attempt, cell(h.LastError, maxReasonCell))
 		}
 	}
-	fmt.Fprintf(tw, "poison store: %d message(s)\n", rep.PoisonTotal)
+	if ack := rep.PoisonAcknowledged; ack != nil {
+		fmt.Fprintf(tw, "poison store: %d message(s), %d new since %s acknowledged it at %s\n", rep.PoisonTotal, rep.PoisonNew, cell(ack.By, maxIDCell), ack.At.UTC().Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(tw, "poison store: %d message(s)\n", rep.PoisonTotal)
+	}
 	topics := make([]string, 0, len(rep.Poison))
 	for t := range rep.Poison {
 		topics = append(topics, t)

@@ -145,9 +145,17 @@ func Items(s State) []Item {
 		add(Item{Kind: "queue_without_consumer", Count: len(idle), Hint: "start the consumers (" + cmd + " consume)",
 			Text: fmt.Sprintf("%d queues with %d message(s) ready and no consumer (%s%s): start the consumers (%s consume)", len(idle), idleReady, strings.Join(names, ", "), more, cmd)})
 	}
-	if rep.PoisonTotal > 0 {
-		add(Item{Kind: "poison", Count: rep.PoisonTotal, Hint: "read why (" + cmd + " poison list --group), fix, then requeue or discard",
+	switch ack := rep.PoisonAcknowledged; {
+	case ack == nil && rep.PoisonTotal > 0:
+		add(Item{Kind: "poison", Count: rep.PoisonTotal, Hint: "read why (" + cmd + " poison list --group), fix, then requeue or discard; " + cmd + " status --acknowledge once seen",
 			Text: fmt.Sprintf("%d message(s) in the poison store (%s poison list)", rep.PoisonTotal, cmd)})
+	case ack != nil && rep.PoisonNew > 0:
+		// What was there at the acknowledgment was seen: only what
+		// came since needs a human.
+		at := ack.At
+		add(Item{Kind: "poison", Count: rep.PoisonNew, Since: &at, Hint: "read why (" + cmd + " poison list --group), fix, then requeue or discard; " + cmd + " status --acknowledge once seen",
+			Text: fmt.Sprintf("%d new message(s) in the poison store since %s acknowledged it at %s (%d in all; %s poison list)",
+				rep.PoisonNew, display.Cell(ack.By, 60), stamp(ack.At), rep.PoisonTotal, cmd)})
 	}
 	if rep.RetryingTotal > 0 && len(rep.Retrying) > 0 {
 		g := rep.Retrying[0]

@@ -60,6 +60,22 @@ func Record(ctx context.Context, q Execer, e Entry) error {
 	return nil
 }
 
+// Latest returns the newest entry of action, or nil when there is none.
+func Latest(ctx context.Context, pool *pgxpool.Pool, action string) (*Entry, error) {
+	rows, err := pool.Query(ctx, `SELECT id, at, actor, action, scope, count, detail FROM ferry_audit_log WHERE action = $1 ORDER BY id DESC LIMIT 1`, action)
+	if err != nil {
+		return nil, fmt.Errorf("reading the audit log: %w", err)
+	}
+	e, err := pgx.CollectOneRow(rows, pgx.RowToStructByPos[Entry])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
 // List returns the newest limit entries, newest first.
 func List(ctx context.Context, pool *pgxpool.Pool, limit int) ([]Entry, error) {
 	rows, err := pool.Query(ctx, `SELECT id, at, actor, action, scope, count, detail FROM ferry_audit_log ORDER BY id DESC LIMIT $1`, limit)

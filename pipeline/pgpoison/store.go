@@ -328,6 +328,17 @@ func (s *Store) Get(ctx context.Context, id int64) (Record, error) {
 func (s *Store) Depth(ctx context.Context) (map[string]int, error) { return Depth(ctx, s.pool) }
 
 // Depth counts the poisoned messages in pool's store, per original topic.
+// Since returns the newest poison id and how many messages were poisoned
+// after afterID (all of them for 0): what `ferry status --acknowledge`
+// records and what is new since.
+func Since(ctx context.Context, pool *pgxpool.Pool, afterID int64) (maxID int64, newer int, err error) {
+	err = pool.QueryRow(ctx, `SELECT coalesce(max(id), 0), count(*) FILTER (WHERE id > $1) FROM `+Table, afterID).Scan(&maxID, &newer)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading the poison store: %w", err)
+	}
+	return maxID, newer, nil
+}
+
 func Depth(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
 	rows, err := pool.Query(ctx, `SELECT topic, count(*) FROM `+Table+` GROUP BY topic`)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
@@ -94,12 +95,17 @@ type Report struct {
 	// poisoned) by topic and schema version: when an old version is gone
 	// from here (and from the archive a replay would read), its upcast
 	// step may be deleted.
-	Versions       []StoredVersion `json:"schema_versions"`
-	Poison         map[string]int  `json:"poison"`
-	PoisonTotal    int             `json:"poison_total"`
-	Instances      []Instance      `json:"instances"`
-	RelaysAlive    int             `json:"relays_alive"`
-	ConsumersAlive int             `json:"consumers_alive"`
+	Versions    []StoredVersion `json:"schema_versions"`
+	Poison      map[string]int  `json:"poison"`
+	PoisonTotal int             `json:"poison_total"`
+	// PoisonAcknowledged is the last `ferry status --acknowledge`, nil if
+	// none; PoisonNew counts the messages poisoned since (all of them
+	// without one). Only those need a human.
+	PoisonAcknowledged *Acknowledgment `json:"poison_acknowledged,omitempty"`
+	PoisonNew          int             `json:"poison_new"`
+	Instances          []Instance      `json:"instances"`
+	RelaysAlive        int             `json:"relays_alive"`
+	ConsumersAlive     int             `json:"consumers_alive"`
 }
 
 // Collect builds the report for the outbox table (see pgoutbox.QuoteTable;
@@ -147,6 +153,16 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 	for _, n := range rep.Poison {
 		rep.PoisonTotal += n
 	}
+	if rep.PoisonAcknowledged, err = lastAcknowledgment(ctx, pool); err != nil {
+		return rep, err
+	}
+	var after int64
+	if rep.PoisonAcknowledged != nil {
+		after = rep.PoisonAcknowledged.MaxID
+	}
+	if _, rep.PoisonNew, err = pgpoison.Since(ctx, pool, after); err != nil {
+		return rep, err
+	}
 	if rep.Instances, err = Instances(ctx, pool); err != nil {
 		return rep, err
 	}
@@ -162,6 +178,41 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		}
 	}
 	return rep, nil
+}
+
+// AcknowledgeAction is the audit log's action of an acknowledgment.
+const AcknowledgeAction = "status.acknowledge"
+
+// Acknowledgment says that someone saw the poison store as it was: its
+// messages up to MaxID no longer need a human, the later ones do.
+type Acknowledgment struct {
+	By    string    `json:"by"`
+	At    time.Time `json:"at"`
+	MaxID int64     `json:"max_id"`
+	Count int       `json:"count"`
+}
+
+// Acknowledge records, in the audit log, that actor saw the poison store
+// as it is now (`ferry status --acknowledge`).
+func Acknowledge(ctx context.Context, pool *pgxpool.Pool, actor string) (Acknowledgment, error) {
+	maxID, n, err := pgpoison.Since(ctx, pool, 0)
+	if err != nil {
+		return Acknowledgment{}, err
+	}
+	if err := pgaudit.Record(ctx, pool, pgaudit.Entry{Actor: actor, Action: AcknowledgeAction, Scope: "poison store", Count: n,
+		Detail: map[string]any{"poison_max_id": maxID}}); err != nil {
+		return Acknowledgment{}, err
+	}
+	return Acknowledgment{By: actor, At: time.Now(), MaxID: maxID, Count: n}, nil
+}
+
+func lastAcknowledgment(ctx context.Context, pool *pgxpool.Pool) (*Acknowledgment, error) {
+	e, err := pgaudit.Latest(ctx, pool, AcknowledgeAction)
+	if err != nil || e == nil {
+		return nil, err
+	}
+	maxID, _ := e.Detail["poison_max_id"].(float64)
+	return &Acknowledgment{By: e.Actor, At: e.At, MaxID: int64(maxID), Count: e.Count}, nil
 }
 
 // Instances returns the Ferry processes registered in ferry_instances,
