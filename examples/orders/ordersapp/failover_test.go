@@ -85,41 +85,20 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 	require.NoError(t, primary.Exec(ctx, "postgres", `CREATE TABLE ha_orders (id bigint PRIMARY KEY);
 		CREATE TABLE ha_effects (order_id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now())`))
 
-	cfg, _, _ := testConfig(t)
-	cfg.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
-		primary.Port, standby.Port)
-	cfg.DatabaseSchema = ""
-	cfg.Retry.MaxRetries = 3
-	cfg.RelayMode = relayMode
-	if relayMode == app.RelayModeCDC {
-		cfg.CDCSafetyNetInterval, cfg.CDCSafetyNetMinAge = 500*time.Millisecond, 2*time.Second
-	}
 	// What the handler did outside the database (a provider's call), by order.
 	var externalMu sync.Mutex
 	external := map[int64]int{}
-	a, err := app.New(ctx, cfg, app.Options{Migrate: true, Logger: slog.New(slog.DiscardHandler), Routes: func(app.Deps) ([]handlers.Route, error) {
-		return []handlers.Route{{Name: "ha.effect", Topic: "ha.order", Handler: func(msg *message.Message) error {
-			var o struct{ ID int64 }
-			if err := json.Unmarshal(msg.Payload, &o); err != nil {
-				return pipeline.Permanent(err)
-			}
-			externalMu.Lock()
-			external[o.ID]++
-			externalMu.Unlock()
-			_, err := pgledger.TxFromContext(msg.Context()).Exec(msg.Context(), `INSERT INTO ha_effects (order_id) VALUES ($1)`, o.ID)
-			return err
-		}}}, nil
-	}})
-	require.NoError(t, err)
-	pipelinetest.TeardownTopology(t, a.Topology())
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- a.Run(runCtx, app.Components{Relay: true, Consumers: true}, nil) }()
-	defer func() {
-		stop()
-		<-ran
-		a.Close()
-	}()
+	a := startHA(t, primary, standby, func(cfg *app.Config) {
+		cfg.Retry.MaxRetries = 3
+		cfg.RelayMode = relayMode
+		if relayMode == app.RelayModeCDC {
+			cfg.CDCSafetyNetInterval, cfg.CDCSafetyNetMinAge = 500*time.Millisecond, 2*time.Second
+		}
+	}, func(id int64) {
+		externalMu.Lock()
+		external[id]++
+		externalMu.Unlock()
+	})
 
 	// The producer: an order and its event per transaction, 200/s; an
 	// order counts once its commit was acknowledged.
@@ -305,44 +284,23 @@ func lostLedgerCommit(t *testing.T, replay bool) {
 	t.Cleanup(func() { _ = standby.Stop() })
 	require.NoError(t, primary.Exec(ctx, "postgres", `CREATE TABLE ha_effects (order_id bigint NOT NULL)`))
 
-	cfg, _, _ := testConfig(t)
-	cfg.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
-		primary.Port, standby.Port)
-	cfg.DatabaseSchema = ""
-	if !replay {
-		cfg.Relay.FailoverReplay = -1
-	}
 	var mu sync.Mutex
 	calls := map[int64]int{}
 	entered, release := make(chan struct{}), make(chan struct{})
-	a, err := app.New(ctx, cfg, app.Options{Migrate: true, Logger: slog.New(slog.DiscardHandler), Routes: func(app.Deps) ([]handlers.Route, error) {
-		return []handlers.Route{{Name: "ha.effect", Topic: "ha.order", Handler: func(msg *message.Message) error {
-			var o struct{ ID int64 }
-			if err := json.Unmarshal(msg.Payload, &o); err != nil {
-				return pipeline.Permanent(err)
-			}
-			mu.Lock()
-			calls[o.ID]++
-			first := o.ID == 2 && calls[o.ID] == 1
-			mu.Unlock()
-			if first {
-				close(entered)
-				<-release
-			}
-			_, err := pgledger.TxFromContext(msg.Context()).Exec(msg.Context(), `INSERT INTO ha_effects (order_id) VALUES ($1)`, o.ID)
-			return err
-		}}}, nil
-	}})
-	require.NoError(t, err)
-	pipelinetest.TeardownTopology(t, a.Topology())
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- a.Run(runCtx, app.Components{Relay: true, Consumers: true}, nil) }()
-	defer func() {
-		stop()
-		<-ran
-		a.Close()
-	}()
+	a := startHA(t, primary, standby, func(cfg *app.Config) {
+		if !replay {
+			cfg.Relay.FailoverReplay = -1
+		}
+	}, func(id int64) {
+		mu.Lock()
+		calls[id]++
+		first := id == 2 && calls[id] == 1
+		mu.Unlock()
+		if first {
+			close(entered)
+			<-release
+		}
+	})
 	order := func(id int64) {
 		require.NoError(t, a.Outbox().InTx(ctx, a.Pool(), func(ctx context.Context, _ pgoutbox.Querier, p *pgoutbox.Pending) error {
 			evt, err := pipeline.NewEvent(ctx, strconv.FormatInt(id, 10), map[string]int64{"id": id})
@@ -401,4 +359,42 @@ func lostLedgerCommit(t *testing.T, replay bool) {
 	require.Equal(t, 1, calls[1], "order 1's handler did not run again")
 	require.Equal(t, 2, calls[2], "order 2's handler ran again, under the same message id")
 	require.Positive(t, a.Stats().Relay.Replayed)
+}
+
+// startHA runs the relay and the consumers of an app on primary, with
+// standby listed after it in FERRY_DATABASE_URL (target_session_attrs
+// read-write), until the test ends. Its one route, ha.effect on ha.order,
+// calls outside(id) (what a handler does outside the database: a
+// provider's call) and then records the order's effect in ha_effects in
+// its ledger transaction. configure adjusts the configuration first.
+func startHA(t *testing.T, primary, standby *pipelinetest.PostgresServer, configure func(*app.Config), outside func(id int64)) *app.App {
+	t.Helper()
+	ctx := context.Background()
+	cfg, _, _ := testConfig(t)
+	cfg.DatabaseURL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+		primary.Port, standby.Port)
+	cfg.DatabaseSchema = ""
+	configure(&cfg)
+	a, err := app.New(ctx, cfg, app.Options{Migrate: true, Logger: slog.New(slog.DiscardHandler), Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "ha.effect", Topic: "ha.order", Handler: func(msg *message.Message) error {
+			var o struct{ ID int64 }
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return pipeline.Permanent(err)
+			}
+			outside(o.ID)
+			_, err := pgledger.TxFromContext(msg.Context()).Exec(msg.Context(), `INSERT INTO ha_effects (order_id) VALUES ($1)`, o.ID)
+			return err
+		}}}, nil
+	}})
+	require.NoError(t, err)
+	pipelinetest.TeardownTopology(t, a.Topology())
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- a.Run(runCtx, app.Components{Relay: true, Consumers: true}, nil) }()
+	t.Cleanup(func() {
+		stop()
+		<-ran
+		a.Close()
+	})
+	return a
 }
