@@ -59,10 +59,11 @@ func (a *App) AdminHandler() http.Handler {
 // mounts it on the admin server).
 func (a *App) Console() (*console.Console, error) {
 	cfg := console.Config{Token: a.cfg.AdminToken, OutboxTable: a.cfg.Relay.Table, IdentityHeader: a.cfg.ConsoleIdentityHeader, Events: a.opts.Events, Logger: a.logger}
-	if a.pubConn != nil {
-		cfg.Unrouted = a.UnroutedDepth
-		cfg.Queues = a.QueueStats
-	}
+	// An app without a broker connection (ferry serve of a producing
+	// service) reads the broker on a connection of its own, as ferry
+	// status does: its console shows the same state.
+	cfg.Unrouted = a.UnroutedDepth
+	cfg.Queues = a.QueueStats
 	return console.New(a.pool, a.poison, cfg)
 }
 

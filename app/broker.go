@@ -2,8 +2,9 @@ package app
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -39,20 +40,42 @@ func (a *App) Broker() *amqp.Connection {
 // UnroutedDepth is how many messages wait in the broker's unrouted queue
 // (published to a topic no route consumes); they need a human.
 func (a *App) UnroutedDepth(context.Context) (int, error) {
-	if a.pubConn == nil {
-		return 0, errors.New("app: no broker connection (built WithoutBroker)")
+	conn, done, err := a.inspectConn()
+	if err != nil {
+		return 0, err
 	}
-	return rabbit.QueueDepth(a.pubConn.Connection(), a.topology.QueueName(rabbit.UnroutedName))
+	defer done()
+	return rabbit.QueueDepth(conn, a.topology.QueueName(rabbit.UnroutedName))
+}
+
+// inspectConn is the connection UnroutedDepth and QueueStats read the
+// broker on: the publisher's, or, for an app built WithoutBroker (ferry
+// serve of a producing service), one of their own for the read, as `ferry
+// status` opens, so that its console still shows the broker's state.
+func (a *App) inspectConn() (*amqp.Connection, func(), error) {
+	if a.pubConn != nil {
+		return a.pubConn.Connection(), func() {}, nil
+	}
+	cfg := a.cfg.AMQP
+	cfg.DialTimeout = 3 * time.Second
+	uri, conf := rabbit.AMQPConfig(cfg, "ferry-console")
+	conn, err := amqp.DialConfig(uri, conf)
+	if err != nil {
+		return nil, nil, fmt.Errorf("this process has no broker connection and could not open one to read the queues: %w", err)
+	}
+	return conn, func() { _ = conn.Close() }, nil
 }
 
 // QueueStats inspects the queues of the route table (each partition of an
 // ordered route, the one queue of another): messages ready and consumers.
 // A queue with messages and no consumer is where messages wait unseen.
 func (a *App) QueueStats(context.Context) ([]rabbit.QueueStat, error) {
-	if a.pubConn == nil {
-		return nil, errors.New("app: no broker connection (built WithoutBroker)")
+	conn, done, err := a.inspectConn()
+	if err != nil {
+		return nil, err
 	}
-	return a.QueueStatsOn(a.pubConn.Connection())
+	defer done()
+	return a.QueueStatsOn(conn)
 }
 
 // QueueStatsOn is QueueStats over conn, for an app built WithoutBroker

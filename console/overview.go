@@ -59,6 +59,10 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 		}
 	}
 	var brokerErr string
+	if c.cfg.Unrouted == nil {
+		// Never a blank card: say why there is no number.
+		o.UnroutedErr = "unknown (this console is given no broker to read: Config.Unrouted)"
+	}
 	if c.cfg.Unrouted != nil {
 		n, err := c.cfg.Unrouted(ctx)
 		switch {
