@@ -150,12 +150,16 @@ func TestChaosHA(t *testing.T) {
 // 3 runs everywhere they are requeued, as version 1 events, and succeed.
 // Nothing is poisoned for its version, lost or done twice.
 func TestChaosEventVersions(t *testing.T) {
-	rep, report := runChaos(t, chaos.ChaosRun{Orders: 10_000, Rate: 250, Consumers: 3, Seed: 35, Versions: true})
+	// Two consumer processes, as the short runs: during a roll three run
+	// at once, each with its pool, beside the other packages' tests on
+	// the shared server (max_connections 100; CI once saw "too many
+	// clients" with three).
+	rep, report := runChaos(t, chaos.ChaosRun{Orders: 10_000, Rate: 250, Consumers: 2, Seed: 35, Versions: true})
 	require.True(t, rep.OK(), report)
 	require.Equal(t, 3, rep.ProducerVersion, report)
 	require.Equal(t, 1, rep.Faults["version_consumers_v2"], report)
 	require.Equal(t, 1, rep.Faults["version_consumers_v3"], report)
-	require.GreaterOrEqual(t, rep.ConsumerStops, 6, "each roll replaced every consumer: %s", report)
+	require.GreaterOrEqual(t, rep.ConsumerStops, 4, "each roll replaced every consumer: %s", report)
 	require.Positive(t, rep.VersionRequeued, report)
 	require.GreaterOrEqual(t, rep.OrdersCommitted, 9000)
 	require.Equal(t, rep.OrdersCommitted, rep.Charges)
