@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strconv"
@@ -183,7 +184,7 @@ func (c *Chain[T]) build(t reflect.Type) error {
 	// Every version a step starts from must reach the current one, and
 	// typed neighbours must agree on the type of the version between them.
 	for _, dir := range []map[string]Step{ups, downs} {
-		for _, from := range slices.Sorted(mapsKeys(dir)) {
+		for _, from := range slices.Sorted(maps.Keys(dir)) {
 			var path []Step
 			at, typ, typedBy := from, reflect.Type(nil), ""
 			for at != c.current {
@@ -212,16 +213,6 @@ func (c *Chain[T]) build(t reflect.Type) error {
 	return errors.Join(errs...)
 }
 
-func mapsKeys(m map[string]Step) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
 // Name is the event type's name.
 func (c *Chain[T]) Name() string { return c.name }
 
@@ -233,13 +224,7 @@ func (c *Chain[T]) Steps() []Step { return slices.Clone(c.steps) }
 
 // Versions are the versions the chain reads, oldest first.
 func (c *Chain[T]) Versions() []string {
-	vs := slices.Collect(func(yield func(string) bool) {
-		for v := range c.paths {
-			if !yield(v) {
-				return
-			}
-		}
-	})
+	vs := slices.Collect(maps.Keys(c.paths))
 	slices.SortFunc(vs, func(a, b string) int { x, _ := strconv.Atoi(a); y, _ := strconv.Atoi(b); return x - y })
 	return vs
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,7 +48,7 @@ func RequireStoredEventsDecode(t testing.TB, pool *pgxpool.Pool, table string, e
 			failures = append(failures, fmt.Sprintf("%s #%d (%s, version %q): %v", s.Place, s.ID, s.Topic, s.Version, err))
 		}
 	}
-	for _, topic := range slices.Sorted(mapKeys(unchecked)) {
+	for _, topic := range slices.Sorted(maps.Keys(unchecked)) {
 		t.Logf("ferrytest: %d stored event(s) of topic %s not checked: no chain in events names it", unchecked[topic], topic)
 	}
 	if len(failures) > 0 {
@@ -106,15 +107,5 @@ func RequireCorpusDecodes(t testing.TB, dir string, events ...evolve.Schema) {
 	}
 	if len(failures) > 0 {
 		t.Fatalf("ferrytest: the corpus in %s does not decode:\n  %s", dir, strings.Join(failures, "\n  "))
-	}
-}
-
-func mapKeys(m map[string]int) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
 	}
 }
