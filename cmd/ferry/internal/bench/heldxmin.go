@@ -88,11 +88,7 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		}
 		var rounds []round
 		for r := 1; r <= bc.HeldXminRounds; r++ {
-			if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, headers)
-				SELECT (g % 1000)::text, $1,
-				       jsonb_build_object('order_id', g, 'user_id', 'user-' || (g % 977), 'amount', 1200, 'currency', 'JPY'),
-				       jsonb_build_object('schema_version', '1', 'correlation_id', md5(g::text))
-				FROM generate_series(1, $2::int) g`, benchTopic, bc.HeldXminEvents); err != nil {
+			if _, err := pool.Exec(ctx, insertEventsSQL, benchTopic, bc.HeldXminEvents); err != nil {
 				return nil, err
 			}
 			relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, PollInterval: 20 * time.Millisecond, PollOnly: true, FailoverReplay: -1}, logger)
