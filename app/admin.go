@@ -18,8 +18,9 @@ import (
 //	GET  /healthz       the process is up
 //	GET  /readyz        database and broker reachable, migrations current (503 otherwise)
 //	POST /admin/prune   prune the outbox and the ledger now (Bearer FERRY_ADMIN_TOKEN)
-//	     /console/      the operator console (package console): reading from
-//	                    loopback needs no token, actions need FERRY_ADMIN_TOKEN
+//	     /console/      the operator console (package console): reading and
+//	                    acting need a login with FERRY_ADMIN_TOKEN
+//	                    (FERRY_CONSOLE_OPEN_READS=true: loopback reads without)
 //
 // The admin server listens on loopback by default (FERRY_ADMIN_ADDR).
 func (a *App) AdminHandler() http.Handler {
@@ -58,7 +59,7 @@ func (a *App) AdminHandler() http.Handler {
 // broker, for mounting at /console/ in a server of your own (AdminHandler
 // mounts it on the admin server).
 func (a *App) Console() (*console.Console, error) {
-	cfg := console.Config{Token: a.cfg.AdminToken, OutboxTable: a.cfg.Relay.Table, IdentityHeader: a.cfg.ConsoleIdentityHeader, Events: a.opts.Events, Logger: a.logger}
+	cfg := console.Config{Token: a.cfg.AdminToken, OutboxTable: a.cfg.Relay.Table, IdentityHeader: a.cfg.ConsoleIdentityHeader, OpenReads: a.cfg.ConsoleOpenReads, Events: a.opts.Events, Logger: a.logger}
 	// An app without a broker connection (ferry serve of a producing
 	// service) reads the broker on a connection of its own, as ferry
 	// status does: its console shows the same state.

@@ -89,6 +89,11 @@ type Config struct {
 	// FERRY_CONSOLE_IDENTITY_HEADER; empty: none (set it only behind such
 	// a proxy, which must also strip it from clients' requests).
 	ConsoleIdentityHeader string
+	// ConsoleOpenReads lets requests from loopback read the console without
+	// logging in. FERRY_CONSOLE_OPEN_READS; default false: a reverse proxy
+	// or a tunnel on the host makes every request look local, and the
+	// console shows payloads and failure reasons.
+	ConsoleOpenReads bool
 	// MetricsRefresh is how often the outbox gauges are recomputed. FERRY_METRICS_REFRESH.
 	MetricsRefresh time.Duration
 	// HTTPAddr is where the application's HTTP API (Options.HTTP) listens.
@@ -323,6 +328,14 @@ func EnvVars() []EnvVar {
 				return fmt.Errorf("%q is not an HTTP header name", v)
 			}
 			c.ConsoleIdentityHeader = v
+			return nil
+		}},
+		{"FERRY_CONSOLE_OPEN_READS", "false", "true lets requests from loopback read the console without logging in (only where nothing on the host forwards requests: a proxy or a tunnel looks like loopback); actions need FERRY_ADMIN_TOKEN either way", func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("must be true or false")
+			}
+			c.ConsoleOpenReads = b
 			return nil
 		}},
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},

@@ -23,6 +23,7 @@ func TestAConsoleWithoutABrokerConnectionStillShowsTheBroker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	cfg := ferrytest.AppConfig(ferrytest.Schema(t), ferrytest.Rabbit(t))
+	cfg.ConsoleOpenReads = true // read from loopback without a login, as the operator chose
 	routes := func(app.Deps) ([]handlers.Route, error) {
 		return []handlers.Route{{Name: "mail.send", Topic: "mail.requested", Handler: handlers.Typed(func(context.Context, *struct{}) error { return nil })}}, nil
 	}

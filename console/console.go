@@ -5,8 +5,11 @@
 // it is an http.Handler, mounted by the app on its admin server at
 // /console and embeddable in a server of your own.
 //
-// Reading needs no token from loopback; from anywhere else it needs the
-// admin token, like every state-changing action always does. Actions are
+// Reading needs a login (or the admin token as a Bearer header), from
+// loopback too: a reverse proxy or a tunnel on the host makes every request
+// look local. Config.OpenReads (FERRY_CONSOLE_OPEN_READS) lets loopback read
+// without one, for an operator who chose it. Every state-changing action
+// needs the token, always. Actions are
 // protected against cross-site requests (http.CrossOriginProtection and a
 // per-session form token), always show the count first and ask to
 // confirm, and land in the audit log (ferry_audit_log), which the console,
@@ -52,10 +55,16 @@ var staticFS embed.FS
 
 // Config configures the console.
 type Config struct {
-	// Token is the admin token: actions need it (as a session from the
-	// login form, or a Bearer header), and so does reading from beyond
-	// loopback. Empty: actions are refused.
+	// Token is the admin token: reading and acting need it (as a session
+	// from the login form, or a Bearer header). Empty: actions are refused,
+	// and so is reading unless OpenReads.
 	Token string
+	// OpenReads lets requests from loopback read without logging in.
+	// Default false: a reverse proxy, an SSH tunnel or a sidecar on the
+	// host makes every request look like loopback, and the console shows
+	// payloads and failure reasons. Set it only where nothing on the host
+	// forwards requests. Actions need the token either way.
+	OpenReads bool
 	// Prefix is the path the console is mounted at. Default "/console".
 	Prefix string
 	// OutboxTable is the outbox ("" for the default).
@@ -280,12 +289,17 @@ func loopback(r *http.Request) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// read lets a request read: from loopback always, else with the token.
+// read lets a request read: logged in (or with the Bearer token), or from
+// loopback when the operator opened reads there.
 func (c *Console) read(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r = c.withWho(r)
-		if !loopback(r) && !c.authed(r) {
-			http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
+		if !c.authed(r) && !(c.cfg.OpenReads && loopback(r)) {
+			if c.cfg.Token == "" {
+				c.fail(w, r, http.StatusForbidden, "reading the console needs a login: set FERRY_ADMIN_TOKEN, or FERRY_CONSOLE_OPEN_READS=true to let loopback read without one")
+				return
+			}
+			http.Redirect(w, r, c.cfg.Prefix+"/login?"+url.Values{"next": {r.URL.RequestURI()}}.Encode(), http.StatusSeeOther)
 			return
 		}
 		h(w, r)

@@ -85,7 +85,7 @@ func get(t *testing.T, c *http.Client, u string) (int, string) {
 func TestPagesEscapeAndBoundHostileContent(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	c := srv.Client()
+	c := loggedIn(t, srv)
 	for _, path := range []string{"/console/", "/console/overview", "/console/poison", "/console/failing", "/console/audit", "/console/static/htmx.min.js"} {
 		code, _ := get(t, c, srv.URL+path)
 		require.Equal(t, 200, code, path)
@@ -198,22 +198,53 @@ func TestActionsNeedTheTokenAndAreAudited(t *testing.T) {
 	require.Contains(t, body, "poison.discard")
 }
 
-// Reading from beyond loopback needs the token too.
-func TestReadingBeyondLoopbackNeedsTheToken(t *testing.T) {
+// Reading needs a login, from loopback too (a proxy or a tunnel on the
+// host looks like loopback); OpenReads lets loopback read without one,
+// never a request from beyond it; without a token and OpenReads the
+// console says what to set.
+func TestReadingNeedsALoginUnlessLoopbackReadsAreOpened(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
-	c, err := console.New(pool, store, console.Config{Token: token})
-	require.NoError(t, err)
-	rec := httptest.NewRecorder() // RemoteAddr 192.0.2.1: not loopback
-	c.ServeHTTP(rec, httptest.NewRequest("GET", "/console/poison", nil))
-	require.Equal(t, http.StatusSeeOther, rec.Code)
-	rec = httptest.NewRecorder()
-	req := httptest.NewRequest("GET", "/console/poison", nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	c.ServeHTTP(rec, req)
-	require.Equal(t, http.StatusOK, rec.Code)
+	serve := func(cfg console.Config, remote string, bearer bool) *httptest.ResponseRecorder {
+		c, err := console.New(pool, store, cfg)
+		require.NoError(t, err)
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/console/poison", nil)
+		req.RemoteAddr = remote
+		if bearer {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		c.ServeHTTP(rec, req)
+		return rec
+	}
+	const local, far = "127.0.0.1:50000", "192.0.2.1:50000"
+	for _, tc := range []struct {
+		name   string
+		cfg    console.Config
+		remote string
+		bearer bool
+		want   int
+	}{
+		{"loopback, default", console.Config{Token: token}, local, false, http.StatusSeeOther},
+		{"loopback over IPv6, default", console.Config{Token: token}, "[::1]:50000", false, http.StatusSeeOther},
+		{"beyond loopback, default", console.Config{Token: token}, far, false, http.StatusSeeOther},
+		{"loopback, opened", console.Config{Token: token, OpenReads: true}, local, false, http.StatusOK},
+		{"beyond loopback, opened", console.Config{Token: token, OpenReads: true}, far, false, http.StatusSeeOther},
+		{"bearer from beyond", console.Config{Token: token}, far, true, http.StatusOK},
+		{"no token, not opened", console.Config{}, local, false, http.StatusForbidden},
+		{"no token, opened", console.Config{OpenReads: true}, local, false, http.StatusOK},
+	} {
+		rec := serve(tc.cfg, tc.remote, tc.bearer)
+		require.Equal(t, tc.want, rec.Code, tc.name)
+		switch tc.want {
+		case http.StatusSeeOther:
+			require.Equal(t, "/console/login?next=%2Fconsole%2Fpoison", rec.Header().Get("Location"), tc.name)
+		case http.StatusForbidden:
+			require.Contains(t, rec.Body.String(), "FERRY_CONSOLE_OPEN_READS", tc.name)
+		}
+	}
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
@@ -240,16 +271,17 @@ func TestFailingRowsAreGroupedAndFiltered(t *testing.T) {
 		SELECT 'a' || g, 'stripe.charge', '{}', g, 'publishing to exchange ' || g || ': NOT_FOUND', now() + interval '1 minute' FROM generate_series(1, 4) g;
 		INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error) VALUES ('b', 'mail.send', '{}', 2, E'<script>x</script> broker \x1b closed')`)
 	require.NoError(t, err)
-	code, body := get(t, srv.Client(), srv.URL+"/console/failing")
+	reader := loggedIn(t, srv)
+	code, body := get(t, reader, srv.URL+"/console/failing")
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "publishing to exchange &lt;n&gt;: NOT_FOUND")
 	require.Contains(t, body, `<td class="n">4</td>`)
 	require.NotContains(t, body, "<script>x</script>")
 	require.NotContains(t, body, "\x1b")
-	code, body = get(t, srv.Client(), srv.URL+"/console/failing?topic=mail.send")
+	code, body = get(t, reader, srv.URL+"/console/failing?topic=mail.send")
 	require.Equal(t, 200, code)
 	require.Equal(t, 1, strings.Count(body, `class="row-detail"`), "one row under the filter")
-	code, body = get(t, srv.Client(), srv.URL+"/console/failing?q=not_found&aggregate=a3")
+	code, body = get(t, reader, srv.URL+"/console/failing?q=not_found&aggregate=a3")
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "<td>a3</td>")
 	require.Equal(t, 1, strings.Count(body, `class="row-detail"`))
@@ -342,7 +374,8 @@ func TestPagingReachesEveryPageWithTheFilter(t *testing.T) {
 		start := strings.LastIndex(body[:i], `href="`) + len(`href="`)
 		return html.UnescapeString(body[start : start+strings.Index(body[start:], `"`)])
 	}
-	code, body := get(t, srv.Client(), srv.URL+"/console/poison?handler=paged.even")
+	reader := loggedIn(t, srv)
+	code, body := get(t, reader, srv.URL+"/console/poison?handler=paged.even")
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "(120 under the filter)")
 	require.Equal(t, ids[:50], shown(body), "newest first")
@@ -356,14 +389,14 @@ func TestPagingReachesEveryPageWithTheFilter(t *testing.T) {
 		}
 		require.Contains(t, next, "handler=paged.even", "the filter is kept")
 		require.NotContains(t, next, "%3d")
-		code, body = get(t, srv.Client(), srv.URL+next)
+		code, body = get(t, reader, srv.URL+next)
 		require.Equal(t, 200, code, next)
 		seen = append(seen, shown(body)...)
 		if page == 3 {
 			require.Len(t, shown(body), 20, "page 3 holds the last 20")
 			newer := href(body, "newer")
 			require.NotEmpty(t, newer)
-			_, back := get(t, srv.Client(), srv.URL+newer)
+			_, back := get(t, reader, srv.URL+newer)
 			require.Equal(t, ids[50:100], shown(back), "newer goes back to page 2")
 		}
 	}
@@ -449,12 +482,16 @@ func TestGroupActionsKeepTheFilterAndLoginReturns(t *testing.T) {
 	require.NoError(t, err)
 	browser := newBrowser()
 
-	_, page := get(t, browser, srv.URL+"/console/poison?handler=refunds.charge")
-	next := html.UnescapeString(between(page, `/console/login?next=`, `"`))
-	require.Equal(t, "%2fconsole%2fpoison%3fhandler%3drefunds.charge", strings.ToLower(next))
-	unescaped, err := url.QueryUnescape(next)
+	// Not logged in, reading sends to the login form, which names the page
+	// to come back to.
+	resp, err := browser.Get(srv.URL + "/console/poison?handler=refunds.charge")
 	require.NoError(t, err)
-	resp, err := browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}, "next": {unescaped}})
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	_, page := get(t, browser, srv.URL+resp.Header.Get("Location"))
+	unescaped := html.UnescapeString(between(page, `name="next" value="`, `"`))
+	require.Equal(t, "/console/poison?handler=refunds.charge", unescaped)
+	resp, err = browser.PostForm(srv.URL+"/console/login", url.Values{"token": {token}, "next": {unescaped}})
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, "/console/poison?handler=refunds.charge", resp.Header.Get("Location"), "back to where the operator was")
@@ -483,8 +520,11 @@ func TestGroupActionsKeepTheFilterAndLoginReturns(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	_, page = get(t, browser, srv.URL+"/console/poison")
-	require.Contains(t, page, "log in to act", "logged out")
+	resp, err = browser.Get(srv.URL + "/console/poison")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, "logged out, the console is not read")
+	require.True(t, strings.HasPrefix(resp.Header.Get("Location"), "/console/login"))
 }
 
 // A failing outbox row has a page of its own (the whole last error, the
@@ -576,7 +616,7 @@ func loggedIn(t *testing.T, srv *httptest.Server) *http.Client {
 func TestOverviewChartsTheLastHour(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	browser := newBrowser()
+	browser := loggedIn(t, srv)
 	_, body := get(t, browser, srv.URL+"/console/")
 	require.Contains(t, body, `id="no-samples"`, "with no process sampling, the overview says why the charts are empty")
 	require.Contains(t, body, "no data in the last hour", "an empty chart draws no line at zero")

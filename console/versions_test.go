@@ -54,11 +54,12 @@ func TestAStoredEventIsShownAsTheCurrentVersion(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT (SELECT id FROM poison_messages WHERE message_id = 'a'), (SELECT id FROM poison_messages WHERE message_id = 'b'), (SELECT id FROM poison_messages WHERE message_id = 'c')`).Scan(&ok, &refused, &current))
 
-	_, body := get(t, srv.Client(), srv.URL+"/console/poison/"+itoa(ok))
+	reader := loggedIn(t, srv)
+	_, body := get(t, reader, srv.URL+"/console/poison/"+itoa(ok))
 	require.Contains(t, body, "As version 2 (stored as 1): what the handler sees")
 	require.Contains(t, body, `&#34;cents&#34;: 1250`)
-	_, body = get(t, srv.Client(), srv.URL+"/console/poison/"+itoa(refused))
+	_, body = get(t, reader, srv.URL+"/console/poison/"+itoa(refused))
 	require.Contains(t, body, "The handler will refuse it: event type &#34;stripe.charge&#34;: up step 1→2: a refund is not a charge")
-	_, body = get(t, srv.Client(), srv.URL+"/console/poison/"+itoa(current))
+	_, body = get(t, reader, srv.URL+"/console/poison/"+itoa(current))
 	require.NotContains(t, body, "As version")
 }

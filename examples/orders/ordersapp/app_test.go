@@ -45,6 +45,10 @@ type harness struct {
 // testConfig is a configuration on a fresh schema and namespace, with the
 // in-process payment provider and SMTP sink, and schedules short enough
 // for tests.
+// consoleToken is the tests' admin token: the console is read with it (a
+// login or a Bearer header), as in production.
+const consoleToken = "ordersapp-admin-token-0123"
+
 func testConfig(t *testing.T) (app.Config, *sandbox.PaymentProvider, *sandbox.SMTPSink) {
 	cfg, _, provider, sink := testConfigs(t)
 	return cfg, provider, sink
@@ -66,6 +70,7 @@ func testConfigs(t *testing.T) (app.Config, ordersapp.Config, *sandbox.PaymentPr
 		DurableRetry:   middleware.DurableRetryConfig{MaxAttempts: 3, Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond}},
 		HTTPAddr:       "127.0.0.1:0",
 		AdminAddr:      "127.0.0.1:0",
+		AdminToken:     consoleToken,
 	}
 	return cfg, ordersapp.Config{PaymentURL: provider.URL(), SMTPAddr: sink.Addr()}.WithDefaults(), provider, sink
 }

@@ -376,6 +376,7 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodGet, "/console/", nil)
 	req.RemoteAddr = "127.0.0.1:1"
+	req.Header.Set("Authorization", "Bearer "+consoleToken)
 	con.ServeHTTP(rec, req)
 	require.Contains(t, rec.Body.String(), `id="held"`)
 	require.Contains(t, rec.Body.String(), "ledger service answered 503")

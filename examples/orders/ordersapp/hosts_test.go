@@ -79,7 +79,7 @@ func TestLoopbackServersRefuseRebindingAndForeignOrigins(t *testing.T) {
 
 	status, body := do(t, hostCase{method: "POST", url: api + "/orders", host: "localhost:8080", body: order})
 	require.Less(t, status, 300, body)
-	status, body = do(t, hostCase{method: "GET", url: admin + "/console/", host: "[::1]:9091"})
+	status, body = do(t, hostCase{method: "GET", url: admin + "/console/", host: "[::1]:9091", token: consoleToken})
 	require.Equal(t, http.StatusOK, status, body)
 }
 
@@ -167,6 +167,7 @@ func TestQueuesWithoutConsumersAreShown(t *testing.T) {
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodGet, "/console/", nil)
 	req.RemoteAddr = "127.0.0.1:1234"
+	req.Header.Set("Authorization", "Bearer "+consoleToken)
 	con.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Contains(t, rec.Body.String(), `id="queues"`)
