@@ -156,6 +156,9 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"ferry_samples":          {"pipeline/pgstatus"},
 		"ferry_console_sessions": {"pipeline/pgsession"},
 		"ferry_relay_timelines":  {"pipeline/pgoutbox"},
+		"ferry_poison_archive":   {"pipeline/pgpoison"},
+		"ferry_handler_pauses":   {"pipeline/pgpause"},
+		"ferry_jobs":             {"pipeline/pgjobs"},
 	}
 	// Names that stand for a table in code: the owner's constant or
 	// quoting function. pgcdc names the outbox in its publication (DDL).

@@ -201,6 +201,10 @@ type RetentionConfig struct {
 	// ToolCalls is how long agent tool call records are kept: a host
 	// retrying a call after that runs it again. Default 336h (14 days).
 	ToolCalls time.Duration
+	// PoisonArchive is how long discarded poison messages are kept in
+	// ferry_poison_archive, where a discard can be undone. Default 336h
+	// (14 days).
+	PoisonArchive time.Duration
 	// ArchiveOutbox moves pruned outbox rows into outbox_archive. Default false.
 	ArchiveOutbox bool
 	// Interval is how often `ferry run` prunes. Default 1h.
@@ -311,6 +315,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_OUTBOX_RETENTION", "720h", "keep dispatched outbox rows this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.Outbox })},
 		{"FERRY_LEDGER_RETENTION", "336h", "keep the consumers' ledger this long (must outlast redeliveries)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Ledger })},
 		{"FERRY_TOOL_CALL_RETENTION", "336h", "keep agent tool call records (idempotency) this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.ToolCalls })},
+		{"FERRY_POISON_ARCHIVE_RETENTION", "336h", "keep discarded poison messages this long (a discard can be undone until then)", durationVar(func(c *Config) *time.Duration { return &c.Retention.PoisonArchive })},
 		{"FERRY_OUTBOX_ARCHIVE", "false", "move pruned outbox rows to outbox_archive", func(c *Config, v string) error {
 			b, err := strconv.ParseBool(v)
 			if err != nil {
@@ -468,6 +473,9 @@ func (c Config) WithDefaults() Config {
 	if c.Retention.ToolCalls == 0 {
 		c.Retention.ToolCalls = pgretention.DefaultToolCallRetention
 	}
+	if c.Retention.PoisonArchive == 0 {
+		c.Retention.PoisonArchive = pgretention.DefaultPoisonArchiveRetention
+	}
 	if c.Retention.Interval == 0 {
 		c.Retention.Interval = pgretention.DefaultInterval
 	}
@@ -575,7 +583,7 @@ func (c Config) Validate() error {
 		add("FERRY_RETRY_*", c.Retry.Validate())
 		add("FERRY_DURABLE_RETRY_*", c.DurableRetry.Backoff.Validate())
 	}
-	if c.Retention.Outbox <= 0 || c.Retention.Ledger <= 0 || c.Retention.ToolCalls <= 0 || c.Retention.Interval <= 0 || c.Retention.BatchSize <= 0 {
+	if c.Retention.Outbox <= 0 || c.Retention.Ledger <= 0 || c.Retention.ToolCalls <= 0 || c.Retention.PoisonArchive <= 0 || c.Retention.Interval <= 0 || c.Retention.BatchSize <= 0 {
 		add("FERRY_*_RETENTION / FERRY_PRUNE_*", errors.New("retentions, interval and batch size must be positive"))
 	}
 	if c.Retention.Ledger < time.Hour {

@@ -7,7 +7,8 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 )
 
-// Prune removes dispatched outbox rows and ledger rows past their retention.
+// Prune removes dispatched outbox rows, ledger rows, tool call records and
+// discarded poison messages past their retention.
 func (a *App) Prune(ctx context.Context) ([]pgretention.Result, error) {
 	r := a.cfg.Retention
 	out, err := pgretention.Prune(ctx, a.pool, pgretention.Outbox, pgretention.Options{OlderThan: r.Outbox, BatchSize: r.BatchSize, Archive: r.ArchiveOutbox, Table: a.cfg.Relay.Table})
@@ -22,7 +23,11 @@ func (a *App) Prune(ctx context.Context) ([]pgretention.Result, error) {
 	if err != nil {
 		return []pgretention.Result{out, led}, err
 	}
-	return []pgretention.Result{out, led, calls}, nil
+	archive, err := pgretention.Prune(ctx, a.pool, pgretention.PoisonArchive, pgretention.Options{OlderThan: r.PoisonArchive, BatchSize: r.BatchSize})
+	if err != nil {
+		return []pgretention.Result{out, led, calls}, err
+	}
+	return []pgretention.Result{out, led, calls, archive}, nil
 }
 
 // runPruner prunes at start and every interval; a failed prune is logged

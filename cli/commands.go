@@ -37,12 +37,14 @@ var (
 		{Name: "show", Args: "ID", Summary: "one poisoned message whole: full reason, attempt history, headers, payload", Flags: poisonShowFlags},
 		{Name: "requeue", Summary: "send poisoned messages back to their original topic (attempts reset), atomically: an interrupted requeue loses and doubles nothing",
 			Flags: poisonFlags("requeue")},
-		{Name: "discard", Summary: "delete poisoned messages; unknown ids are named and fail the command", Flags: poisonFlags("discard")},
+		{Name: "discard", Summary: "remove poisoned messages into the archive (undoable until FERRY_POISON_ARCHIVE_RETENTION); unknown ids are named and fail the command", Flags: poisonFlags("discard")},
+		{Name: "undo", Summary: "put back the messages one discard (--run) removed, with their ids; audited", Flags: poisonUndoFlags},
 	}}
 	cmdPrune = &Command{Name: "prune", Summary: "remove rows past their retention", Sub: []*Command{
 		{Name: "outbox", Summary: "remove (or archive) dispatched outbox rows past their retention", Flags: pruneFlags(pgretention.Outbox)},
 		{Name: "ledger", Summary: "remove consumer ledger rows past their retention", Flags: pruneFlags(pgretention.Ledger)},
 		{Name: "tool-calls", Summary: "remove agent tool call records (idempotency) past their retention", Flags: pruneFlags(pgretention.ToolCalls)},
+		{Name: "poison-archive", Summary: "remove discarded poison messages past their retention (they can no longer be undone)", Flags: pruneFlags(pgretention.PoisonArchive)},
 	}}
 	cmdMCP = &Command{Name: "mcp", Summary: "serve the application's agent tools over MCP on stdin/stdout, for a host that starts it as a subprocess",
 		Long: `Logs go to stderr; stdout carries only MCP. The idempotency key of a call

@@ -377,6 +377,9 @@ func streamActions(w io.Writer, asJSON bool, verb string, run func(func(pgpoison
 		if sum.LastID > 0 {
 			fmt.Fprintf(bw, "last poison id looked at: %d (--after-id %d continues)\n", sum.LastID, sum.LastID)
 		}
+		if verb == "discarded" && sum.Done > 0 {
+			fmt.Fprintf(bw, "run %s: `ferry poison undo --run %s` puts these back (until the archive's retention, FERRY_POISON_ARCHIVE_RETENTION)\n", sum.Run, sum.Run)
+		}
 	}
 	var problems []string
 	if len(sum.NotFound) > 0 {
@@ -418,6 +421,43 @@ func poisonRow(tw io.Writer, r pgpoison.Record, w cellWidths) {
 	fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s ago\t%s ago\t%s\n", r.ID, cell(r.Topic, w.id), cell(r.Handler, w.id),
 		cell(r.MessageID, w.id), r.Attempts, display.Age(time.Since(r.FirstFailedAt)), display.Age(time.Since(r.PoisonedAt)),
 		cell(r.Reason, w.reason))
+}
+
+func poisonUndoFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	run := fs.String("run", "", "the discard's run id (printed by discard, in its audit entries, on the console's result)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, _ []string) error {
+		if *run == "" {
+			return usagef("--run: name the discard to undo")
+		}
+		store, closeStore, err := openPoisonStore(ctx)
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		return PoisonUndo{RunID: *run, Actor: pgaudit.CLIActor(), JSON: *asJSON}.Run(ctx, store, env.Stdout)
+	}
+}
+
+// PoisonUndo is `poison undo`: the library call the console's Undo makes
+// (pgpoison.Store.Undo).
+type PoisonUndo struct {
+	RunID string
+	Actor string
+	JSON  bool
+}
+
+// Run puts the run's discarded messages back and says which.
+func (o PoisonUndo) Run(ctx context.Context, store *pgpoison.Store, w io.Writer) error {
+	res, err := store.Undo(ctx, o.RunID, o.Actor)
+	if err != nil {
+		return err
+	}
+	if o.JSON {
+		return WriteJSON(w, res)
+	}
+	_, err = fmt.Fprintf(w, "put back %d message(s) into the poison store: ids %s\n", len(res.Restored), joinIDs(res.Restored))
+	return err
 }
 
 func poisonShowFlags(fs *flag.FlagSet, env *Env) RunFunc {

@@ -25,6 +25,8 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 			fs.BoolVar(&o.Archive, "archive", o.Archive, "move the rows to outbox_archive instead of deleting them")
 		case pgretention.ToolCalls:
 			o.OlderThan = cfg.Retention.ToolCalls
+		case pgretention.PoisonArchive:
+			o.OlderThan = cfg.Retention.PoisonArchive
 		default:
 			o.OlderThan = cfg.Retention.Ledger
 		}
@@ -51,7 +53,7 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 	}
 }
 
-// Prune is `prune outbox|ledger|tool-calls`.
+// Prune is `prune outbox|ledger|tool-calls|poison-archive`.
 type Prune struct {
 	Target  pgretention.Target
 	Options pgretention.Options

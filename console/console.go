@@ -84,6 +84,11 @@ type Config struct {
 	// stored event of an older version is also shown as the current one,
 	// as its handler will see it, or with the reason it will refuse it.
 	Events []evolve.Schema
+	// MaxBackgroundRows bounds what one confirmation of a poison store
+	// requeue or discard takes (the oldest first; the confirmation says how
+	// many more there are). Over MaxActionRows the action runs in the
+	// background with a page of its own. Default DefaultMaxBackgroundRows.
+	MaxBackgroundRows int
 	// Logger receives the console's log lines. Default: discard.
 	Logger *slog.Logger
 }
@@ -153,6 +158,12 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.MaxBackgroundRows == 0 {
+		cfg.MaxBackgroundRows = DefaultMaxBackgroundRows
+	}
+	if cfg.MaxBackgroundRows < MaxActionRows {
+		return nil, fmt.Errorf("console: MaxBackgroundRows (%d) must be at least MaxActionRows (%d)", cfg.MaxBackgroundRows, MaxActionRows)
+	}
 	ops, err := pgoutbox.NewOperator(pool, cfg.OutboxTable)
 	if err != nil {
 		return nil, err
@@ -177,6 +188,8 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	mux.HandleFunc("GET "+p+"/failing", c.read(c.failingPage))
 	mux.HandleFunc("GET "+p+"/audit", c.read(c.auditPage))
 	mux.HandleFunc("POST "+p+"/actions", c.act(c.action))
+	mux.HandleFunc("POST "+p+"/undo", c.act(c.undo))
+	mux.HandleFunc("GET "+p+"/jobs/{id}", c.read(c.jobPage))
 	mux.HandleFunc("GET "+p+"/retrying", c.read(c.retryingPage))
 	mux.HandleFunc("GET "+p+"/failing/{id}", c.read(c.outboxRowPage))
 	mux.HandleFunc("POST "+p+"/outbox-actions", c.act(c.outboxAction))

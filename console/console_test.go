@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -49,10 +50,18 @@ func (h failOnRenderError) WithGroup(string) slog.Handler      { return h }
 
 func setup(t *testing.T) (*httptest.Server, *pgxpool.Pool) {
 	t.Helper()
+	return setupWith(t, func(*console.Config) {})
+}
+
+// setupWith is setup with the console's configuration changed by f.
+func setupWith(t *testing.T, f func(*console.Config)) (*httptest.Server, *pgxpool.Pool) {
+	t.Helper()
 	pool := pipelinetest.Postgres(t)
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
-	c, err := console.New(pool, store, console.Config{Token: token, Logger: slog.New(failOnRenderError{t})})
+	cfg := console.Config{Token: token, Logger: slog.New(failOnRenderError{t})}
+	f(&cfg)
+	c, err := console.New(pool, store, cfg)
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/console/", c)
@@ -665,12 +674,15 @@ func TestLoginAttemptsAreRateLimited(t *testing.T) {
 
 // A bulk action does exactly what was confirmed (issue 33): a group that
 // grows between the confirmation and the click is acted on only as far as
-// it was shown; one confirmation acts on at most MaxActionRows, the oldest,
-// and says how many the group holds; posting the same confirmation again
-// does nothing and says so; the audit keeps the ids.
+// it was shown; one confirmation takes at most MaxBackgroundRows, the
+// oldest, and says how many the group holds; over MaxActionRows it runs as
+// a background job whose page shows progress and result; posting the same
+// confirmation again starts nothing and says so; the audit keeps the ids;
+// the discard is undone from the job's page.
 func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	t.Parallel()
-	srv, pool := setup(t)
+	const capRows = console.MaxActionRows + 200
+	srv, pool := setupWith(t, func(c *console.Config) { c.MaxBackgroundRows = capRows })
 	ctx := context.Background()
 	insert := func(from, to int) {
 		t.Helper()
@@ -684,7 +696,7 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 			FROM poison_messages WHERE handler = 'bulk.handler'`).Scan(&n, &first))
 		return n, first
 	}
-	insert(1, console.MaxActionRows+5)
+	insert(1, capRows+5)
 	browser := loggedIn(t, srv)
 	_, page := get(t, browser, srv.URL+"/console/poison?handler=bulk.handler")
 	var fp string
@@ -692,30 +704,52 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "action": {"discard"}, "scope": {"group"}, "fingerprint": {fp}, "handler": {"bulk.handler"}}
 	code, body := postForm(t, browser, srv.URL+"/console/actions", form)
 	require.Equal(t, http.StatusOK, code, body)
-	require.Contains(t, body, fmt.Sprintf(`<b id="count">%d</b>`, console.MaxActionRows))
-	require.Contains(t, body, fmt.Sprintf(`<span id="total">%d</span>`, console.MaxActionRows+5))
+	require.Contains(t, body, fmt.Sprintf(`<b id="count">%d</b>`, capRows))
+	require.Contains(t, body, fmt.Sprintf(`<span id="total">%d</span>`, capRows+5))
+	require.Contains(t, body, `id="background"`, "the confirmation says it runs in the background")
 
-	insert(console.MaxActionRows+6, console.MaxActionRows+10) // the group grows meanwhile
+	insert(capRows+6, capRows+10) // the group grows meanwhile
 	withConfirmation(form, body)
-	code, body = postForm(t, browser, srv.URL+"/console/actions", form)
-	require.Equal(t, http.StatusSeeOther, code, body)
+	resp, err := browser.PostForm(srv.URL+"/console/actions", form)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	jobURL := resp.Header.Get("Location")
+	require.Regexp(t, `^/console/jobs/\d+$`, jobURL, "the click answers at once, with the job's page")
+	var job string
+	require.Eventually(t, func() bool {
+		_, job = get(t, browser, srv.URL+jobURL)
+		return strings.Contains(job, `<b id="job-state">done</b>`)
+	}, 60*time.Second, 100*time.Millisecond)
+	require.Contains(t, job, fmt.Sprintf("discarded %d message(s)", capRows))
+	require.Contains(t, job, fmt.Sprintf(`%d of %d`, capRows, capRows))
 	n, first := left()
-	require.Equal(t, 10, n, "the 1,000 shown went; the 5 beyond the cap and the 5 that arrived after the confirmation stay")
-	require.Equal(t, fmt.Sprintf("bulk-%d", console.MaxActionRows+1), first, "the oldest were taken")
+	require.Equal(t, 10, n, "the ones shown went; the 5 beyond the cap and the 5 that arrived after the confirmation stay")
+	require.Equal(t, fmt.Sprintf("bulk-%d", capRows+1), first, "the oldest were taken")
 
 	code, body = postForm(t, browser, srv.URL+"/console/actions", form)
 	require.Equal(t, http.StatusConflict, code, "the same confirmation again: %s", body)
-	require.Contains(t, body, "used already")
+	require.Contains(t, body, "already")
 	n, _ = left()
 	require.Equal(t, 10, n, "nothing was done a second time")
 
 	var entries, ids int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(jsonb_array_length(detail->'ids')), 0) FROM ferry_audit_log WHERE action = 'poison.discard'`).Scan(&entries, &ids))
-	require.Equal(t, console.MaxActionRows, ids, "the audit keeps every id discarded")
-	require.Equal(t, 2, entries, "one entry per page of 500, each in its page's transaction")
+	require.Equal(t, capRows, ids, "the audit keeps every id discarded")
+	require.Equal(t, 3, entries, "one entry per page of 500, each in its page's transaction")
+
+	// Undo, from the job's page: the whole run comes back, with its ids.
+	require.Contains(t, job, `id="undo"`)
+	code, body = postForm(t, browser, srv.URL+"/console/undo", url.Values{"csrf": {form.Get("csrf")}, "run": {between(job, `name="run" value="`, `"`)}})
+	require.Equal(t, http.StatusSeeOther, code, body)
+	n, first = left()
+	require.Equal(t, capRows+10, n, "the discard was undone")
+	require.Equal(t, "bulk-1", first)
+	code, _ = postForm(t, browser, srv.URL+"/console/undo", url.Values{"csrf": {form.Get("csrf")}, "run": {between(job, `name="run" value="`, `"`)}})
+	require.Equal(t, http.StatusConflict, code, "an undo works once")
 
 	// The same for outbox rows: failing rows confirmed, more fail, the click.
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
 		SELECT 'f' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 3) g`)
 	require.NoError(t, err)
 	_, failing := get(t, browser, srv.URL+"/console/failing")

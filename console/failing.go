@@ -95,7 +95,7 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 	// showed (newest row, how many, at most MaxActionRows) and is
 	// single-use.
 	got := form.Get("confirm")
-	maxID, shown, nonce, ok := confirmedBound(form)
+	maxID, shown, nonce, ok := confirmedBound(form, MaxActionRows)
 	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken(r, "outbox", act, sel.String(), maxID, shown, nonce))) != 1 {
 		maxID, shown, err := c.ops.Bound(r.Context(), sel, MaxActionRows)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"net/url"
 
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgjobs"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
@@ -56,6 +57,15 @@ type poisonPage struct {
 	FilterQuery  string
 	FilterFields [][2]string
 	Flash        string
+	// Undo is the run of the discard just done, for its Undo button.
+	Undo string
+}
+
+type jobPage struct {
+	chrome
+	Job pgjobs.Job
+	// Undo is the finished discard's run, for its Undo button.
+	Undo string
 }
 
 type detailPage struct {
@@ -71,6 +81,9 @@ type confirmPage struct {
 	Count, Total int
 	Fields       [][2]string
 	Confirm      string
+	// Background: the action takes more than one request should
+	// (MaxActionRows) and runs as a job with a page of its own.
+	Background bool
 }
 
 type failingPage struct {

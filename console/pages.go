@@ -36,7 +36,8 @@ func (c *Console) funcs() template.FuncMap {
 		"secs": func(s float64) string {
 			return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
 		},
-		"ts": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"ts":  func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"add": func(a, b int) int { return a + b },
 		"deref": func(p any) any {
 			switch v := p.(type) {
 			case *float64:
@@ -70,11 +71,15 @@ func (c *Console) flash(q url.Values) string {
 	return text
 }
 
-// MaxActionRows bounds what one confirmation acts on (the oldest first):
-// a click never requeues or discards more than this in one request, and
-// the confirmation says how many more there are. Larger clean-ups take
-// several confirmations, or `outbox`/`poison` on the command line.
+// MaxActionRows bounds what one request acts on: a failing-rows action
+// takes at most this many (the oldest first, the confirmation says how
+// many more there are), and a poison store action over more runs as a
+// background job (Config.MaxBackgroundRows) with a page of its own.
 const MaxActionRows = 1000
+
+// DefaultMaxBackgroundRows is Config.MaxBackgroundRows's default: what one
+// confirmation of a poison store action can take, in the background.
+const DefaultMaxBackgroundRows = 250_000
 
 // newNonce is a confirmation's single-use id.
 func newNonce() string {
@@ -92,10 +97,10 @@ func (c *Console) confirmToken(r *http.Request, kind, act, scope string, maxID i
 }
 
 // confirmedBound reads the bound a confirmation form carries.
-func confirmedBound(form url.Values) (maxID int64, shown int, nonce string, ok bool) {
+func confirmedBound(form url.Values, limit int) (maxID int64, shown int, nonce string, ok bool) {
 	maxID, err1 := strconv.ParseInt(form.Get("max_id"), 10, 64)
 	shown, err2 := strconv.Atoi(form.Get("shown"))
 	nonce = form.Get("nonce")
-	ok = err1 == nil && err2 == nil && maxID >= 0 && shown >= 0 && shown <= MaxActionRows && len(nonce) == 32
+	ok = err1 == nil && err2 == nil && maxID >= 0 && shown >= 0 && shown <= limit && len(nonce) == 32
 	return maxID, shown, nonce, ok
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -51,7 +52,7 @@ func (c *Console) poisonPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "poison", &poisonPage{Q: q, Groups: groups, Records: page.Records, Total: total,
 		Older:       pageLink(c.cfg.Prefix+"/poison", q, page.Older, "before", page.Records, true),
 		Newer:       pageLink(c.cfg.Prefix+"/poison", q, page.Newer, "after", page.Records, false),
-		FilterQuery: filterQuery(q), FilterFields: filterFields(q), Flash: c.flash(q)})
+		FilterQuery: filterQuery(q), FilterFields: filterFields(q), Flash: c.flash(q), Undo: c.undoRun(q)})
 }
 
 type detail struct {
@@ -170,9 +171,9 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	// nothing, and a group that grew after the confirmation is acted on
 	// only as far as it was shown.
 	got := form.Get("confirm")
-	maxID, shown, nonce, ok := confirmedBound(form)
+	maxID, shown, nonce, ok := confirmedBound(form, c.cfg.MaxBackgroundRows)
 	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken(r, "poison", act, scopeText(scope, sel), maxID, shown, nonce))) != 1 {
-		maxID, shown, err := c.store.Bound(r.Context(), sel, MaxActionRows)
+		maxID, shown, err := c.store.Bound(r.Context(), sel, c.cfg.MaxBackgroundRows)
 		if err != nil {
 			c.internal(w, r, err)
 			return
@@ -187,7 +188,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		if scope == "group" {
 			in = within(sel.Filter)
 		}
-		c.render(w, r, "confirm", &confirmPage{Action: act, Scope: scope, Within: in, Count: shown, Total: n, Fields: fields,
+		c.render(w, r, "confirm", &confirmPage{Action: act, Scope: scope, Within: in, Count: shown, Total: n, Fields: fields, Background: shown > MaxActionRows,
 			Confirm: c.confirmToken(r, "poison", act, scopeText(scope, sel), maxID, shown, nonce)})
 		return
 	}
@@ -203,8 +204,15 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	if act == "discard" {
 		run = c.store.DiscardEach
 	}
+	runInfo := pgpoison.Run{Actor: c.actor(r), Scope: scopeText(scope, sel), Confirmation: nonce, ID: newNonce()[:16]}
+	if shown > MaxActionRows {
+		c.startJob(w, r, "poison."+act, runInfo, shown, func(ctx context.Context, fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
+			return run(ctx, sel, runInfo, fn)
+		})
+		return
+	}
 	var skipped []string
-	sum, err := run(r.Context(), sel, pgpoison.Run{Actor: c.actor(r), Scope: scopeText(scope, sel), Confirmation: nonce}, func(a pgpoison.Action) error {
+	sum, err := run(r.Context(), sel, runInfo, func(a pgpoison.Action) error {
 		if !a.Done && len(skipped) < 20 {
 			skipped = append(skipped, fmt.Sprintf("#%d: %s", a.Record.ID, a.Why))
 		}
@@ -228,7 +236,12 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	if gone := shown - sum.Done - sum.Skipped; gone > 0 {
 		flash += fmt.Sprintf("; %d of the %d confirmed were no longer in the store", gone, shown)
 	}
-	http.Redirect(w, r, c.cfg.Prefix+"/poison?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+	q := url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}
+	if act == "discard" && sum.Done > 0 {
+		q.Set("undo", sum.Run)
+		q.Set("undo_sig", c.mac("undo\x00"+sum.Run))
+	}
+	http.Redirect(w, r, c.cfg.Prefix+"/poison?"+q.Encode(), http.StatusSeeOther)
 }
 
 // within is the filter a group action is confined to, "" for none.
@@ -255,4 +268,14 @@ func scopeText(scope string, sel pgpoison.Selector) string {
 		return "group " + sel.Filter.Fingerprint
 	}
 	return "filter " + sel.Filter.String()
+}
+
+// undoRun is the run a signed link names for its Undo button: only the
+// console's own redirect after a discard carries one.
+func (c *Console) undoRun(q url.Values) string {
+	run := q.Get("undo")
+	if run == "" || c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(q.Get("undo_sig")), []byte(c.mac("undo\x00"+run))) != 1 {
+		return ""
+	}
+	return run
 }

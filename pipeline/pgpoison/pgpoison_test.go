@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -271,4 +272,68 @@ func TestActionAndItsAuditCommitTogether(t *testing.T) {
 	var outbox int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
 	require.Zero(t, outbox, "nothing was requeued")
+}
+
+// A discard is undoable: its messages wait in the archive under the run's
+// id, an undo puts that run (and only it) back with the ids, audited, a
+// second undo finds nothing, and retention ends what can be undone.
+func TestADiscardCanBeUndoneUntilItsRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	db := pgdb.SQLDB(pool)
+	defer db.Close()
+	pub, err := pgpoison.NewPublisher(db)
+	require.NoError(t, err)
+	for i := range 5 {
+		require.NoError(t, pub.Publish("ignored", poisoned(fmt.Sprint("u", i), "a.topic", fmt.Sprintf(`{"n":%d}`, i))))
+	}
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	before, err := store.List(ctx, "", 0)
+	require.NoError(t, err)
+	ids := []int64{before[0].ID, before[1].ID, before[2].ID}
+
+	first, err := store.Discard(ctx, pgpoison.Selector{IDs: ids[:2]}, pgpoison.Run{Actor: "test", ID: "run-one"})
+	require.NoError(t, err)
+	require.Len(t, first, 2)
+	sum, err := store.DiscardEach(ctx, pgpoison.Selector{IDs: ids[2:]}, pgpoison.Run{Actor: "test"}, func(pgpoison.Action) error { return nil })
+	require.NoError(t, err)
+	require.NotEmpty(t, sum.Run, "a run without an id gets one")
+	n, err := store.Count(ctx, pgpoison.Filter{})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	archived, err := store.Archived(ctx, "run-one")
+	require.NoError(t, err)
+	require.Equal(t, 2, archived)
+	var runInAudit string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT detail->>'run' FROM ferry_audit_log WHERE action = 'poison.discard' ORDER BY id LIMIT 1`).Scan(&runInAudit))
+	require.Equal(t, "run-one", runInAudit, "the audit entry names the run to undo")
+
+	res, err := store.Undo(ctx, "run-one", "test")
+	require.NoError(t, err)
+	require.Equal(t, ids[:2], res.Restored)
+	back, err := store.Get(ctx, ids[0])
+	require.NoError(t, err)
+	require.Equal(t, before[0].Payload, back.Payload)
+	require.Equal(t, before[0].Reason, back.Reason)
+	require.Equal(t, before[0].Headers, back.Headers)
+	require.Equal(t, before[0].Fingerprint, back.Fingerprint)
+	n, err = store.Count(ctx, pgpoison.Filter{})
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "only run-one came back")
+	var undoCount int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count FROM ferry_audit_log WHERE action = 'poison.undo'`).Scan(&undoCount))
+	require.Equal(t, 2, undoCount)
+	_, err = store.Undo(ctx, "run-one", "test")
+	require.ErrorIs(t, err, pgpoison.ErrNothingToUndo)
+
+	// Past retention, the other run cannot be undone.
+	_, err = pool.Exec(ctx, `UPDATE ferry_poison_archive SET discarded_at = now() - interval '15 days'`)
+	require.NoError(t, err)
+	res2, err := pgretention.Prune(ctx, pool, pgretention.PoisonArchive, pgretention.Options{OlderThan: pgretention.DefaultPoisonArchiveRetention})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res2.Removed)
+	_, err = store.Undo(ctx, sum.Run, "test")
+	require.ErrorIs(t, err, pgpoison.ErrNothingToUndo)
 }

@@ -2,6 +2,8 @@ package pgpoison
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -376,6 +378,9 @@ type Summary struct {
 	NotFound []int64 `json:"not_found"`
 	// LastID is the last poison id looked at: Selector.AfterID of a next run.
 	LastID int64 `json:"last_id"`
+	// Run names this run (Run.ID, or one made up): a discard's messages are
+	// archived under it, and Undo puts them back by it.
+	Run string `json:"run,omitempty"`
 }
 
 // Skipped is a message Requeue left in the store, and why.
@@ -407,6 +412,10 @@ type Run struct {
 	// Scope says what the operator chose, for the audit entry; the
 	// selector's own words when empty.
 	Scope string
+	// ID names the run; empty, one is made up. A discard archives its
+	// messages under it (ferry_poison_archive), so that Undo can put the
+	// whole run back; each page's audit entry records it.
+	ID string
 	// Confirmation, if set, is the single-use nonce of the confirmation
 	// this run acts on (the console's): recorded with the first page's
 	// audit entry, a second run with it fails with
@@ -491,15 +500,128 @@ func (s *Store) RequeueEach(ctx context.Context, sel Selector, run Run, fn func(
 	})
 }
 
-// DiscardEach deletes the selected messages (or, dry, only says which), a
-// page per transaction, telling fn each.
+// DiscardEach moves the selected messages (or, dry, only says which) out
+// of the store into its archive (ArchiveTable), under the run's id, a page
+// per transaction, telling fn each: Undo puts a run back until retention
+// (pgretention.PoisonArchive) removes it.
 func (s *Store) DiscardEach(ctx context.Context, sel Selector, run Run, fn func(Action) error) (Summary, error) {
-	return s.act(ctx, sel, run, "poison.discard", fn, func(ctx context.Context, tx pgx.Tx, r Record) (string, error) {
-		if _, err := tx.Exec(ctx, `DELETE FROM `+Table+` WHERE id = $1`, r.ID); err != nil {
-			return "", fmt.Errorf("discarding: %w", err)
+	run = run.named()
+	return s.actPages(ctx, sel, run, "poison.discard", fn, func(ctx context.Context, tx pgx.Tx, recs []Record) ([]Action, error) {
+		// One statement per page: a discard cannot fail for one message
+		// alone, and 200,000 of them take seconds, not minutes.
+		ids := make([]int64, len(recs))
+		for i, r := range recs {
+			ids[i] = r.ID
 		}
-		return "", nil
+		rows, err := tx.Query(ctx, `WITH gone AS (DELETE FROM `+Table+` WHERE id = ANY($1) RETURNING `+archived+`)
+			INSERT INTO `+ArchiveTable+` (`+archived+`, discarded_by, discard_run) SELECT `+archived+`, $2, $3 FROM gone RETURNING id`, ids, run.Actor, run.ID)
+		if err != nil {
+			return nil, fmt.Errorf("discarding: %w", err)
+		}
+		gone, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return nil, fmt.Errorf("discarding: %w", err)
+		}
+		actions := make([]Action, len(recs))
+		for i, r := range recs {
+			actions[i] = Action{Record: r, Done: slices.Contains(gone, r.ID)}
+			if !actions[i].Done {
+				actions[i].Why = "no longer in the store"
+			}
+		}
+		return actions, nil
 	})
+}
+
+// ArchiveTable keeps discarded messages (migration 00023) for Undo.
+const ArchiveTable = "ferry_poison_archive"
+
+// archived are the columns a discard keeps (the fingerprint is computed).
+const archived = `id, message_id, topic, handler, consumer, aggregate_id, payload, headers, reason, permanent,
+	attempts, first_failed_at, last_failed_at, poisoned_at, correlation_id`
+
+// named is run with an id.
+func (run Run) named() Run {
+	if run.ID == "" {
+		b := make([]byte, 8)
+		_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
+		run.ID = hex.EncodeToString(b)
+	}
+	return run
+}
+
+// UndoResult says what Undo put back.
+type UndoResult struct {
+	Run string `json:"run"`
+	// Restored are the poison ids back in the store, with their ids.
+	Restored []int64 `json:"restored"`
+}
+
+// ErrNothingToUndo is returned by Undo for a run whose messages are not in
+// the archive: never discarded, undone already, or past retention.
+var ErrNothingToUndo = errors.New("nothing to undo: no discarded message of this run is in the archive (undone already, or past its retention)")
+
+// Undo puts the messages discarded by run back into the store, with
+// their ids, in one transaction that also records the audit entry
+// (poison.undo, with the ids). A second Undo of the run finds nothing.
+func (s *Store) Undo(ctx context.Context, runID, actor string) (UndoResult, error) {
+	res := UndoResult{Run: runID}
+	if actor == "" {
+		return res, errors.New("pgpoison: an undo needs an actor for the audit log")
+	}
+	if runID == "" {
+		return res, errors.New("pgpoison: an undo needs the run to undo")
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `WITH back AS (DELETE FROM `+ArchiveTable+` WHERE discard_run = $1 RETURNING `+archived+`)
+			INSERT INTO `+Table+` (`+archived+`) SELECT `+archived+` FROM back ORDER BY id RETURNING id`, runID)
+		if err != nil {
+			return fmt.Errorf("putting discarded messages back: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("putting discarded messages back: %w", err)
+		}
+		if len(ids) == 0 {
+			return ErrNothingToUndo
+		}
+		slices.Sort(ids)
+		res.Restored = ids
+		return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: "poison.undo", Scope: "run " + runID, Count: len(ids),
+			Detail: map[string]any{"ids": ids, "run": runID}})
+	})
+	return res, err
+}
+
+// Archived counts run's messages in the archive: what its Undo would put
+// back.
+func (s *Store) Archived(ctx context.Context, runID string) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+ArchiveTable+` WHERE discard_run = $1`, runID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting archived messages: %w", err)
+	}
+	return n, nil
+}
+
+// CountArchivedBefore counts the archived messages discarded before
+// cutoff (pgretention's dry run).
+func CountArchivedBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time) (int64, error) {
+	var n int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+ArchiveTable+` WHERE discarded_at < $1`, cutoff).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting the poison archive: %w", err)
+	}
+	return n, nil
+}
+
+// DeleteArchivedBefore removes at most n archived messages discarded
+// before cutoff, in one transaction (pgretention's batch).
+func DeleteArchivedBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, n int) (int64, error) {
+	tag, err := pool.Exec(ctx, `DELETE FROM `+ArchiveTable+` WHERE id IN (
+		SELECT id FROM `+ArchiveTable+` WHERE discarded_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, n)
+	if err != nil {
+		return 0, fmt.Errorf("pruning the poison archive: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Discard is DiscardEach collecting the discarded records.
@@ -518,7 +640,7 @@ var errDryRun = errors.New("dry run: roll back")
 
 // audit records one page of an action, in its transaction: the ids acted
 // on and those left, with why.
-func audit(ctx context.Context, tx pgx.Tx, actor, action, scope, confirmation string, actions []Action) error {
+func audit(ctx context.Context, tx pgx.Tx, actor, action, scope, confirmation, runID string, actions []Action) error {
 	if len(actions) == 0 && confirmation == "" {
 		return nil
 	}
@@ -532,7 +654,7 @@ func audit(ctx context.Context, tx pgx.Tx, actor, action, scope, confirmation st
 			left[fmt.Sprint(a.Record.ID)] = pipeline.CleanText(a.Why, 300)
 		}
 	}
-	detail := map[string]any{"ids": done, "message_ids": messages, "skipped": left}
+	detail := map[string]any{"ids": done, "message_ids": messages, "skipped": left, "run": runID}
 	if confirmation != "" {
 		detail["confirmation"] = confirmation
 	}
@@ -544,8 +666,37 @@ func audit(ctx context.Context, tx pgx.Tx, actor, action, scope, confirmation st
 // aborting the page. Each page's audit entry is written in the page's
 // transaction.
 func (s *Store) act(ctx context.Context, sel Selector, run Run, action string, fn func(Action) error, do func(context.Context, pgx.Tx, Record) (string, error)) (Summary, error) {
+	return s.actPages(ctx, sel, run, action, fn, func(ctx context.Context, tx pgx.Tx, recs []Record) ([]Action, error) {
+		var actions []Action
+		for _, r := range recs {
+			a := Action{Record: r}
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return nil, err
+			}
+			id, derr := do(ctx, sp, r)
+			if derr != nil {
+				if err := sp.Rollback(ctx); err != nil {
+					return nil, err
+				}
+				a.Why = derr.Error()
+			} else {
+				if err := sp.Commit(ctx); err != nil {
+					return nil, err
+				}
+				a.Done, a.MessageID = true, id
+			}
+			actions = append(actions, a)
+		}
+		return actions, nil
+	})
+}
+
+// actPages is act with the page's records handed to doPage at once.
+func (s *Store) actPages(ctx context.Context, sel Selector, run Run, action string, fn func(Action) error, doPage func(context.Context, pgx.Tx, []Record) ([]Action, error)) (Summary, error) {
 	dryRun := run.DryRun
-	sum := Summary{DryRun: dryRun, LastID: sel.AfterID}
+	run = run.named()
+	sum := Summary{DryRun: dryRun, LastID: sel.AfterID, Run: run.ID}
 	if err := sel.Validate(); err != nil {
 		return sum, err
 	}
@@ -590,27 +741,15 @@ func (s *Store) act(ctx context.Context, sel Selector, run Run, action string, f
 			if err != nil {
 				return fmt.Errorf("reading poisoned messages: %w", err)
 			}
-			for _, r := range recs {
-				last = r.ID
-				a := Action{Record: r}
-				sp, err := tx.Begin(ctx)
-				if err != nil {
-					return err
-				}
-				id, derr := do(pctx, sp, r)
-				if derr != nil {
-					if err := sp.Rollback(ctx); err != nil {
-						return err
-					}
-					a.Why = derr.Error()
-				} else {
-					if err := sp.Commit(ctx); err != nil {
-						return err
-					}
-					a.Done, a.MessageID = true, id
-				}
-				actions = append(actions, a)
-				if dryRun {
+			if len(recs) > 0 {
+				last = recs[len(recs)-1].ID
+			}
+			actions, err = doPage(pctx, tx, recs)
+			if err != nil {
+				return err
+			}
+			if dryRun {
+				for _, a := range actions {
 					if err := fn(a); err != nil {
 						return err
 					}
@@ -624,7 +763,7 @@ func (s *Store) act(ctx context.Context, sel Selector, run Run, action string, f
 				confirmation = run.Confirmation
 			}
 			first = false
-			return audit(ctx, tx, run.Actor, action, scope, confirmation, actions)
+			return audit(ctx, tx, run.Actor, action, scope, confirmation, run.ID, actions)
 		})
 		if err != nil && !errors.Is(err, errDryRun) {
 			return sum, err

@@ -1,6 +1,7 @@
 // Package pgretention prunes what Ferry keeps only for a while: dispatched
 // outbox rows (default 30 days, optionally moved to outbox_archive) and the
-// consumers' ledger (default 14 days). It deletes in small batches, each
+// consumers' ledger (default 14 days), agent tool call records and the
+// poison store's archive of discarded messages (default 14 days each). It deletes in small batches, each
 // its own short transaction taking row locks with SKIP LOCKED, so pruning
 // millions of rows never holds a long lock nor blocks the relay.
 package pgretention
@@ -15,6 +16,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgtoolcalls"
 )
 
@@ -25,8 +27,10 @@ const (
 	// DefaultToolCallRetention keeps agent tool call records as long as
 	// the ledger: a host retrying a call after that runs it again.
 	DefaultToolCallRetention = 14 * 24 * time.Hour
-	DefaultBatchSize         = 10_000
-	DefaultInterval          = time.Hour
+	// DefaultPoisonArchiveRetention is how long a discard can be undone.
+	DefaultPoisonArchiveRetention = 14 * 24 * time.Hour
+	DefaultBatchSize              = 10_000
+	DefaultInterval               = time.Hour
 )
 
 // Target is what a prune removes.
@@ -40,6 +44,10 @@ const (
 	// ToolCalls is agent tool call records (ferry_tool_calls, created_at
 	// older than the retention).
 	ToolCalls
+	// PoisonArchive is discarded poison messages (ferry_poison_archive,
+	// discarded_at older than the retention): past it, a discard cannot
+	// be undone.
+	PoisonArchive
 )
 
 func (t Target) String() string {
@@ -48,6 +56,8 @@ func (t Target) String() string {
 		return "ledger"
 	case ToolCalls:
 		return "tool-calls"
+	case PoisonArchive:
+		return "poison-archive"
 	}
 	return "outbox"
 }
@@ -111,6 +121,9 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 	case ToolCalls:
 		count = func() (int64, error) { return pgtoolcalls.CountBefore(ctx, pool, cutoff) }
 		batch = func() (int64, error) { return pgtoolcalls.DeleteBefore(ctx, pool, cutoff, o.BatchSize) }
+	case PoisonArchive:
+		count = func() (int64, error) { return pgpoison.CountArchivedBefore(ctx, pool, cutoff) }
+		batch = func() (int64, error) { return pgpoison.DeleteArchivedBefore(ctx, pool, cutoff, o.BatchSize) }
 	default:
 		count = func() (int64, error) { return pgoutbox.CountDispatchedBefore(ctx, pool, o.Table, cutoff) }
 		batch = func() (int64, error) {

@@ -1,0 +1,130 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgjobs"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+)
+
+// startJob runs a confirmed action over more than MaxActionRows in the
+// background, in this process, and sends the browser to the job's page.
+// The request returns at once: a reply lost after minutes (a proxy's
+// timeout) made browsers re-send the POST and report "0 done". The job
+// records its confirmation, so a re-sent form starts nothing; each page of
+// the action commits with its own audit entry, so a job cut short by a
+// stop leaves done exactly what its page says was done.
+func (c *Console) startJob(w http.ResponseWriter, r *http.Request, action string, run pgpoison.Run, total int,
+	do func(context.Context, func(pgpoison.Action) error) (pgpoison.Summary, error)) {
+	id, err := pgjobs.Start(r.Context(), c.pool, action, run.Scope, run.Actor, run.ID, run.Confirmation, total)
+	if errors.Is(err, pgjobs.ErrConfirmationUsed) {
+		c.fail(w, r, http.StatusConflict, err.Error())
+		return
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	// The job outlives the request; its context keeps the request's values
+	// (the logger's trace) but not its end.
+	ctx := context.WithoutCancel(r.Context())
+	go c.runJob(ctx, id, action, total, do)
+	http.Redirect(w, r, c.cfg.Prefix+"/jobs/"+strconv.FormatInt(id, 10), http.StatusSeeOther)
+}
+
+func (c *Console) runJob(ctx context.Context, id int64, action string, total int, do func(context.Context, func(pgpoison.Action) error) (pgpoison.Summary, error)) {
+	done, skipped := 0, 0
+	last := time.Now()
+	report := func() {
+		if err := pgjobs.Progress(ctx, c.pool, id, done, skipped); err != nil {
+			c.cfg.Logger.ErrorContext(ctx, "console: recording a job's progress", "job", id, "error", err)
+		}
+	}
+	sum, err := do(ctx, func(a pgpoison.Action) error {
+		if a.Done {
+			done++
+		} else {
+			skipped++
+		}
+		// fn is told each action as its page commits: report once a page
+		// (pages are 500) or once a second, whichever comes first.
+		if (done+skipped)%500 == 0 || time.Since(last) > time.Second {
+			report()
+			last = time.Now()
+		}
+		return nil
+	})
+	state, verb := pgjobs.Done, "requeued"
+	if action == "poison.discard" {
+		verb = "discarded"
+	}
+	result := fmt.Sprintf("%s %d message(s)", verb, sum.Done)
+	if sum.Skipped > 0 {
+		result += fmt.Sprintf("; skipped %d (the audit log names each, with why)", sum.Skipped)
+	}
+	if gone := total - sum.Done - sum.Skipped; gone > 0 && err == nil {
+		result += fmt.Sprintf("; %d of the %d confirmed were no longer in the store", gone, total)
+	}
+	if err != nil {
+		state = pgjobs.Failed
+		if errors.Is(err, pgaudit.ErrConfirmationUsed) {
+			result = err.Error()
+		} else {
+			result += fmt.Sprintf(" before it failed: %v (what was done stays done; the rest is still in the store)", err)
+		}
+		c.cfg.Logger.ErrorContext(ctx, "console: a background job failed", "job", id, "action", action, "error", err)
+	}
+	if err := pgjobs.Finish(ctx, c.pool, id, state, sum.Done, sum.Skipped, result); err != nil {
+		c.cfg.Logger.ErrorContext(ctx, "console: recording a job's end", "job", id, "error", err)
+	}
+}
+
+func (c *Console) jobPage(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		c.fail(w, r, http.StatusNotFound, "no such job")
+		return
+	}
+	job, err := pgjobs.Get(r.Context(), c.pool, id)
+	if errors.Is(err, pgjobs.ErrNotFound) {
+		c.fail(w, r, http.StatusNotFound, "no such job")
+		return
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	p := &jobPage{Job: job}
+	if job.State == pgjobs.Done && job.Action == "poison.discard" && job.Done > 0 {
+		p.Undo = job.Run
+	}
+	c.render(w, r, "job", p)
+}
+
+// undo puts a discard's run back (pgpoison.Store.Undo, as `ferry poison
+// undo` does).
+func (c *Console) undo(w http.ResponseWriter, r *http.Request) {
+	run := r.PostForm.Get("run")
+	if run == "" || len(run) > 64 {
+		c.fail(w, r, http.StatusBadRequest, "name the discard to undo")
+		return
+	}
+	res, err := c.store.Undo(r.Context(), run, c.actor(r))
+	if errors.Is(err, pgpoison.ErrNothingToUndo) {
+		c.fail(w, r, http.StatusConflict, err.Error())
+		return
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	flash := fmt.Sprintf("put back %d message(s) into the poison store (undid discard %s)", len(res.Restored), run)
+	http.Redirect(w, r, c.cfg.Prefix+"/poison?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+}
