@@ -189,6 +189,8 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	mux.HandleFunc("GET "+p+"/audit", c.read(c.auditPage))
 	mux.HandleFunc("POST "+p+"/actions", c.act(c.action))
 	mux.HandleFunc("POST "+p+"/undo", c.act(c.undo))
+	mux.HandleFunc("GET "+p+"/held/{consumer}", c.read(c.heldPage))
+	mux.HandleFunc("POST "+p+"/held-actions", c.act(c.heldAction))
 	mux.HandleFunc("GET "+p+"/jobs/{id}", c.read(c.jobPage))
 	mux.HandleFunc("GET "+p+"/retrying", c.read(c.retryingPage))
 	mux.HandleFunc("GET "+p+"/failing/{id}", c.read(c.outboxRowPage))

@@ -5,6 +5,7 @@ import (
 	"net/url"
 
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgjobs"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -59,6 +60,23 @@ type poisonPage struct {
 	Flash        string
 	// Undo is the run of the discard just done, for its Undo button.
 	Undo string
+}
+
+type heldHeadPage struct {
+	chrome
+	H         pgstatus.HeldHeadMessage
+	Route     string
+	Payload   string
+	Truncated bool
+	Headers   [][2]string
+	History   []pipeline.FailedAttempt
+	Current   asCurrent
+	// Waiting is how many messages wait behind the head in Queue; nil
+	// with Behind saying why it is not known.
+	Waiting *int
+	Queue   string
+	Behind  string
+	Flash   string
 }
 
 type jobPage struct {

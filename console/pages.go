@@ -44,6 +44,8 @@ func (c *Console) funcs() template.FuncMap {
 				return *v
 			case *int:
 				return *v
+			case *time.Time:
+				return *v
 			}
 			return p
 		},

@@ -63,6 +63,24 @@ type PartitionResumer interface {
 	HeldAttempt(ctx context.Context, consumer, messageID string) (attempt int, since time.Time, ok bool, err error)
 }
 
+// PartitionHeadKeeper, implemented by a PartitionHolds, keeps the held
+// head's payload and headers (once, at its first failure), for the page
+// an operator reads it on.
+type PartitionHeadKeeper interface {
+	KeepHead(ctx context.Context, consumer, messageID string, payload []byte, headers map[string]string) error
+}
+
+// PartitionRetrier, implemented by a PartitionHolds, says whether an
+// operator asked to try the held head again now, taking the request: the
+// hold looks every RetryNowPoll while it waits out its backoff.
+type PartitionRetrier interface {
+	RetryRequested(ctx context.Context, consumer, messageID string) (bool, error)
+}
+
+// RetryNowPoll is how often a held partition looks for an operator's
+// "retry now" while it waits.
+const RetryNowPoll = time.Second
+
 // transient are metadata keys that describe one delivery, not the message.
 var transient = []string{
 	"x-delivery-count", pipeline.MetaOutboxAttempt, pipeline.MetaOutboxCreatedAt, pipeline.MetaAggregateID,
@@ -221,20 +239,56 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 		}
 		attempt = next
 		msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
-		if since.IsZero() {
+		first := since.IsZero()
+		if first {
 			since = time.Now()
 		}
 		record(func(rctx context.Context) error {
 			return c.Holds.Held(rctx, handler, pipeline.MessageID(msg), attempt, since, pipeline.ErrorText(err, maxLastErrorLength))
 		})
+		if k, ok := c.Holds.(PartitionHeadKeeper); ok && first {
+			record(func(rctx context.Context) error {
+				return k.KeepHead(rctx, handler, pipeline.MessageID(msg), msg.Payload, map[string]string(msg.Metadata))
+			})
+		}
 		c.recordRetry(handler, deferred)
 		logger.WarnContext(ctx, "handler of an ordered topic failed; holding the partition until the retry",
 			"handler", handler, "next_attempt", attempt, "retry_in", delay.String(), "deferred", deferred, "error", pipeline.ErrorText(err, maxLastErrorLength))
 		// A stop ends the wait, never a nack-requeue: the consumer gives
 		// the delivery back with its channel, first in line (rabbit.Consumer).
-		if err := pipeline.Sleep(ctx, delay); err != nil {
+		if err := c.waitOrRetryNow(ctx, handler, pipeline.MessageID(msg), delay, logger); err != nil {
 			stopped = true
 			return nil, err
+		}
+	}
+}
+
+// waitOrRetryNow sleeps delay, or less when an operator asks to retry the
+// held head now (PartitionRetrier). It fails only when ctx ends.
+func (c DurableRetryConfig) waitOrRetryNow(ctx context.Context, handler, messageID string, delay time.Duration, logger *slog.Logger) error {
+	r, ok := c.Holds.(PartitionRetrier)
+	if !ok {
+		return pipeline.Sleep(ctx, delay)
+	}
+	deadline := time.Now().Add(delay)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil
+		}
+		if err := pipeline.Sleep(ctx, min(left, RetryNowPoll)); err != nil {
+			return err
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		now, err := r.RetryRequested(rctx, handler, messageID)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			// The hold goes on with its backoff; the request stays for the next look.
+			logger.WarnContext(ctx, "cannot look for a retry-now request", "handler", handler, "error", pipeline.ErrorText(err, 300))
+		}
+		if now {
+			logger.InfoContext(ctx, "an operator asked to retry the held head now", "handler", handler, "message_id", messageID)
+			return nil
 		}
 	}
 }

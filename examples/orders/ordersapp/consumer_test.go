@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -339,19 +341,24 @@ func TestSameIDDifferentContentIsPoisonedNotDropped(t *testing.T) {
 // A held ordered partition is visible outside its process: the consumer
 // records which partition waits, since when, behind which message and why
 // (status lists it under what needs a human, the metrics and the console
-// show it), and removes the record once the head is handled.
+// show it), and removes the record once the head is handled. The head has
+// a page of its own (payload, how many wait behind it), and "retry now"
+// tries it at once instead of after its backoff (a minute here).
 func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 	t.Parallel()
 	cfg, provider, sink := testConfig(t)
 	cfg.DurableRetry.MaxAttempts = 1000 // held for as long as the test says
+	cfg.DurableRetry.Backoff = pipeline.Backoff{Initial: time.Minute, Max: time.Minute}
 	var failing atomic.Bool
 	failing.Store(true)
+	var handled atomic.Int32
 	h := startWith(t, cfg, provider, sink, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
 		return []handlers.Route{{Name: "held.worker", Topic: "work.held", Ordered: true,
 			Handler: handlers.Typed(func(ctx context.Context, j *job) error {
 				if failing.Load() {
 					return errors.New("ledger service answered 503")
 				}
+				handled.Add(1)
 				return nil
 			})}}, nil
 	}}, app.Components{Relay: true, Consumers: true})
@@ -380,10 +387,47 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 	con.ServeHTTP(rec, req)
 	require.Contains(t, rec.Body.String(), `id="held"`)
 	require.Contains(t, rec.Body.String(), "ledger service answered 503")
+	require.Contains(t, rec.Body.String(), `/console/held/`+held[0].Consumer, "the overview links the head's page")
 
+	// Two more events of the aggregate wait behind the head.
+	publishEvent(t, h, "work.held", "acct-H", job{N: 2})
+	publishEvent(t, h, "work.held", "acct-H", job{N: 3})
+	page := func() string {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, "/console/held/"+held[0].Consumer, nil)
+		req.Header.Set("Authorization", "Bearer "+consoleToken)
+		con.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		return rec.Body.String()
+	}
+	eventually(t, "two waiting behind the head", func() bool { return strings.Contains(page(), `<b id="behind">2</b>`) })
+	body := page()
+	require.Contains(t, body, held[0].MessageID)
+	require.Contains(t, body, "&#34;n&#34;: 1", "the head's payload")
+	require.Contains(t, body, "ledger service answered 503")
+
+	// The provider is back; the head would wait out its minute. Retry now.
 	failing.Store(false)
+	asked := time.Now()
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest(http.MethodPost, "/console/held-actions", strings.NewReader(url.Values{"consumer": {held[0].Consumer}, "message_id": {held[0].MessageID}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", "Bearer "+consoleToken)
+	con.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
 	eventually(t, "the hold released", func() bool {
 		held, err := pgstatus.HeldPartitions(ctx, h.app.Pool())
-		return err == nil && len(held) == 0
+		return err == nil && len(held) == 0 && handled.Load() == 3
 	})
+	require.Less(t, time.Since(asked), 30*time.Second, "retried at once, not after the backoff's minute")
+	var audited int
+	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM ferry_audit_log WHERE action = 'partition.retry-now'`).Scan(&audited))
+	require.Equal(t, 1, audited)
+
+	// The page of a partition no longer held says so.
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest(http.MethodGet, "/console/held/"+held[0].Consumer, nil)
+	req.Header.Set("Authorization", "Bearer "+consoleToken)
+	con.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusNotFound, rec.Code)
 }

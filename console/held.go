@@ -1,0 +1,89 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+)
+
+// heldPage is a held ordered partition's head: what it is, why it fails,
+// how many messages wait behind it at the broker, and "retry now".
+func (c *Console) heldPage(w http.ResponseWriter, r *http.Request) {
+	consumer := r.PathValue("consumer")
+	h, err := pgstatus.HeldHead(r.Context(), c.pool, consumer)
+	if errors.Is(err, pgstatus.ErrNotHeld) {
+		c.fail(w, r, http.StatusNotFound, "this partition is not held (any more): its head was handled or poisoned. The poison store and the audit log say which.")
+		return
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	p := &heldHeadPage{H: h, Route: pipeline.RouteName(h.Consumer), Flash: c.flash(r.URL.Query()), History: pipeline.ErrorHistory(h.Headers),
+		Current: c.upcast(h.Headers[pipeline.MetaTopic], h.Headers, h.Payload)}
+	payload := h.Payload
+	if len(payload) > maxDetailBytes {
+		payload, p.Truncated = payload[:maxDetailBytes], true
+	}
+	var pretty bytes.Buffer
+	if !p.Truncated && json.Valid(payload) && json.Indent(&pretty, payload, "", "  ") == nil {
+		p.Payload = pretty.String()
+	} else {
+		p.Payload = string(payload)
+	}
+	for k, v := range h.Headers {
+		p.Headers = append(p.Headers, [2]string{k, v})
+	}
+	sort.Slice(p.Headers, func(a, b int) bool { return p.Headers[a][0] < p.Headers[b][0] })
+	// Behind the head: the partition's queue's ready messages (the head
+	// itself is unacked at its consumer).
+	p.Behind = "the broker is not read by this console"
+	if c.cfg.Queues != nil {
+		stats, err := c.cfg.Queues(r.Context())
+		switch {
+		case err != nil:
+			p.Behind = "the broker could not be read: " + pipeline.ErrorText(err, 200)
+		default:
+			p.Behind = "its queue was not found at the broker"
+			queue := pipeline.ConsumerQueue(h.Consumer)
+			for _, st := range stats {
+				// Queues are the namespace and the handler's name.
+				if st.Queue == queue || strings.HasSuffix(st.Queue, queue) {
+					p.Waiting, p.Behind = &st.Ready, ""
+					p.Queue = st.Queue
+					break
+				}
+			}
+		}
+	}
+	c.render(w, r, "held", p)
+}
+
+// heldAction is "retry now" for a held head (pgstatus.RetryHeldNow, as
+// `ferry partition retry-now` does).
+func (c *Console) heldAction(w http.ResponseWriter, r *http.Request) {
+	consumer, messageID := r.PostForm.Get("consumer"), r.PostForm.Get("message_id")
+	if consumer == "" || messageID == "" {
+		c.fail(w, r, http.StatusBadRequest, "name the partition and its head message")
+		return
+	}
+	err := pgstatus.RetryHeldNow(r.Context(), c.pool, consumer, messageID, c.actor(r))
+	if errors.Is(err, pgstatus.ErrNotHeld) {
+		c.fail(w, r, http.StatusConflict, err.Error())
+		return
+	}
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	flash := fmt.Sprintf("asked %s to try %s again now (its consumer looks every second)", consumer, messageID)
+	http.Redirect(w, r, c.cfg.Prefix+"/held/"+url.PathEscape(consumer)+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+}
