@@ -165,6 +165,9 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 	handles := map[string][]string{
 		"pgoutbox.QuoteTable":   {"pipeline/pgoutbox", "pipeline/pgstatus", "pipeline/pgcdc"},
 		"pgpoison.Table":        {"pipeline/pgpoison", "pipeline/pgstatus"},
+		"pgpoison.ArchiveTable": {"pipeline/pgpoison", "pipeline/pgstatus"},
+		"pgjobs.Table":          {"pipeline/pgjobs"},
+		"pgpause.Table":         {"pipeline/pgpause"},
 		"pgtoolcalls.Table":     {"pipeline/pgtoolcalls", "agenttools"},
 		"shadow.Table":          {"adoption/shadow", "pipeline/pgstatus", "metrics"},
 		"backfill.ItemsTable":   {"adoption/backfill"},

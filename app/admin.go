@@ -63,6 +63,9 @@ func (a *App) Console() (*console.Console, error) {
 	// An app without a broker connection (ferry serve of a producing
 	// service) reads the broker on a connection of its own, as ferry
 	// status does: its console shows the same state.
+	for _, r := range a.routes {
+		cfg.Routes = append(cfg.Routes, r.Name)
+	}
 	cfg.Unrouted = a.UnroutedDepth
 	cfg.Queues = a.QueueStats
 	return console.New(a.pool, a.poison, cfg)

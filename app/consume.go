@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -51,6 +52,7 @@ func (a *App) Chain() (middleware.Chain, error) {
 		Recorder:       a.metrics,
 		Tracing:        a.tracer.Consumer,
 		TracingAttempt: a.tracer.Attempt,
+		Pause:          middleware.PauseConfig{Source: pgpause.Source{Pool: a.pool}},
 	})
 	if err != nil {
 		return nil, err

@@ -29,7 +29,8 @@ func TestPagesNameEveryControl(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM outbox`).Scan(&rowID))
 	browser := loggedIn(t, srv)
 	for _, path := range []string{"/console/", "/console/retrying", "/console/failing", "/console/poison", "/console/poison?group=1",
-		"/console/audit", "/console/poison/" + strconv.FormatInt(poisonID, 10), "/console/failing/" + strconv.FormatInt(rowID, 10), "/console/login"} {
+		"/console/audit", "/console/poison/" + strconv.FormatInt(poisonID, 10), "/console/failing/" + strconv.FormatInt(rowID, 10), "/console/login",
+		"/console/handlers", "/console/search", "/console/search?q=order-2"} {
 		code, body := get(t, browser, srv.URL+path)
 		require.Equal(t, 200, code, path)
 		doc, err := html.Parse(strings.NewReader(body))

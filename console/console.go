@@ -80,6 +80,9 @@ type Config struct {
 	// Queues, if set, inspects the route table's queues (ready messages
 	// and consumers of each).
 	Queues func(context.Context) ([]rabbit.QueueStat, error)
+	// Routes are the application's route names, for the handlers page
+	// (pause and resume).
+	Routes []string
 	// Events are the application's event types (app.Options.Events): a
 	// stored event of an older version is also shown as the current one,
 	// as its handler will see it, or with the reason it will refuse it.
@@ -190,6 +193,9 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	mux.HandleFunc("POST "+p+"/actions", c.act(c.action))
 	mux.HandleFunc("POST "+p+"/undo", c.act(c.undo))
 	mux.HandleFunc("GET "+p+"/held/{consumer}", c.read(c.heldPage))
+	mux.HandleFunc("GET "+p+"/handlers", c.read(c.handlersPage))
+	mux.HandleFunc("GET "+p+"/search", c.read(c.searchPage))
+	mux.HandleFunc("POST "+p+"/handler-actions", c.act(c.handlerAction))
 	mux.HandleFunc("POST "+p+"/held-actions", c.act(c.heldAction))
 	mux.HandleFunc("GET "+p+"/jobs/{id}", c.read(c.jobPage))
 	mux.HandleFunc("GET "+p+"/retrying", c.read(c.retryingPage))

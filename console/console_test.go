@@ -850,3 +850,22 @@ func TestLoggingOutEndsTheSessionAndTokensAreTheSessions(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT actor FROM ferry_audit_log WHERE action = 'poison.discard'`).Scan(&actor))
 	require.Contains(t, actor, "bob@example.com")
 }
+
+// The search page finds a message across the stores by aggregate, message
+// or correlation id, and says where it is now.
+func TestSearchPageSaysWhereAMessageIs(t *testing.T) {
+	t.Parallel()
+	srv, _ := setup(t)
+	browser := loggedIn(t, srv)
+	code, body := get(t, browser, srv.URL+"/console/search?q=order-2")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "Message <code>m2</code>")
+	require.Contains(t, body, "in the poison store")
+	require.Contains(t, body, `href="/console/poison/`)
+	code, body = get(t, browser, srv.URL+"/console/search?q=m3")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "Message <code>m3</code>")
+	code, body = get(t, browser, srv.URL+"/console/search?q=nothing-here")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `id="nothing"`)
+}

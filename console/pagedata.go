@@ -79,6 +79,19 @@ type heldHeadPage struct {
 	Flash   string
 }
 
+type searchPage struct {
+	chrome
+	Q     string
+	Error string
+	Found *pgstatus.Found
+}
+
+type handlersPage struct {
+	chrome
+	Rows  []handlerRow
+	Flash string
+}
+
 type jobPage struct {
 	chrome
 	Job pgjobs.Job

@@ -119,6 +119,8 @@ type ChainConfig struct {
 	// span; it sits right inside the durable retry, which runs the
 	// attempts of a held partition one after another.
 	TracingAttempt message.HandlerMiddleware
+	// Pause, if its Source is set, is the pause link (PauseConfig).
+	Pause PauseConfig
 }
 
 // DefaultChain returns Ferry's consumer chain, outermost first. This is the
@@ -204,6 +206,15 @@ func DefaultChain(cfg ChainConfig) (Chain, error) {
 		if chain, err = chain.InsertAfter(LinkCorrelation, Link{LinkTracing, cfg.Tracing}); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.Pause.Source != nil {
+		pause, err := cfg.Pause.Middleware(logger)
+		if err != nil {
+			return nil, err
+		}
+		// Outermost: a paused message has not started, so no span, attempt,
+		// retry or poisoning is counted while it waits.
+		chain = append(Chain{{LinkPause, pause}}, chain...)
 	}
 	if cfg.TracingAttempt != nil {
 		return chain.InsertAfter(LinkDurableRetry, Link{LinkTracingAttempt, cfg.TracingAttempt})

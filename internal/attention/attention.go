@@ -45,7 +45,7 @@ type State struct {
 // sentence that says all of it. One outage is one item with a count, not
 // one line per partition or queue.
 type Item struct {
-	// Kind names the check: broker_unreachable, no_relay, held_partitions,
+	// Kind names the check: broker_unreachable, no_relay, paused_handler, held_partitions,
 	// queue_without_consumer, poison, retrying, failing_rows, cdc_slot,
 	// unrouted.
 	Kind string `json:"kind"`
@@ -88,6 +88,15 @@ func Items(s State) []Item {
 	}
 	if rep.RelaysAlive == 0 {
 		add(Item{Kind: "no_relay", Count: 1, Hint: "start a relay (" + cmd + " relay, or " + cmd + " run)", Text: "no live relay: nothing is being dispatched"})
+	}
+	for _, p := range rep.Paused {
+		since := p.At
+		why := ""
+		if p.Reason != "" {
+			why = " (" + reason(p.Reason) + ")"
+		}
+		add(Item{Kind: "paused_handler", Target: p.Handler, Count: 1, Since: &since, Hint: "resume it when the incident is over (" + cmd + " resume " + p.Handler + ")",
+			Text: fmt.Sprintf("handler %s paused by %s since %s%s: its messages wait; %s resume %s", display.Cell(p.Handler, 60), display.Cell(p.By, 60), stamp(p.At), why, cmd, display.Cell(p.Handler, 60))})
 	}
 	// Held partitions, one item per route: an outage of its provider holds
 	// every partition of it at once.

@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
@@ -91,6 +92,9 @@ type Report struct {
 	RetryingTotal int          `json:"retrying_total"`
 	// Held are the ordered partitions waiting behind a failing head.
 	Held []HeldPartition `json:"held_partitions"`
+	// Paused are the handlers an operator paused (pgpause): their
+	// messages wait until they are resumed.
+	Paused []pgpause.Pause `json:"paused_handlers"`
 	// Versions count the events still to be read (pending, retrying,
 	// poisoned) by topic and schema version: when an old version is gone
 	// from here (and from the archive a replay would read), its upcast
@@ -139,6 +143,9 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		return rep, err
 	}
 	if rep.Retrying, rep.RetryingTotal, err = Retrying(ctx, pool, table, 20); err != nil {
+		return rep, err
+	}
+	if rep.Paused, err = pgpause.List(ctx, pool); err != nil {
 		return rep, err
 	}
 	if rep.Held, err = HeldPartitions(ctx, pool); err != nil {

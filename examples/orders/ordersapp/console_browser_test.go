@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -150,6 +151,44 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	run("outage screenshot", shot("console-outage.png"))
+
+	// Auto-refresh keeps keyboard focus: a link inside the refreshing
+	// overview keeps it across a refresh.
+	var swaps int
+	var focused string
+	run("focus a link of the overview", chromedp.Evaluate(`window.__swaps = 0; document.addEventListener("htmx:afterSettle", () => window.__swaps++);
+		document.querySelector("#held a.held-link").focus(); document.activeElement.getAttribute("href")`, &focused))
+	require.Contains(t, focused, "/console/held/outage.ledger@")
+	deadline = time.Now().Add(30 * time.Second)
+	for swaps < 2 && time.Now().Before(deadline) {
+		time.Sleep(500 * time.Millisecond)
+		run("count refreshes", chromedp.Evaluate(`window.__swaps`, &swaps))
+	}
+	require.GreaterOrEqual(t, swaps, 2, "the overview refreshed")
+	var still string
+	run("focus after the refresh", chromedp.Evaluate(`(document.activeElement && document.activeElement.getAttribute("href")) || document.activeElement.tagName`, &still))
+	require.Equal(t, focused, still, "the focused link still has focus after the refresh")
+
+	// The held head's own page, from the overview's link: its payload, its
+	// error, how many wait behind it, and Retry now (logged in).
+	var heldPage, behind string
+	run("held head page", chromedp.Click("#held a.held-link", chromedp.NodeVisible), chromedp.WaitVisible("#held-summary"),
+		chromedp.Text("main", &heldPage), chromedp.Text("#held-summary", &behind), shot("console-held.png"))
+	require.Contains(t, heldPage, "provider answered 503 for")
+	require.Contains(t, heldPage, `"entry": 0`, "the head's payload")
+	require.Contains(t, behind, "message(s) wait behind it")
+	var retried string
+	run("retry now", chromedp.Click("#retry-now", chromedp.NodeVisible), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &retried))
+	require.Contains(t, retried, "again now")
+
+	// Where is this message? The account's three ledger entries: the head
+	// holding its partition, the two waiting behind it at the broker.
+	var results string
+	run("search", chromedp.Navigate(srv.URL+"/console/search"), chromedp.WaitVisible("#q"), chromedp.SendKeys("#q", "account-7"),
+		chromedp.Click("#find"), chromedp.WaitVisible("#results"), chromedp.Text("#results", &results), shot("console-search.png"))
+	require.Equal(t, 3, strings.Count(results, "Message "), results)
+	require.Contains(t, results, "holding its partition")
+	require.Equal(t, 2, strings.Count(results, "waiting at the broker behind the held head"), results)
 	require.Contains(t, retrying, "outage.mail")
 	require.Contains(t, retrying, "provider answered 503 for")
 	require.Contains(t, held, "outage.ledger@")
@@ -264,8 +303,12 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	require.NoError(t, err)
 	var poisonID int64
 	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT min(id) FROM poison_messages`).Scan(&poisonID))
+	holds, err := pgstatus.HeldPartitions(context.Background(), h.app.Pool())
+	require.NoError(t, err)
+	require.NotEmpty(t, holds)
 	pages := []string{"/console/", "/console/retrying", "/console/failing", "/console/poison", "/console/poison?group=1",
-		fmt.Sprintf("/console/poison/%d", poisonID), "/console/audit", "/console/login"}
+		fmt.Sprintf("/console/poison/%d", poisonID), "/console/audit", "/console/login", "/console/handlers", "/console/search?q=account-7",
+		"/console/held/" + holds[0].Consumer}
 	awaitPromise := func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }
 	for _, width := range []int64{1400, 400} {
 		run("viewport", emulation.SetDeviceMetricsOverride(width, 900, 1, width < 600))
@@ -296,12 +339,65 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	var in string
 	run("the confirmation names the filter", chromedp.Text("#within", &in))
 	require.Equal(t, "handler=bulk.mail", in)
-	run("confirm discard", chromedp.Click("#confirm"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash))
+	// The group grows between the confirmation and the click: only the
+	// 120 shown go.
+	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+		SELECT 'late-' || g, 'mail.send', 'bulk.mail', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 10) g`)
+	require.NoError(t, err)
+	// What the confirmation form posts, to post it again afterwards.
+	var form string
+	run("keep the confirmation form", chromedp.Evaluate(`new URLSearchParams(new FormData(document.querySelector("#confirm").form)).toString()`, &form))
+	var flashURL string
+	run("confirm discard", chromedp.Click("#confirm"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash), chromedp.Location(&flashURL))
 	require.Contains(t, flash, "discarded 120 message(s)")
 	var mails, sms int
-	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE handler = 'bulk.mail'), count(*) FILTER (WHERE handler = 'bulk.sms') FROM poison_messages`).Scan(&mails, &sms))
-	require.Equal(t, 0, mails)
+	counts := func() {
+		t.Helper()
+		require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE handler = 'bulk.mail'), count(*) FILTER (WHERE handler = 'bulk.sms') FROM poison_messages`).Scan(&mails, &sms))
+	}
+	counts()
+	require.Equal(t, 10, mails, "the 10 that arrived after the confirmation stay")
 	require.Equal(t, 30, sms, "outside the filter, untouched")
+	// Posting the same confirmation again (a browser re-sending the form)
+	// does nothing.
+	var again string
+	run("re-send the confirmation", chromedp.Evaluate(`fetch("/console/actions", {method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: `+strconv.Quote(form)+`}).then(r => r.status + " " + r.statusText).then(s => s)`,
+		&again, func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }))
+	require.Contains(t, again, "409", "the same confirmation again is refused")
+	counts()
+	require.Equal(t, 10, mails, "nothing was done a second time")
+	// The discard is undone from its result.
+	run("undo", chromedp.Navigate(flashURL), chromedp.WaitVisible("#undo"), chromedp.Click("#undo"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash))
+	require.Contains(t, flash, "put back 120 message(s)")
+	counts()
+	require.Equal(t, 130, mails)
+
+	// 200,000 in one confirmation: the click answers at once with a job
+	// page that shows progress and then the result; nothing is re-sent.
+	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
+		SELECT 'flood-' || g, 'mail.send', 'flood.mail', '{}', 'SMTP 452 mailbox full for ' || g FROM generate_series(1, 200000) g`)
+	require.NoError(t, err)
+	var floodCount, jobState, jobResult string
+	run("discard 200,000", chromedp.Navigate(srv.URL+"/console/poison?handler=flood.mail"), chromedp.WaitVisible("#groups"),
+		chromedp.Click(`#groups button[value="discard"]`, chromedp.NodeVisible), chromedp.WaitVisible("#background"),
+		chromedp.Text("#count", &floodCount))
+	require.Equal(t, "200000", strings.TrimSpace(floodCount))
+	clicked := time.Now()
+	run("confirm 200,000", chromedp.Click("#confirm"), chromedp.WaitVisible("#job-progress"))
+	require.Less(t, time.Since(clicked), 15*time.Second, "the click answers at once; the job runs on")
+	run("job progress screenshot", shot("console-job.png"))
+	deadline = time.Now().Add(4 * time.Minute)
+	for jobState != "done" && jobState != "failed" && time.Now().Before(deadline) {
+		time.Sleep(time.Second)
+		run("job state", chromedp.Text("#job-state", &jobState))
+	}
+	require.Equal(t, "done", jobState)
+	t.Logf("200,000 discarded in the background in %s", time.Since(clicked).Round(time.Second))
+	run("job result", chromedp.Text("#job-result", &jobResult), shot("console-job-done.png"))
+	require.Contains(t, jobResult, "discarded 200000 message(s)")
+	var flood int
+	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FROM poison_messages WHERE handler = 'flood.mail'`).Scan(&flood))
+	require.Zero(t, flood)
 
 	run("narrow screenshot", emulation.SetDeviceMetricsOverride(400, 900, 1, true), chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitReady("main"), shot("console-overview-400px.png"))
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {

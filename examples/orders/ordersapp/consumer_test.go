@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -430,4 +431,72 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer "+consoleToken)
 	con.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusNotFound, rec.Code)
+}
+
+// A paused handler starts no message until it is resumed, in every
+// process, and then handles what waited in order; the console's handlers
+// page pauses and resumes (audited), as `ferry pause` and `ferry resume` do.
+func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
+	t.Parallel()
+	cfg, provider, sink := testConfig(t)
+	var mu sync.Mutex
+	var got []int
+	h := startWith(t, cfg, provider, sink, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "paused.worker", Topic: "work.paused", Ordered: true,
+			Handler: handlers.Typed(func(ctx context.Context, j *job) error {
+				mu.Lock()
+				got = append(got, j.N)
+				mu.Unlock()
+				return nil
+			})}}, nil
+	}}, app.Components{Relay: true, Consumers: true})
+	handled := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+	ctx := context.Background()
+	con, err := h.app.Console()
+	require.NoError(t, err)
+	post := func(form url.Values) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/console/handler-actions", strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Authorization", "Bearer "+consoleToken)
+		con.ServeHTTP(rec, req)
+		return rec
+	}
+	rec := post(url.Values{"handler": {"paused.worker"}, "action": {"pause"}, "reason": {"provider incident #42"}})
+	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
+	require.Equal(t, http.StatusBadRequest, post(url.Values{"handler": {"no.such.route"}, "action": {"pause"}}).Code, "only the app's routes")
+	require.Equal(t, http.StatusConflict, post(url.Values{"handler": {"paused.worker"}, "action": {"pause"}}).Code, "paused already")
+	time.Sleep(middleware.DefaultPausePoll + 500*time.Millisecond) // every consumer has seen it
+
+	for i := 1; i <= 3; i++ {
+		publishEvent(t, h, "work.paused", "acct-P", job{N: i})
+	}
+	eventually(t, "the events dispatched", func() bool {
+		var pending int
+		return h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'work.paused' AND dispatched_at IS NULL`).Scan(&pending) == nil && pending == 0
+	})
+	time.Sleep(2 * time.Second)
+	require.Empty(t, handled(), "nothing is handled while paused")
+	rep, err := pgstatus.Collect(ctx, h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
+	require.NoError(t, err)
+	require.Len(t, rep.Paused, 1)
+	require.Equal(t, "provider incident #42", rep.Paused[0].Reason)
+	page := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, "/console/handlers", nil)
+	req.Header.Set("Authorization", "Bearer "+consoleToken)
+	con.ServeHTTP(page, req)
+	require.Contains(t, page.Body.String(), "provider incident #42")
+	require.Contains(t, page.Body.String(), `value="resume"`)
+
+	rec = post(url.Values{"handler": {"paused.worker"}, "action": {"resume"}})
+	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
+	eventually(t, "the waiting events handled", func() bool { return len(handled()) == 3 })
+	require.Equal(t, []int{1, 2, 3}, handled(), "in order")
+	var audited int
+	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM ferry_audit_log WHERE action IN ('handler.pause', 'handler.resume')`).Scan(&audited))
+	require.Equal(t, 2, audited)
 }

@@ -1,0 +1,25 @@
+package console
+
+import (
+	"net/http"
+
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+)
+
+// searchPage is "where is this message?": a message id, an aggregate id
+// or a correlation id looked up in every store (pgstatus.Find, as `ferry
+// find` does), each message with where it is now and its trail.
+func (c *Console) searchPage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query().Get("q")
+	p := &searchPage{Q: q}
+	if q != "" {
+		found, err := pgstatus.Find(r.Context(), c.pool, c.cfg.OutboxTable, c.cfg.Routes, q, 50)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			p.Error = err.Error()
+		} else {
+			p.Found = &found
+		}
+	}
+	c.render(w, r, "search", p)
+}

@@ -1,0 +1,363 @@
+package pgstatus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+)
+
+// Sighting is one place a message was found, and what it says there.
+type Sighting struct {
+	// Store is where: outbox, outbox archive, durable retry, held
+	// partition, ledger, poison store, poison archive.
+	Store string    `json:"store"`
+	At    time.Time `json:"at"`
+	// State says what the message is or was doing there.
+	State string `json:"state"`
+	// Error is the last error or the reason, when there is one.
+	Error string `json:"error,omitempty"`
+	// ID is the row's id in its store (outbox or poison id), 0 for none.
+	ID int64 `json:"id,omitempty"`
+	// Consumer names the route or partition, where the store has one.
+	Consumer string `json:"consumer,omitempty"`
+}
+
+// Trail is one message: what it is, where it is now, and where it was seen.
+type Trail struct {
+	MessageID     string     `json:"message_id"`
+	AggregateID   string     `json:"aggregate_id"`
+	Topic         string     `json:"topic"`
+	CorrelationID string     `json:"correlation_id,omitempty"`
+	TraceID       string     `json:"trace_id,omitempty"`
+	Now           string     `json:"now"`
+	Sightings     []Sighting `json:"sightings"`
+}
+
+// Found is what Find found.
+type Found struct {
+	Query  string  `json:"query"`
+	Trails []Trail `json:"messages"`
+	// Truncated: more messages matched than the limit (an aggregate with
+	// a long history); the newest are shown.
+	Truncated bool `json:"truncated"`
+	// NotSearched names the stores that could not be searched in time
+	// (FindTimeout), with why.
+	NotSearched []string `json:"not_searched,omitempty"`
+}
+
+// FindTimeout bounds each store's search: the outbox is not indexed by
+// message, correlation id or dispatched aggregate (an index would cost
+// every producer's insert), so a search there scans, and a large outbox
+// answers "not searched" rather than holding a connection.
+const FindTimeout = 10 * time.Second
+
+// Find looks q up as a message id, an aggregate id or a correlation id in
+// every store Ferry keeps (the outbox and its archive, the durable retries,
+// the held partitions, the consumers' ledger, the poison store and its
+// archive) and says, for each message found (the newest limit), where it
+// is now and what happened to it. routes are the app's route names: the
+// ledger is looked up by its key (route, message) when they are given.
+// The broker's queues are not searched: RabbitMQ cannot look a message up
+// without taking it; a message dispatched and not yet handled is at the
+// broker or being handled.
+func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string, q string, limit int) (Found, error) {
+	q = strings.TrimSpace(q)
+	found := Found{Query: q}
+	if q == "" {
+		return found, errors.New("find: give a message id, an aggregate id or a correlation id")
+	}
+	if len(q) > 512 {
+		return found, errors.New("find: the query is longer than any id Ferry keeps (512)")
+	}
+	if limit <= 0 {
+		limit = 50
+	}
+	t, err := pgoutbox.QuoteTable(table)
+	if err != nil {
+		return found, err
+	}
+	if table == "" {
+		table = pgoutbox.DefaultTable
+	}
+	archive, err := pgoutbox.QuoteTable(table + "_archive")
+	if err != nil {
+		return found, err
+	}
+	trails := map[string]*Trail{}
+	var order []string
+	trail := func(id string) *Trail {
+		tr := trails[id]
+		if tr == nil {
+			tr = &Trail{MessageID: id}
+			trails[id] = tr
+			order = append(order, id)
+		}
+		return tr
+	}
+	search := func(store, sql string, args []any, scan func(pgx.Rows) error) error {
+		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL statement_timeout = `+strconv.FormatInt(FindTimeout.Milliseconds(), 10)); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, sql, args...)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				if err := scan(rows); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "57014" { // query_canceled: the timeout
+			found.NotSearched = append(found.NotSearched, fmt.Sprintf("%s (took longer than %s)", store, FindTimeout))
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("searching the %s: %w", store, err)
+		}
+		return nil
+	}
+	corr := pipeline.MetaCorrelationID
+	outboxRows := func(store, tbl string) error {
+		return search(store, `SELECT id, coalesce(message_uuid, id::text), aggregate_id, topic, headers, created_at, available_at, dispatched_at, attempts, coalesce(last_error, '')
+			FROM `+tbl+` WHERE message_uuid = $1 OR aggregate_id = $1 OR headers->>'`+corr+`' = $1 OR headers->>'`+pipeline.MetaMessageID+`' = $1
+			ORDER BY id DESC LIMIT $2`, []any{q, limit + 1}, func(rows pgx.Rows) error {
+			var id int64
+			var uuid, agg, topic, lastError string
+			var headers map[string]string
+			var created, available time.Time
+			var dispatched *time.Time
+			var attempts int
+			if err := rows.Scan(&id, &uuid, &agg, &topic, &headers, &created, &available, &dispatched, &attempts, &lastError); err != nil {
+				return err
+			}
+			msgID := uuid
+			s := Sighting{Store: store, At: created, ID: id, Error: pipeline.CleanText(lastError, 1000)}
+			if topic == pipeline.RetryTopic {
+				// A durable retry carries the original message's id.
+				if orig := headers[pipeline.MetaMessageID]; orig != "" {
+					msgID = orig
+				}
+				s.Store, s.Consumer = "durable retry", headers[pipeline.MetaRetryQueue]
+				s.Error = pipeline.CleanText(headers[pipeline.MetaLastError], 1000)
+				attempt := headers[pipeline.MetaAttempt]
+				if dispatched == nil {
+					s.State = fmt.Sprintf("waiting to be retried by %s (attempt %s) at %s", s.Consumer, attempt, available.UTC().Format(time.RFC3339))
+				} else {
+					s.State = fmt.Sprintf("retry for %s (attempt %s) sent to the broker at %s", s.Consumer, attempt, dispatched.UTC().Format(time.RFC3339))
+				}
+			} else if dispatched == nil {
+				s.State = "in the outbox, not dispatched yet"
+				if attempts > 0 {
+					s.State = fmt.Sprintf("in the outbox, not dispatched yet: %d failed attempt(s), next at %s", attempts, available.UTC().Format(time.RFC3339))
+				} else if available.After(time.Now()) {
+					s.State = "in the outbox, delayed until " + available.UTC().Format(time.RFC3339)
+				}
+			} else {
+				s.State = "dispatched to the broker at " + dispatched.UTC().Format(time.RFC3339)
+			}
+			tr := trail(msgID)
+			if topic != pipeline.RetryTopic {
+				tr.Topic = topic
+			}
+			if tr.AggregateID == "" {
+				tr.AggregateID = agg
+			}
+			if tr.CorrelationID == "" {
+				tr.CorrelationID = headers[corr]
+			}
+			if tr.TraceID == "" {
+				tr.TraceID = headers[pipeline.MetaTraceID]
+			}
+			tr.Sightings = append(tr.Sightings, s)
+			return nil
+		})
+	}
+	if err := outboxRows("outbox", t); err != nil {
+		return found, err
+	}
+	if err := outboxRows("outbox archive", archive); err != nil {
+		return found, err
+	}
+	poisonRows := func(store, tbl, extra string) error {
+		return search(store, `SELECT id, message_id, aggregate_id, topic, handler, consumer, headers, reason, poisoned_at, correlation_id`+extra+`
+			FROM `+tbl+` WHERE message_id = $1 OR aggregate_id = $1 OR correlation_id = $1 ORDER BY id DESC LIMIT $2`, []any{q, limit + 1}, func(rows pgx.Rows) error {
+			var id int64
+			var msgID, agg, topic, handler, consumer, reason, correlation string
+			var headers map[string]string
+			var at time.Time
+			dest := []any{&id, &msgID, &agg, &topic, &handler, &consumer, &headers, &reason, &at, &correlation}
+			var by, run string
+			var discarded time.Time
+			if extra != "" {
+				dest = append(dest, &discarded, &by, &run)
+			}
+			if err := rows.Scan(dest...); err != nil {
+				return err
+			}
+			s := Sighting{Store: store, At: at, ID: id, Consumer: consumer, Error: pipeline.CleanText(reason, 1000),
+				State: "poisoned by " + handler + ": given up on, waiting for an operator (requeue or discard)"}
+			if extra != "" {
+				s.At = discarded
+				s.State = fmt.Sprintf("discarded from the poison store by %s (ferry poison undo --run %s puts it back)", by, run)
+			}
+			tr := trail(msgID)
+			if tr.Topic == "" {
+				tr.Topic = topic
+			}
+			if tr.AggregateID == "" {
+				tr.AggregateID = agg
+			}
+			if tr.CorrelationID == "" {
+				tr.CorrelationID = correlation
+			}
+			if tr.TraceID == "" {
+				tr.TraceID = headers[pipeline.MetaTraceID]
+			}
+			tr.Sightings = append(tr.Sightings, s)
+			return nil
+		})
+	}
+	if err := poisonRows("poison store", pgpoison.Table, ""); err != nil {
+		return found, err
+	}
+	if err := poisonRows("poison archive", pgpoison.ArchiveTable, ", discarded_at, discarded_by, discard_run"); err != nil {
+		return found, err
+	}
+	// The ledger and the held partitions are keyed by message: look up
+	// every message found so far, and q itself.
+	ids := append([]string{q}, order...)
+	if err := search("held partitions", `SELECT consumer, message_id, since, attempt, last_error FROM ferry_held_partitions WHERE message_id = ANY($1)`, []any{ids}, func(rows pgx.Rows) error {
+		var consumer, msgID, lastError string
+		var since time.Time
+		var attempt int
+		if err := rows.Scan(&consumer, &msgID, &since, &attempt, &lastError); err != nil {
+			return err
+		}
+		tr := trail(msgID)
+		tr.Sightings = append(tr.Sightings, Sighting{Store: "held partition", At: since, Consumer: consumer, Error: pipeline.CleanText(lastError, 1000),
+			State: fmt.Sprintf("the failing head of partition %s, which waits behind it (next attempt %d)", consumer, attempt)})
+		return nil
+	}); err != nil {
+		return found, err
+	}
+	ledgerSQL := `SELECT consumer, message_id, processed_at FROM ` + pgledger.DefaultTable + ` WHERE message_id = ANY($1)`
+	args := []any{ids}
+	if len(routes) > 0 {
+		// The ledger's key is (route, message): an index lookup.
+		ledgerSQL += ` AND consumer = ANY($2)`
+		args = append(args, routes)
+	}
+	if err := search("ledger", ledgerSQL, args, func(rows pgx.Rows) error {
+		var consumer, msgID string
+		var at time.Time
+		if err := rows.Scan(&consumer, &msgID, &at); err != nil {
+			return err
+		}
+		tr := trail(msgID)
+		tr.Sightings = append(tr.Sightings, Sighting{Store: "ledger", At: at, Consumer: consumer, State: "handled by " + consumer})
+		return nil
+	}); err != nil {
+		return found, err
+	}
+	for _, id := range order {
+		tr := trails[id]
+		if len(tr.Sightings) == 1 && tr.Sightings[0].Store == "ledger" && id != q {
+			continue
+		}
+		slices.SortStableFunc(tr.Sightings, func(a, b Sighting) int { return a.At.Compare(b.At) })
+		tr.Now = now(tr)
+		found.Trails = append(found.Trails, *tr)
+	}
+	behindHolds(found.Trails)
+	if len(found.Trails) > limit {
+		found.Trails, found.Truncated = found.Trails[:limit], true
+	}
+	return found, nil
+}
+
+// now says where a message is, from where it was seen: the most telling
+// place first (a hold or the poison store outranks an old dispatch).
+func now(tr *Trail) string {
+	var handled []string
+	var last *Sighting
+	for i := range tr.Sightings {
+		s := &tr.Sightings[i]
+		switch s.Store {
+		case "held partition":
+			return "holding its partition: " + s.State
+		case "poison store":
+			return "in the poison store: " + s.State
+		case "ledger":
+			handled = append(handled, s.Consumer)
+		}
+		last = s
+	}
+	for i := len(tr.Sightings) - 1; i >= 0; i-- {
+		s := tr.Sightings[i]
+		if s.Store == "durable retry" && strings.HasPrefix(s.State, "waiting") {
+			return s.State
+		}
+		if s.Store == "outbox" && strings.HasPrefix(s.State, "in the outbox") {
+			return s.State
+		}
+	}
+	if len(handled) > 0 {
+		return "handled by " + strings.Join(handled, ", ")
+	}
+	if last != nil && last.Store == "poison archive" {
+		return last.State
+	}
+	if last != nil && strings.HasPrefix(last.State, "dispatched") || last != nil && strings.Contains(last.State, "sent to the broker") {
+		return "at the broker or being handled (" + last.State + "; the broker's queues are not searched: RabbitMQ cannot look a message up without taking it)"
+	}
+	if last != nil {
+		return last.State
+	}
+	return "not found"
+}
+
+// behindHolds says of a message dispatched after a held head of its
+// aggregate and topic that it waits behind that head: an ordered topic
+// puts one aggregate's messages on one partition, and the hold is the
+// partition's.
+func behindHolds(trails []Trail) {
+	type key struct{ agg, topic string }
+	type hold struct {
+		msg, consumer string
+		at            time.Time
+	}
+	holds := map[key]hold{}
+	for _, tr := range trails {
+		for _, s := range tr.Sightings {
+			if s.Store == "held partition" && len(tr.Sightings) > 0 {
+				holds[key{tr.AggregateID, tr.Topic}] = hold{msg: tr.MessageID, consumer: s.Consumer, at: tr.Sightings[0].At}
+			}
+		}
+	}
+	for i := range trails {
+		tr := &trails[i]
+		h, ok := holds[key{tr.AggregateID, tr.Topic}]
+		if !ok || h.msg == tr.MessageID || len(tr.Sightings) == 0 || tr.Sightings[0].At.Before(h.at) || !strings.HasPrefix(tr.Now, "at the broker") {
+			continue
+		}
+		tr.Now = fmt.Sprintf("waiting at the broker behind the held head %s of partition %s (the same aggregate's messages are handled in order)", h.msg, h.consumer)
+	}
+}

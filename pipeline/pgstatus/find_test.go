@@ -1,0 +1,87 @@
+package pgstatus_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
+)
+
+// "Where is this message?" across every store: one order's messages, each
+// in another place (in the outbox, handled, retrying, holding its
+// partition, poisoned, discarded), found by the order's id, by a message
+// id and by a correlation id, each with where it is now and its trail.
+func TestFindSaysWhereEachMessageIs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	_, err := pool.Exec(ctx, `
+		INSERT INTO outbox (aggregate_id, topic, payload, headers, message_uuid, created_at, dispatched_at) VALUES
+		  ('order-7', 'orders.placed', '{}', '{"correlation_id":"corr-7","trace_id":"trace-7"}', 'm-pending', now(), NULL),
+		  ('order-7', 'orders.paid', '{}', '{"correlation_id":"corr-7"}', 'm-handled', now() - interval '5 minutes', now() - interval '5 minutes'),
+		  ('order-7', 'mail.send', '{}', '{}', 'm-retry', now() - interval '4 minutes', now() - interval '4 minutes'),
+		  ('order-7', 'ledger.post', '{}', '{}', 'm-held', now() - interval '3 minutes', now() - interval '3 minutes'),
+		  ('order-7', 'stripe.charge', '{}', '{}', 'm-poison', now() - interval '2 minutes', now() - interval '2 minutes'),
+		  ('order-7', 'sms.send', '{}', '{}', 'm-broker', now() - interval '1 minute', now() - interval '1 minute'),
+		  ('order-7', 'ledger.post', '{}', '{}', 'm-behind', now() - interval '30 seconds', now() - interval '30 seconds'),
+		  ('order-8', 'orders.placed', '{}', '{}', 'm-other', now(), NULL);
+		INSERT INTO outbox (aggregate_id, topic, payload, headers, message_uuid, available_at) VALUES
+		  ('order-7', 'ferry.retry', '{}', '{"ferry_message_id":"m-retry","ferry_retry_queue":"notifications.mail","ferry_attempt":"3","ferry_last_error":"SMTP 451 try later"}', 'r-1', now() + interval '2 minutes');
+		INSERT INTO processed_messages (consumer, message_id) VALUES ('billing.paid', 'm-handled');
+		INSERT INTO ferry_held_partitions (consumer, message_id, since, attempt, last_error) VALUES ('ledger.post@3', 'm-held', now(), 4, 'ledger answered 503');
+		INSERT INTO poison_messages (message_id, topic, handler, aggregate_id, payload, reason, correlation_id) VALUES
+		  ('m-poison', 'stripe.charge', 'payments.charge', 'order-7', '\x7b7d', 'card declined', 'corr-7');
+		INSERT INTO ferry_poison_archive (id, message_id, topic, handler, consumer, aggregate_id, payload, headers, reason, permanent, attempts,
+		  first_failed_at, last_failed_at, poisoned_at, correlation_id, discarded_by, discard_run) VALUES
+		  (999, 'm-discarded', 'push.send', 'push', 'push', 'order-7', '\x7b7d', '{}', 'no device', true, 1, now(), now(), now(), '', 'ops@example.com', 'run-9')`)
+	require.NoError(t, err)
+
+	found, err := pgstatus.Find(ctx, pool, "", []string{"billing.paid", "notifications.mail"}, "order-7", 50)
+	require.NoError(t, err)
+	now := map[string]string{}
+	for _, tr := range found.Trails {
+		now[tr.MessageID] = tr.Now
+		require.Equal(t, "order-7", tr.AggregateID, tr.MessageID)
+	}
+	require.NotContains(t, now, "m-other", "another order's message is not found")
+	require.Len(t, now, 8)
+	require.Contains(t, now["m-behind"], "waiting at the broker behind the held head m-held of partition ledger.post@3")
+	require.Contains(t, now["m-pending"], "in the outbox, not dispatched yet")
+	require.Equal(t, "handled by billing.paid", now["m-handled"])
+	require.Contains(t, now["m-retry"], "waiting to be retried by notifications.mail (attempt 3)")
+	require.Contains(t, now["m-held"], "holding its partition")
+	require.Contains(t, now["m-held"], "ledger.post@3")
+	require.Contains(t, now["m-poison"], "in the poison store")
+	require.Contains(t, now["m-discarded"], "ferry poison undo --run run-9")
+	require.Contains(t, now["m-broker"], "at the broker or being handled")
+
+	// By a message id: its whole trail, oldest first.
+	found, err = pgstatus.Find(ctx, pool, "", nil, "m-retry", 50)
+	require.NoError(t, err)
+	require.Len(t, found.Trails, 1)
+	var stores []string
+	for _, s := range found.Trails[0].Sightings {
+		stores = append(stores, s.Store)
+	}
+	require.Equal(t, []string{"outbox", "durable retry"}, stores)
+	require.Equal(t, "SMTP 451 try later", found.Trails[0].Sightings[1].Error)
+
+	// By a correlation id: the messages of that request, with the trace.
+	found, err = pgstatus.Find(ctx, pool, "", nil, "corr-7", 50)
+	require.NoError(t, err)
+	var ids []string
+	for _, tr := range found.Trails {
+		ids = append(ids, tr.MessageID)
+	}
+	require.ElementsMatch(t, []string{"m-pending", "m-handled", "m-poison"}, ids)
+
+	found, err = pgstatus.Find(ctx, pool, "", nil, "nobody", 50)
+	require.NoError(t, err)
+	require.Empty(t, found.Trails)
+	_, err = pgstatus.Find(ctx, pool, "", nil, strings.Repeat("x", 600), 50)
+	require.Error(t, err)
+}
