@@ -738,8 +738,11 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	require.Equal(t, capRows, ids, "the audit keeps every id discarded")
 	require.Equal(t, 3, entries, "one entry per page of 500, each in its page's transaction")
 
-	// Undo, from the job's page: the whole run comes back, with its ids.
+	// Undo, from the job's page (the audit log offers it too, once per
+	// run): the whole run comes back, with its ids.
 	require.Contains(t, job, `id="undo"`)
+	_, audit := get(t, browser, srv.URL+"/console/audit")
+	require.Equal(t, 1, strings.Count(audit, `name="run" value="`+between(job, `name="run" value="`, `"`)+`"`), "one Undo for the run's three entries")
 	code, body = postForm(t, browser, srv.URL+"/console/undo", url.Values{"csrf": {form.Get("csrf")}, "run": {between(job, `name="run" value="`, `"`)}})
 	require.Equal(t, http.StatusSeeOther, code, body)
 	n, first = left()
@@ -868,4 +871,8 @@ func TestSearchPageSaysWhereAMessageIs(t *testing.T) {
 	code, body = get(t, browser, srv.URL+"/console/search?q=nothing-here")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `id="nothing"`)
+
+	// Each item of "needs attention" links the page to act on it from.
+	_, body = get(t, browser, srv.URL+"/console/")
+	require.Contains(t, between(body, `<ul id="attention">`, `</ul>`), `<a href="/console/poison">`)
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/ferry-dev/ferry/internal/attention"
@@ -19,8 +20,9 @@ type overview struct {
 	Queues      []rabbit.QueueStat
 	QueuesErr   string
 	Failing     int
-	// Attention is the list `ferry status` prints under "needs attention".
-	Attention []string
+	// Attention is the list `ferry status` prints under "needs attention",
+	// each item with the console page to act on it from.
+	Attention []attentionItem
 	// Charts are the last hour, from the processes' samples; NoSamples
 	// when no process has sampled in that hour.
 	Charts    []chart
@@ -87,7 +89,9 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 			o.NoSamples = false
 		}
 	}
-	o.Attention = attention.List(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues})
+	for _, it := range attention.Items(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues}) {
+		o.Attention = append(o.Attention, attentionItem{Text: it.Text, Link: c.attentionLink(it, rep)})
+	}
 	return o, nil
 }
 
@@ -107,4 +111,38 @@ func (c *Console) overviewPartial(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.render(w, r, "overview-body", &overviewPage{O: o})
+}
+
+// attentionItem is one line of "needs attention" and where to act on it.
+type attentionItem struct {
+	Text string
+	// Link is the console page for it; empty when the fix is outside
+	// (the broker, a relay to start).
+	Link string
+}
+
+// attentionLink is the page an item is acted on from: the held head's own
+// page for one held partition, the list for several.
+func (c *Console) attentionLink(it attention.Item, rep pgstatus.Report) string {
+	p := c.cfg.Prefix
+	switch it.Kind {
+	case "paused_handler":
+		return p + "/handlers"
+	case "held_partitions":
+		for _, h := range rep.Held {
+			if it.Count == 1 && pipeline.RouteName(h.Consumer) == it.Target {
+				return p + "/held/" + url.PathEscape(h.Consumer)
+			}
+		}
+		return p + "/#held"
+	case "queue_without_consumer":
+		return p + "/#queues"
+	case "poison":
+		return p + "/poison"
+	case "retrying":
+		return p + "/retrying"
+	case "failing_rows":
+		return p + "/failing"
+	}
+	return ""
 }

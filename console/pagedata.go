@@ -130,6 +130,8 @@ type failingPage struct {
 type auditPage struct {
 	chrome
 	Entries []pgaudit.Entry
+	// Undo is, per entry, the discard run its Undo button puts back.
+	Undo []string
 }
 
 type retryingPage struct {
