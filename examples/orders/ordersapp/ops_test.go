@@ -124,7 +124,9 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 
 func TestAdminWithoutTokenRefusesStateChanges(t *testing.T) {
 	t.Parallel()
-	h := start(t, app.Options{}, app.Components{})
+	cfg, provider, sink := testConfig(t)
+	cfg.AdminToken = "" // none set
+	h := startWith(t, cfg, provider, sink, app.Options{}, app.Components{})
 	code, body := get(t, h.app.AdminHandler(), "POST", "/admin/prune", "anything")
 	require.Equal(t, http.StatusForbidden, code)
 	require.Contains(t, body, "FERRY_ADMIN_TOKEN")
