@@ -1,15 +1,12 @@
 package console
 
 import (
-	"bytes"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"time"
 
@@ -178,20 +175,8 @@ func (c *Console) outboxRowPage(w http.ResponseWriter, r *http.Request) {
 	}
 	row := outboxRow{ID: got.ID, MessageID: got.MessageID, Topic: got.Topic, AggregateID: got.AggregateID, LastError: got.LastError,
 		Attempts: got.Attempts, CreatedAt: got.CreatedAt, AvailableAt: got.AvailableAt, Dispatched: got.Dispatched}
-	payload, headers := got.Payload, got.Headers
-	row.Current = c.upcast(got.Topic, headers, payload)
-	if len(payload) > maxDetailBytes {
-		payload = payload[:maxDetailBytes]
-	}
-	var pretty bytes.Buffer
-	if json.Valid(payload) && json.Indent(&pretty, payload, "", "  ") == nil {
-		row.Payload = pretty.String()
-	} else {
-		row.Payload = string(payload)
-	}
-	for k, v := range headers {
-		row.Headers = append(row.Headers, [2]string{k, v})
-	}
-	sort.Slice(row.Headers, func(a, b int) bool { return row.Headers[a][0] < row.Headers[b][0] })
+	row.Current = c.upcast(got.Topic, got.Headers, got.Payload)
+	row.Payload, _, _ = shownPayload(got.Payload)
+	row.Headers = sortedHeaders(got.Headers)
 	c.render(w, r, "outbox-row", &outboxRowPage{Row: row, Flash: c.flash(r.URL.Query())})
 }

@@ -1,13 +1,10 @@
 package console
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
-	"sort"
 	"strings"
 
 	"github.com/ferry-dev/ferry/pipeline"
@@ -29,20 +26,8 @@ func (c *Console) heldPage(w http.ResponseWriter, r *http.Request) {
 	}
 	p := &heldHeadPage{H: h, Route: pipeline.RouteName(h.Consumer), Flash: c.flash(r.URL.Query()), History: pipeline.ErrorHistory(h.Headers),
 		Current: c.upcast(h.Headers[pipeline.MetaTopic], h.Headers, h.Payload)}
-	payload := h.Payload
-	if len(payload) > maxDetailBytes {
-		payload, p.Truncated = payload[:maxDetailBytes], true
-	}
-	var pretty bytes.Buffer
-	if !p.Truncated && json.Valid(payload) && json.Indent(&pretty, payload, "", "  ") == nil {
-		p.Payload = pretty.String()
-	} else {
-		p.Payload = string(payload)
-	}
-	for k, v := range h.Headers {
-		p.Headers = append(p.Headers, [2]string{k, v})
-	}
-	sort.Slice(p.Headers, func(a, b int) bool { return p.Headers[a][0] < p.Headers[b][0] })
+	p.Payload, _, p.Truncated = shownPayload(h.Payload)
+	p.Headers = sortedHeaders(h.Headers)
 	// Behind the head: the partition's queue's ready messages (the head
 	// itself is unacked at its consumer).
 	p.Behind = "the broker is not read by this console"

@@ -1,12 +1,15 @@
 package console
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
+	"encoding/json"
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -105,4 +108,27 @@ func confirmedBound(form url.Values, limit int) (maxID int64, shown int, nonce s
 	nonce = form.Get("nonce")
 	ok = err1 == nil && err2 == nil && maxID >= 0 && shown >= 0 && shown <= limit && len(nonce) == 32
 	return maxID, shown, nonce, ok
+}
+
+// shownPayload is a payload as a detail page shows it: pretty JSON, or the
+// bytes as text, the first maxDetailBytes only.
+func shownPayload(payload []byte) (text string, isJSON, truncated bool) {
+	if len(payload) > maxDetailBytes {
+		payload, truncated = payload[:maxDetailBytes], true
+	}
+	var pretty bytes.Buffer
+	if !truncated && json.Valid(payload) && json.Indent(&pretty, payload, "", "  ") == nil {
+		return pretty.String(), true, false
+	}
+	return string(payload), false, truncated
+}
+
+// sortedHeaders are a message's headers as a detail page lists them, by key.
+func sortedHeaders(h map[string]string) [][2]string {
+	out := make([][2]string, 0, len(h))
+	for k, v := range h {
+		out = append(out, [2]string{k, v})
+	}
+	slices.SortFunc(out, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+	return out
 }

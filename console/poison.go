@@ -1,15 +1,12 @@
 package console
 
 import (
-	"bytes"
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -83,20 +80,8 @@ func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d := detail{R: rec, History: pipeline.ErrorHistory(rec.Headers), Requeued: rec.Headers["ferry_requeued_from_poison_id"],
 		Current: c.upcast(rec.Topic, rec.Headers, rec.Payload)}
-	payload := rec.Payload
-	if len(payload) > maxDetailBytes {
-		payload, d.Truncated = payload[:maxDetailBytes], true
-	}
-	var pretty bytes.Buffer
-	if !d.Truncated && json.Valid(payload) && json.Indent(&pretty, payload, "", "  ") == nil {
-		d.Payload, d.PayloadJS = pretty.String(), true
-	} else {
-		d.Payload = string(payload)
-	}
-	for k, v := range rec.Headers {
-		d.Headers = append(d.Headers, [2]string{k, v})
-	}
-	sort.Slice(d.Headers, func(a, b int) bool { return d.Headers[a][0] < d.Headers[b][0] })
+	d.Payload, d.PayloadJS, d.Truncated = shownPayload(rec.Payload)
+	d.Headers = sortedHeaders(rec.Headers)
 	c.render(w, r, "detail", &detailPage{D: d})
 }
 
