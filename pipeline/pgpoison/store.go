@@ -329,7 +329,6 @@ func (s *Store) Get(ctx context.Context, id int64) (Record, error) {
 // Depth counts poisoned messages per topic.
 func (s *Store) Depth(ctx context.Context) (map[string]int, error) { return Depth(ctx, s.pool) }
 
-// Depth counts the poisoned messages in pool's store, per original topic.
 // Since returns the newest poison id and how many messages were poisoned
 // after afterID (all of them for 0): what `ferry status --acknowledge`
 // records and what is new since.
@@ -341,6 +340,7 @@ func Since(ctx context.Context, pool *pgxpool.Pool, afterID int64) (maxID int64,
 	return maxID, newer, nil
 }
 
+// Depth counts the poisoned messages in pool's store, per original topic.
 func Depth(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
 	rows, err := pool.Query(ctx, `SELECT topic, count(*) FROM `+Table+` GROUP BY topic`)
 	if err != nil {
@@ -518,13 +518,14 @@ func (s *Store) DiscardEach(ctx context.Context, sel Selector, run Run, fn func(
 		if err != nil {
 			return nil, fmt.Errorf("discarding: %w", err)
 		}
-		gone, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
+		gone := map[int64]bool{}
+		var id int64
+		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { gone[id] = true; return nil }); err != nil {
 			return nil, fmt.Errorf("discarding: %w", err)
 		}
 		actions := make([]Action, len(recs))
 		for i, r := range recs {
-			actions[i] = Action{Record: r, Done: slices.Contains(gone, r.ID)}
+			actions[i] = Action{Record: r, Done: gone[r.ID]}
 			if !actions[i].Done {
 				actions[i].Why = "no longer in the store"
 			}
