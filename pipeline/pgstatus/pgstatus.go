@@ -163,12 +163,13 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 	if rep.PoisonAcknowledged, err = lastAcknowledgment(ctx, pool); err != nil {
 		return rep, err
 	}
-	var after int64
+	// Without an acknowledgment every message is new: the total counted
+	// above, without counting the store a second time.
+	rep.PoisonNew = rep.PoisonTotal
 	if rep.PoisonAcknowledged != nil {
-		after = rep.PoisonAcknowledged.MaxID
-	}
-	if _, rep.PoisonNew, err = pgpoison.Since(ctx, pool, after); err != nil {
-		return rep, err
+		if _, rep.PoisonNew, err = pgpoison.Since(ctx, pool, rep.PoisonAcknowledged.MaxID); err != nil {
+			return rep, err
+		}
 	}
 	if rep.Instances, err = Instances(ctx, pool); err != nil {
 		return rep, err
