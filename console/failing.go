@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
-	"net/url"
 	"strconv"
 	"time"
 
@@ -119,7 +118,7 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 		// Nothing was shown, so nothing is taken (a zero bound would mean
 		// "no bound").
 		flash := act + ": 0 row(s); the confirmation showed none"
-		http.Redirect(w, r, c.cfg.Prefix+"/"+kind+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+		c.redirectFlash(w, r, "/"+kind, flash, nil)
 		return
 	}
 	sel.MaxID, sel.Limit = maxID, shown
@@ -140,7 +139,7 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 	if gone := shown - len(done.IDs); gone > 0 {
 		flash += fmt.Sprintf("; %d of the %d confirmed were no longer there", gone, shown)
 	}
-	http.Redirect(w, r, c.cfg.Prefix+"/"+kind+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+	c.redirectFlash(w, r, "/"+kind, flash, nil)
 }
 
 // outboxRow is one outbox row as its detail page shows it.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"slices"
 
 	"github.com/ferry-dev/ferry/pipeline/pgpause"
@@ -70,5 +69,5 @@ func (c *Console) handlerAction(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	http.Redirect(w, r, c.cfg.Prefix+"/handlers?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+	c.redirectFlash(w, r, "/handlers", flash, nil)
 }

@@ -70,5 +70,5 @@ func (c *Console) heldAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	flash := fmt.Sprintf("asked %s to try %s again now (its consumer looks every second)", consumer, messageID)
-	http.Redirect(w, r, c.cfg.Prefix+"/held/"+url.PathEscape(consumer)+"?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+	c.redirectFlash(w, r, "/held/"+url.PathEscape(consumer), flash, nil)
 }

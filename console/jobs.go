@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"time"
 
@@ -126,5 +125,5 @@ func (c *Console) undo(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	flash := fmt.Sprintf("put back %d message(s) into the poison store (undid discard %s)", len(res.Restored), run)
-	http.Redirect(w, r, c.cfg.Prefix+"/poison?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+	c.redirectFlash(w, r, "/poison", flash, nil)
 }

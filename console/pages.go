@@ -68,6 +68,17 @@ func (c *Console) internal(w http.ResponseWriter, r *http.Request, err error) {
 // flash is the result message the action redirected with, when the
 // console itself wrote it (signed): a link cannot put words of its own in
 // the green success banner.
+// redirectFlash sends the browser to path (under the console's prefix)
+// with text shown there: signed, so that a link made elsewhere cannot put
+// words on a console page (flash checks it).
+func (c *Console) redirectFlash(w http.ResponseWriter, r *http.Request, path, text string, extra url.Values) {
+	q := url.Values{"flash": {text}, "sig": {c.mac("flash\x00" + text)}}
+	for k, v := range extra {
+		q[k] = v
+	}
+	http.Redirect(w, r, c.cfg.Prefix+path+"?"+q.Encode(), http.StatusSeeOther)
+}
+
 func (c *Console) flash(q url.Values) string {
 	text := q.Get("flash")
 	if text == "" || c.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(q.Get("sig")), []byte(c.mac("flash\x00"+text))) != 1 {

@@ -181,7 +181,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		// Nothing was shown, so nothing is taken (a zero bound would mean
 		// "no bound").
 		flash := act + ": 0 message(s); the confirmation showed none"
-		http.Redirect(w, r, c.cfg.Prefix+"/poison?"+url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}.Encode(), http.StatusSeeOther)
+		c.redirectFlash(w, r, "/poison", flash, nil)
 		return
 	}
 	sel.MaxID, sel.Limit = maxID, shown
@@ -221,12 +221,11 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	if gone := shown - sum.Done - sum.Skipped; gone > 0 {
 		flash += fmt.Sprintf("; %d of the %d confirmed were no longer in the store", gone, shown)
 	}
-	q := url.Values{"flash": {flash}, "sig": {c.mac("flash\x00" + flash)}}
+	var undo url.Values
 	if act == "discard" && sum.Done > 0 {
-		q.Set("undo", sum.Run)
-		q.Set("undo_sig", c.mac("undo\x00"+sum.Run))
+		undo = url.Values{"undo": {sum.Run}, "undo_sig": {c.mac("undo\x00" + sum.Run)}}
 	}
-	http.Redirect(w, r, c.cfg.Prefix+"/poison?"+q.Encode(), http.StatusSeeOther)
+	c.redirectFlash(w, r, "/poison", flash, undo)
 }
 
 // within is the filter a group action is confined to, "" for none.
