@@ -1,6 +1,7 @@
 package pgstatus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,10 @@ type Sighting struct {
 	ID int64 `json:"id,omitempty"`
 	// Consumer names the route or partition, where the store has one.
 	Consumer string `json:"consumer,omitempty"`
+	// Pending: an outbox row (the event, or a durable retry of it) not
+	// sent to the broker yet. Dispatched: one that was.
+	Pending    bool `json:"pending,omitempty"`
+	Dispatched bool `json:"dispatched,omitempty"`
 }
 
 // Trail is one message: what it is, where it is now, and where it was seen.
@@ -44,6 +49,16 @@ type Trail struct {
 	TraceID       string     `json:"trace_id,omitempty"`
 	Now           string     `json:"now"`
 	Sightings     []Sighting `json:"sightings"`
+	// atBroker: Now says it was dispatched and seen nowhere after.
+	atBroker bool
+}
+
+// know fills in what the trail does not know yet of its message.
+func (tr *Trail) know(topic, aggregateID, correlationID, traceID string) {
+	tr.Topic = cmp.Or(tr.Topic, topic)
+	tr.AggregateID = cmp.Or(tr.AggregateID, aggregateID)
+	tr.CorrelationID = cmp.Or(tr.CorrelationID, correlationID)
+	tr.TraceID = cmp.Or(tr.TraceID, traceID)
 }
 
 // Found is what Find found.
@@ -148,9 +163,10 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 			if err := rows.Scan(&id, &uuid, &agg, &topic, &headers, &created, &available, &dispatched, &attempts, &lastError); err != nil {
 				return err
 			}
-			msgID := uuid
-			s := Sighting{Store: store, At: created, ID: id, Error: pipeline.CleanText(lastError, 1000)}
+			msgID, eventTopic := uuid, topic
+			s := Sighting{Store: store, At: created, ID: id, Error: pipeline.CleanText(lastError, 1000), Pending: dispatched == nil, Dispatched: dispatched != nil}
 			if topic == pipeline.RetryTopic {
+				eventTopic = "" // the retry's, not the event's
 				// A durable retry carries the original message's id.
 				if orig := headers[pipeline.MetaMessageID]; orig != "" {
 					msgID = orig
@@ -174,18 +190,7 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 				s.State = "dispatched to the broker at " + dispatched.UTC().Format(time.RFC3339)
 			}
 			tr := trail(msgID)
-			if topic != pipeline.RetryTopic {
-				tr.Topic = topic
-			}
-			if tr.AggregateID == "" {
-				tr.AggregateID = agg
-			}
-			if tr.CorrelationID == "" {
-				tr.CorrelationID = headers[corr]
-			}
-			if tr.TraceID == "" {
-				tr.TraceID = headers[pipeline.MetaTraceID]
-			}
+			tr.know(eventTopic, agg, headers[corr], headers[pipeline.MetaTraceID])
 			tr.Sightings = append(tr.Sightings, s)
 			return nil
 		})
@@ -219,18 +224,7 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 				s.State = fmt.Sprintf("discarded from the poison store by %s (ferry poison undo --run %s puts it back)", by, run)
 			}
 			tr := trail(msgID)
-			if tr.Topic == "" {
-				tr.Topic = topic
-			}
-			if tr.AggregateID == "" {
-				tr.AggregateID = agg
-			}
-			if tr.CorrelationID == "" {
-				tr.CorrelationID = correlation
-			}
-			if tr.TraceID == "" {
-				tr.TraceID = headers[pipeline.MetaTraceID]
-			}
+			tr.know(topic, agg, correlation, headers[pipeline.MetaTraceID])
 			tr.Sightings = append(tr.Sightings, s)
 			return nil
 		})
@@ -283,7 +277,7 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 			continue
 		}
 		slices.SortStableFunc(tr.Sightings, func(a, b Sighting) int { return a.At.Compare(b.At) })
-		tr.Now = now(tr)
+		tr.Now, tr.atBroker = now(tr)
 		found.Trails = append(found.Trails, *tr)
 	}
 	behindHolds(found.Trails)
@@ -294,44 +288,36 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 }
 
 // now says where a message is, from where it was seen: the most telling
-// place first (a hold or the poison store outranks an old dispatch).
-func now(tr *Trail) string {
+// place first (a hold or the poison store outranks an old dispatch), and
+// whether that is "at the broker" (dispatched, seen nowhere after).
+func now(tr *Trail) (string, bool) {
 	var handled []string
-	var last *Sighting
-	for i := range tr.Sightings {
-		s := &tr.Sightings[i]
+	for _, s := range tr.Sightings {
 		switch s.Store {
 		case "held partition":
-			return "holding its partition: " + s.State
+			return "holding its partition: " + s.State, false
 		case "poison store":
-			return "in the poison store: " + s.State
+			return "in the poison store: " + s.State, false
 		case "ledger":
 			handled = append(handled, s.Consumer)
 		}
-		last = s
 	}
 	for i := len(tr.Sightings) - 1; i >= 0; i-- {
-		s := tr.Sightings[i]
-		if s.Store == "durable retry" && strings.HasPrefix(s.State, "waiting") {
-			return s.State
-		}
-		if s.Store == "outbox" && strings.HasPrefix(s.State, "in the outbox") {
-			return s.State
+		if s := tr.Sightings[i]; s.Pending {
+			return s.State, false
 		}
 	}
 	if len(handled) > 0 {
-		return "handled by " + strings.Join(handled, ", ")
+		return "handled by " + strings.Join(handled, ", "), false
 	}
-	if last != nil && last.Store == "poison archive" {
-		return last.State
+	if len(tr.Sightings) == 0 {
+		return "not found", false
 	}
-	if last != nil && strings.HasPrefix(last.State, "dispatched") || last != nil && strings.Contains(last.State, "sent to the broker") {
-		return "at the broker or being handled (" + last.State + "; the broker's queues are not searched: RabbitMQ cannot look a message up without taking it)"
+	last := tr.Sightings[len(tr.Sightings)-1]
+	if last.Dispatched {
+		return "at the broker or being handled (" + last.State + "; the broker's queues are not searched: RabbitMQ cannot look a message up without taking it)", true
 	}
-	if last != nil {
-		return last.State
-	}
-	return "not found"
+	return last.State, false
 }
 
 // behindHolds says of a message dispatched after a held head of its
@@ -347,7 +333,7 @@ func behindHolds(trails []Trail) {
 	holds := map[key]hold{}
 	for _, tr := range trails {
 		for _, s := range tr.Sightings {
-			if s.Store == "held partition" && len(tr.Sightings) > 0 {
+			if s.Store == "held partition" {
 				holds[key{tr.AggregateID, tr.Topic}] = hold{msg: tr.MessageID, consumer: s.Consumer, at: tr.Sightings[0].At}
 			}
 		}
@@ -355,7 +341,7 @@ func behindHolds(trails []Trail) {
 	for i := range trails {
 		tr := &trails[i]
 		h, ok := holds[key{tr.AggregateID, tr.Topic}]
-		if !ok || h.msg == tr.MessageID || len(tr.Sightings) == 0 || tr.Sightings[0].At.Before(h.at) || !strings.HasPrefix(tr.Now, "at the broker") {
+		if !ok || h.msg == tr.MessageID || !tr.atBroker || tr.Sightings[0].At.Before(h.at) {
 			continue
 		}
 		tr.Now = fmt.Sprintf("waiting at the broker behind the held head %s of partition %s (the same aggregate's messages are handled in order)", h.msg, h.consumer)
