@@ -25,15 +25,11 @@ func findFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			return usagef("--limit must be in [1, 1000]")
 		}
 		o.Query = args[0]
-		cfg, err := LoadConfig()
+		cfg, pool, err := openMigrated(ctx, "find")
 		if err != nil {
 			return err
 		}
 		o.Table = cfg.Relay.Table
-		pool, err := OpenPool(ctx, "find")
-		if err != nil {
-			return err
-		}
 		defer pool.Close()
 		return o.Run(ctx, pool, env.Stdout)
 	}
