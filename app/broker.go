@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -97,6 +98,7 @@ func (a *App) QueueStatsOn(conn *amqp.Connection) ([]rabbit.QueueStat, error) {
 			case err != nil:
 				return out, err
 			}
+			st.Handler = pipeline.ConsumerQueue(sub.Name)
 			out = append(out, st)
 		}
 	}

@@ -78,7 +78,8 @@ type Config struct {
 	// Unrouted, if set, reads the broker's unrouted queue depth.
 	Unrouted func(context.Context) (int, error)
 	// Queues, if set, inspects the route table's queues (ready messages
-	// and consumers of each).
+	// and consumers of each, and the handler consuming each: a held
+	// partition's page counts what waits behind its head by it).
 	Queues func(context.Context) ([]rabbit.QueueStat, error)
 	// Routes are the application's route names, for the handlers page
 	// (pause and resume).

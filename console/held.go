@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strings"
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
@@ -38,12 +37,9 @@ func (c *Console) heldPage(w http.ResponseWriter, r *http.Request) {
 			p.Behind = "the broker could not be read: " + pipeline.ErrorText(err, 200)
 		default:
 			p.Behind = "its queue was not found at the broker"
-			queue := pipeline.ConsumerQueue(h.Consumer)
 			for _, st := range stats {
-				// Queues are the namespace and the handler's name.
-				if st.Queue == queue || strings.HasSuffix(st.Queue, queue) {
-					p.Waiting, p.Behind = &st.Ready, ""
-					p.Queue = st.Queue
+				if st.Handler == h.Consumer {
+					p.Waiting, p.Behind, p.Queue = &st.Ready, "", st.Queue
 					break
 				}
 			}
@@ -52,8 +48,7 @@ func (c *Console) heldPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "held", p)
 }
 
-// heldAction is "retry now" for a held head (pgstatus.RetryHeldNow, as
-// `ferry partition retry-now` does).
+// heldAction is "retry now" for a held head (pgstatus.RetryHeldNow).
 func (c *Console) heldAction(w http.ResponseWriter, r *http.Request) {
 	consumer, messageID := r.PostForm.Get("consumer"), r.PostForm.Get("message_id")
 	if consumer == "" || messageID == "" {

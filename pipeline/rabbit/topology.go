@@ -320,6 +320,10 @@ type QueueStat struct {
 	Queue     string `json:"queue"`
 	Ready     int    `json:"ready"`
 	Consumers int    `json:"consumers"`
+	// Handler is who consumes it, when the caller knows (app.QueueStats
+	// does): a partition of an ordered route ("payments.charge@3"), or the
+	// route whose workers share it.
+	Handler string `json:"handler,omitempty"`
 }
 
 // QueueStats inspects queue with a passive declare, on a channel of its
