@@ -20,9 +20,9 @@ import (
 // records its confirmation, so a re-sent form starts nothing; each page of
 // the action commits with its own audit entry, so a job cut short by a
 // stop leaves done exactly what its page says was done.
-func (c *Console) startJob(w http.ResponseWriter, r *http.Request, action string, run pgpoison.Run, total int,
+func (c *Console) startJob(w http.ResponseWriter, r *http.Request, act string, run pgpoison.Run, total int,
 	do func(context.Context, func(pgpoison.Action) error) (pgpoison.Summary, error)) {
-	id, err := pgjobs.Start(r.Context(), c.pool, action, run.Scope, run.Actor, run.ID, run.Confirmation, total)
+	id, err := pgjobs.Start(r.Context(), c.pool, "poison."+act, run.Scope, run.Actor, run.ID, run.Confirmation, total)
 	if errors.Is(err, pgjobs.ErrConfirmationUsed) {
 		c.fail(w, r, http.StatusConflict, err.Error())
 		return
@@ -34,11 +34,11 @@ func (c *Console) startJob(w http.ResponseWriter, r *http.Request, action string
 	// The job outlives the request; its context keeps the request's values
 	// (the logger's trace) but not its end.
 	ctx := context.WithoutCancel(r.Context())
-	go c.runJob(ctx, id, action, total, do)
+	go c.runJob(ctx, id, act, total, do)
 	http.Redirect(w, r, c.cfg.Prefix+"/jobs/"+strconv.FormatInt(id, 10), http.StatusSeeOther)
 }
 
-func (c *Console) runJob(ctx context.Context, id int64, action string, total int, do func(context.Context, func(pgpoison.Action) error) (pgpoison.Summary, error)) {
+func (c *Console) runJob(ctx context.Context, id int64, act string, total int, do func(context.Context, func(pgpoison.Action) error) (pgpoison.Summary, error)) {
 	done, skipped := 0, 0
 	last := time.Now()
 	report := func() {
@@ -60,17 +60,12 @@ func (c *Console) runJob(ctx context.Context, id int64, action string, total int
 		}
 		return nil
 	})
-	state, verb := pgjobs.Done, "requeued"
-	if action == "poison.discard" {
-		verb = "discarded"
+	state, looked := pgjobs.Done, total
+	if err != nil {
+		// Cut short: the rest was not looked at, not found missing.
+		looked = sum.Done + sum.Skipped
 	}
-	result := fmt.Sprintf("%s %d message(s)", verb, sum.Done)
-	if sum.Skipped > 0 {
-		result += fmt.Sprintf("; skipped %d (the audit log names each, with why)", sum.Skipped)
-	}
-	if gone := total - sum.Done - sum.Skipped; gone > 0 && err == nil {
-		result += fmt.Sprintf("; %d of the %d confirmed were no longer in the store", gone, total)
-	}
+	result := actionResult(act, looked, sum, " (the audit log names each, with why)")
 	if err != nil {
 		state = pgjobs.Failed
 		if errors.Is(err, pgaudit.ErrConfirmationUsed) {
@@ -78,7 +73,7 @@ func (c *Console) runJob(ctx context.Context, id int64, action string, total int
 		} else {
 			result += fmt.Sprintf(" before it failed: %v (what was done stays done; the rest is still in the store)", err)
 		}
-		c.cfg.Logger.ErrorContext(ctx, "console: a background job failed", "job", id, "action", action, "error", err)
+		c.cfg.Logger.ErrorContext(ctx, "console: a background job failed", "job", id, "action", act, "error", err)
 	}
 	if err := pgjobs.Finish(ctx, c.pool, id, state, sum.Done, sum.Skipped, result); err != nil {
 		c.cfg.Logger.ErrorContext(ctx, "console: recording a job's end", "job", id, "error", err)

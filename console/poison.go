@@ -191,7 +191,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	}
 	runInfo := pgpoison.Run{Actor: c.actor(r), Scope: scopeText(scope, sel), Confirmation: nonce, ID: newNonce()[:16]}
 	if shown > MaxActionRows {
-		c.startJob(w, r, "poison."+act, runInfo, shown, func(ctx context.Context, fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
+		c.startJob(w, r, act, runInfo, shown, func(ctx context.Context, fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
 			return run(ctx, sel, runInfo, fn)
 		})
 		return
@@ -211,16 +211,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	flash := fmt.Sprintf("requeued %d message(s)", sum.Done)
-	if act == "discard" {
-		flash = fmt.Sprintf("discarded %d message(s)", sum.Done)
-	}
-	if sum.Skipped > 0 {
-		flash += fmt.Sprintf("; skipped %d: %s", sum.Skipped, strings.Join(skipped, "; "))
-	}
-	if gone := shown - sum.Done - sum.Skipped; gone > 0 {
-		flash += fmt.Sprintf("; %d of the %d confirmed were no longer in the store", gone, shown)
-	}
+	flash := actionResult(act, shown, sum, ": "+strings.Join(skipped, "; "))
 	var undo url.Values
 	if act == "discard" && sum.Done > 0 {
 		undo = url.Values{"undo": {sum.Run}, "undo_sig": {c.mac("undo\x00" + sum.Run)}}
@@ -262,4 +253,22 @@ func (c *Console) undoRun(q url.Values) string {
 		return ""
 	}
 	return run
+}
+
+// actionResult says what a confirmed requeue or discard of shown messages
+// did, in the request or as a background job: skipped follows the count
+// of the messages it skipped (their reasons, or where to find them).
+func actionResult(act string, shown int, sum pgpoison.Summary, skipped string) string {
+	verb := "requeued"
+	if act == "discard" {
+		verb = "discarded"
+	}
+	text := fmt.Sprintf("%s %d message(s)", verb, sum.Done)
+	if sum.Skipped > 0 {
+		text += fmt.Sprintf("; skipped %d%s", sum.Skipped, skipped)
+	}
+	if gone := shown - sum.Done - sum.Skipped; gone > 0 {
+		text += fmt.Sprintf("; %d of the %d confirmed were no longer in the store", gone, shown)
+	}
+	return text
 }
