@@ -60,9 +60,12 @@ func Record(ctx context.Context, q Execer, e Entry) error {
 	return nil
 }
 
+// selectEntries reads entries in Entry's field order (RowToStructByPos).
+const selectEntries = `SELECT id, at, actor, action, scope, count, detail FROM ferry_audit_log`
+
 // Latest returns the newest entry of action, or nil when there is none.
 func Latest(ctx context.Context, pool *pgxpool.Pool, action string) (*Entry, error) {
-	rows, err := pool.Query(ctx, `SELECT id, at, actor, action, scope, count, detail FROM ferry_audit_log WHERE action = $1 ORDER BY id DESC LIMIT 1`, action)
+	rows, err := pool.Query(ctx, selectEntries+` WHERE action = $1 ORDER BY id DESC LIMIT 1`, action)
 	if err != nil {
 		return nil, fmt.Errorf("reading the audit log: %w", err)
 	}
@@ -78,7 +81,7 @@ func Latest(ctx context.Context, pool *pgxpool.Pool, action string) (*Entry, err
 
 // List returns the newest limit entries, newest first.
 func List(ctx context.Context, pool *pgxpool.Pool, limit int) ([]Entry, error) {
-	rows, err := pool.Query(ctx, `SELECT id, at, actor, action, scope, count, detail FROM ferry_audit_log ORDER BY id DESC LIMIT $1`, limit)
+	rows, err := pool.Query(ctx, selectEntries+` ORDER BY id DESC LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading the audit log: %w", err)
 	}
