@@ -128,11 +128,11 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusIn
 		switch {
 		case len(s.Poisoned) > 0:
 			s.State = StatePoisoned
-		case len(s.Retrying) > 0, s.DispatchedAt == nil && s.LastError != "":
+		case len(s.Retrying) > 0, !s.Dispatched && s.LastError != "":
 			s.State = StateRetrying
 		case len(s.HandledBy) > 0:
 			s.State = StateHandled
-		case s.DispatchedAt != nil:
+		case s.Dispatched:
 			s.State = StateDispatched
 		case s.AvailableAt.After(now):
 			s.State = StateScheduled

@@ -42,7 +42,7 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 		return o, err
 	}
 	o.Report = rep
-	if o.P95, err = c.ops.DispatchP95(ctx, latencyWindow); err != nil {
+	if o.P95, err = pgstatus.DispatchP95(ctx, c.pool, latencyWindow); err != nil {
 		return o, err
 	}
 	if o.Failing, err = c.ops.FailingCount(ctx); err != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 // Published is one outbox row as a test sees it.
@@ -46,9 +47,9 @@ type Published struct {
 
 // publishedSQL reads what a transaction can see of the outbox: its own
 // uncommitted rows included.
-const publishedSQL = `SELECT id, coalesce(message_uuid, id::text), topic, aggregate_id,
+var publishedSQL = `SELECT id, coalesce(message_uuid, id::text), topic, aggregate_id,
 	COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers, available_at
-	FROM outbox WHERE dispatched_at IS NULL AND ($1 = '' OR topic = $1) ORDER BY id`
+	FROM ` + pgoutbox.PendingOutbox + ` o WHERE ($1 = '' OR topic = $1) ORDER BY id`
 
 // PublishedTx returns the pending outbox rows of topic ("" for every
 // topic) that tx sees, its own uncommitted ones included. tx is a *sql.Tx,
@@ -197,7 +198,7 @@ func unhandled(pool *pgxpool.Pool, routes []handlers.Route) ([]string, error) {
 	ctx := context.Background()
 	var missing []string
 	var due int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND available_at <= now()`).Scan(&due); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o WHERE available_at <= now()`).Scan(&due); err != nil {
 		return nil, fmt.Errorf("counting due outbox rows: %w", err)
 	}
 	if due > 0 {
@@ -208,7 +209,7 @@ func unhandled(pool *pgxpool.Pool, routes []handlers.Route) ([]string, error) {
 		// a retry's or requeue's ferry_message_id, else the row's UUID.
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox o
-			WHERE o.topic = $1 AND o.dispatched_at IS NOT NULL
+			WHERE o.topic = $1 AND `+pgoutbox.DispatchedOutbox+`
 			  AND NOT EXISTS (SELECT 1 FROM processed_messages p WHERE p.consumer = $2
 			        AND p.message_id = coalesce(o.headers->>'ferry_message_id', o.message_uuid, o.id::text))
 			  AND NOT EXISTS (SELECT 1 FROM poison_messages x WHERE x.handler = $2

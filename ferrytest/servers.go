@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -167,7 +168,7 @@ func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 	var pending int
 	for {
 		err := pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND (available_at <= now() OR attempts > 0 OR topic = $1)`, pipeline.RetryTopic).Scan(&pending)
+			`SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o WHERE (available_at <= now() OR attempts > 0 OR topic = $1)`, pipeline.RetryTopic).Scan(&pending)
 		if err != nil {
 			t.Fatalf("counting pending outbox rows: %v", err)
 		}

@@ -109,15 +109,22 @@ func (r *Relay) CheckFailover(ctx context.Context) (Replay, error) {
 		}
 		res.From, res.To = *recorded, current
 		// The anchor is the newest dispatch the new primary knows, not
-		// now(): the relay may come back long after the promotion. One
+		// now(): the relay may come back long after the promotion. Rows
+		// the position passed carry no dispatch time of their own: the
+		// position's last move stands for theirs, and their creation
+		// decides whether they fall in the window (they are passed
+		// moments after their commit unless a backlog waited). One
 		// sequential scan, once per failover.
 		var newest *time.Time
-		if err := tx.QueryRow(ctx, `SELECT max(dispatched_at) FROM `+r.quoted+` WHERE NOT shadowed`).Scan(&newest); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT greatest((SELECT max(dispatched_at) FROM `+r.quoted+` WHERE NOT shadowed),
+			(SELECT updated_at FROM `+positionTable(r.quoted)+` WHERE outbox_table = $1))`, r.key).Scan(&newest); err != nil {
 			return fmt.Errorf("finding the last dispatch before the failover: %w", err)
 		}
 		if newest != nil {
 			res.Since = newest.Add(-r.cfg.FailoverReplay)
-			tag, err := tx.Exec(ctx, `UPDATE `+r.quoted+` SET dispatched_at = NULL, available_at = now() WHERE NOT shadowed AND dispatched_at >= $1`, res.Since)
+			tag, err := tx.Exec(ctx, `UPDATE `+r.quoted+` o SET dispatched_at = NULL, available_at = now(), slow = true
+				WHERE NOT o.shadowed AND (o.dispatched_at >= $1
+				   OR (o.dispatched_at IS NULL AND NOT o.slow AND o.tx IS NOT NULL AND o.created_at >= $1 AND `+passedCond("o", r.quoted, r.key)+`))`, res.Since)
 			if err != nil {
 				return fmt.Errorf("making the events dispatched before the failover pending again: %w", err)
 			}

@@ -34,8 +34,8 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 			break
 		}
 	}
-	// Ten were dispatched long ago, five are shadow intents.
-	_, err := pool.Exec(ctx, `UPDATE outbox SET dispatched_at = dispatched_at - interval '1 hour' WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 10)`)
+	// Ten were written and dispatched long ago, five are shadow intents.
+	_, err := pool.Exec(ctx, `UPDATE outbox SET created_at = created_at - interval '1 hour' WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 10)`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE outbox SET shadowed = true WHERE id IN (SELECT id FROM outbox ORDER BY id DESC LIMIT 5)`)
 	require.NoError(t, err)
@@ -77,7 +77,7 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 	require.Equal(t, timeline, replays[0].To)
 	require.EqualValues(t, 15, replays[0].Rows, "the dispatches in the window, shadow intents left")
 	var pending, shadowPending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dispatched_at IS NULL), count(*) FILTER (WHERE dispatched_at IS NULL AND shadowed) FROM outbox`).Scan(&pending, &shadowPending))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE shadowed) FROM `+pgoutbox.PendingRows("o.shadowed", `"outbox"`, "")+` p`).Scan(&pending, &shadowPending))
 	require.Equal(t, 15, pending)
 	require.Zero(t, shadowPending)
 	var replayedRows int64

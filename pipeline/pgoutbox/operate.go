@@ -22,10 +22,13 @@ import (
 const (
 	// failingRule: a row the relay tried to publish and could not (it
 	// keeps the row, with its last error, until the broker takes it).
-	failingRule = `dispatched_at IS NULL AND attempts > 0 AND last_error IS NOT NULL`
+	// A failed row is in the slow lane (see lanes.go).
+	failingRule = `dispatched_at IS NULL AND (slow OR tx IS NULL) AND attempts > 0 AND last_error IS NOT NULL`
 	// retryRule: a handler's durable retry waiting in the outbox for its
-	// time (middleware.DurableRetry writes it on pipeline.RetryTopic).
-	retryRule = `dispatched_at IS NULL AND topic = '` + pipeline.RetryTopic + `'`
+	// time (middleware.DurableRetry writes it on pipeline.RetryTopic). It
+	// waits in the slow lane, as every delayed row does once the relay
+	// passed it, moments after its commit.
+	retryRule = `dispatched_at IS NULL AND (slow OR tx IS NULL) AND topic = '` + pipeline.RetryTopic + `'`
 )
 
 // failingColumns are the outbox's columns for a pgfilter.Filter over the
@@ -50,19 +53,6 @@ func NewOperator(pool *pgxpool.Pool, table string) (*Operator, error) {
 		return nil, err
 	}
 	return &Operator{pool: pool, table: t}, nil
-}
-
-// DispatchP95 is the 95th percentile, in seconds, of how long rows
-// dispatched within the window waited after they were due; nil when none
-// was dispatched.
-func (o *Operator) DispatchP95(ctx context.Context, window time.Duration) (*float64, error) {
-	var p95 *float64
-	err := o.pool.QueryRow(ctx, `SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM dispatched_at - COALESCE(due_at, created_at)))
-		FROM `+o.table+` WHERE dispatched_at > now() - $1 * interval '1 second' AND NOT shadowed`, window.Seconds()).Scan(&p95)
-	if err != nil {
-		return nil, fmt.Errorf("dispatch latency: %w", err)
-	}
-	return p95, nil
 }
 
 // FailingCount counts the rows the relay keeps failing to publish.
@@ -367,10 +357,18 @@ func PendingCount(ctx context.Context, pool *pgxpool.Pool, table string) (int64,
 		return 0, err
 	}
 	var n int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` WHERE dispatched_at IS NULL`).Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+PendingRows("1", t, table)+` p`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting pending outbox rows: %w", err)
 	}
 	return n, nil
+}
+
+// dispatchedBefore is true of row o when it was dispatched before $1:
+// marked so, or passed by the relay and written before $1 (the relay
+// passes a row moments after its commit and records no time per row).
+func dispatchedBefore(quoted, table string) string {
+	return `(o.dispatched_at < $1 OR (o.dispatched_at IS NULL AND NOT o.slow AND o.tx IS NOT NULL AND o.created_at < $1 AND ` +
+		passedCond("o", quoted, tableKey(table)) + `))`
 }
 
 // CountDispatchedBefore counts the rows of the outbox table ("" for the
@@ -381,7 +379,7 @@ func CountDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string
 		return 0, err
 	}
 	var n int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` WHERE dispatched_at < $1`, cutoff).Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` o WHERE `+dispatchedBefore(t, table), cutoff).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting prunable outbox rows: %w", err)
 	}
 	return n, nil
@@ -400,7 +398,7 @@ func DeleteDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table strin
 		return 0, err
 	}
 	stmt := `WITH doomed AS (
-		SELECT id FROM ` + t + ` WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+		SELECT id FROM ` + t + ` o WHERE ` + dispatchedBefore(t, table) + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
 		DELETE FROM ` + t + ` o USING doomed d WHERE o.id = d.id`
 	if archive {
 		a, err := QuoteTable(table + "_archive")
@@ -408,7 +406,7 @@ func DeleteDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table strin
 			return 0, err
 		}
 		stmt = `WITH doomed AS (
-			SELECT id FROM ` + t + ` WHERE dispatched_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
+			SELECT id FROM ` + t + ` o WHERE ` + dispatchedBefore(t, table) + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
 			moved AS (DELETE FROM ` + t + ` o USING doomed d WHERE o.id = d.id RETURNING o.*)
 			INSERT INTO ` + a + ` SELECT * FROM moved ON CONFLICT (id) DO NOTHING`
 	}

@@ -213,69 +213,96 @@ type Relay struct {
 	ordered []string
 
 	claimSQL, lockSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL, probeSQL string
+	fast                                                                         fastLane
 	// table is the outbox table's name as configured, quoted as quoted;
-	// timelineTable is where CheckFailover records the timeline.
-	table, quoted, timelineTable string
+	// key is its row in PositionTable; timelineTable is where
+	// CheckFailover records the timeline.
+	table, quoted, key, timelineTable string
 
 	dispatched, failed, probes, claims, replayed atomic.Int64
 	wake                                         chan struct{}
 }
 
-// ClaimSQL is the relay's claim query for table (with $1 the batch size
-// and, when ordered, $2 the ordered topics), for EXPLAIN and benchmarks.
+// ClaimSQL is the slow lane's claim query for table (with $1 the batch
+// size and, when ordered, $2 the ordered topics), for EXPLAIN and
+// benchmarks.
 func ClaimSQL(table string, ordered bool) (string, error) {
 	t, err := QuoteTable(table)
 	if err != nil {
 		return "", err
 	}
-	return claimSQL(t, ordered, 0), nil
+	return claimSQL(t, tableKey(table), ordered, 0), nil
 }
 
-// claimSQL selects due, unclaimed rows. ORDER BY available_at follows the
-// partial index on pending rows, so the claim stays an index range scan at
-// any table size. With ordered topics, a row of one is due only if it is
-// the head of its aggregate: no pending row of an ordered topic with a
-// smaller id (the (aggregate_id, id) partial index answers that). A head
-// claimed by another relay is locked and skipped, and its successors are
-// not heads, so two relays never hold rows of one ordered aggregate at once.
+// claimSQL selects the slow lane's due, unclaimed rows (see lanes.go).
+// ORDER BY available_at follows the partial index on them, so the claim
+// stays an index range scan at any table size. With ordered topics, a row
+// of one is due only if it is the head of its aggregate: no pending row of
+// an ordered topic with a smaller id. A head claimed by another relay is
+// locked and skipped, and its successors are not heads, so two relays
+// never hold rows of one ordered aggregate at once.
 //
 // minAge > 0 leaves younger rows alone: the CDC relay's safety net polls
 // with it, so that it takes what the stream left, not what the stream is
 // about to send.
-func claimSQL(table string, ordered bool, minAge time.Duration) string {
+func claimSQL(table, key string, ordered bool, minAge time.Duration) string {
 	return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false)
 		FROM ` + table + ` o
-		WHERE ` + dueSQL(table, ordered, minAge, "$2") + `
+		WHERE ` + dueSQL(table, key, ordered, minAge, "$2") + `
 		ORDER BY o.available_at
 		LIMIT $1
 		FOR UPDATE OF o SKIP LOCKED`
 }
 
-// probeSQL asks whether a claim would find a row, without claiming
-// (topics, when ordered, the ordered topics as $1): one index probe, no
+// probeSQL asks whether a batch would find a row, without claiming
+// (topics, when ordered, the ordered topics as $1): a due row of the slow
+// lane, or a row the position has not passed. Index probes, no
 // transaction, no lock.
-func probeSQL(table string, ordered bool, minAge time.Duration) string {
-	return `SELECT EXISTS (SELECT 1 FROM ` + table + ` o WHERE ` + dueSQL(table, ordered, minAge, "$1") + `)`
+func probeSQL(table, key string, ordered bool, minAge time.Duration) string {
+	young := ""
+	if minAge > 0 {
+		young = ` AND o.created_at <= now() - ` + strconv.FormatInt(minAge.Microseconds(), 10) + ` * interval '1 microsecond'`
+	}
+	return `SELECT EXISTS (SELECT 1 FROM ` + table + ` o WHERE ` + dueSQL(table, key, ordered, minAge, "$1") + `)
+		OR EXISTS (` + unpassedRows("1", table, key) + young + `)`
 }
 
-// dueSQL is the condition on outbox row o that makes it the claim's: due,
-// undispatched, old enough, and the head of its aggregate when ordered
-// (topics the placeholder of the ordered topics).
-func dueSQL(table string, ordered bool, minAge time.Duration, topics string) string {
-	q := `o.dispatched_at IS NULL AND o.available_at <= now()`
+// dueSQL is the condition on outbox row o that makes it the slow lane's
+// claim: slow and pending, due, old enough, and the head of its aggregate
+// when ordered (topics the placeholder of the ordered topics).
+func dueSQL(table, key string, ordered bool, minAge time.Duration, topics string) string {
+	q := slowCond("o") + ` AND o.available_at <= now()`
 	if minAge > 0 {
 		q += ` AND o.created_at <= now() - ` + strconv.FormatInt(minAge.Microseconds(), 10) + ` * interval '1 microsecond'`
 	}
 	if ordered {
 		q += `
-		  AND (o.topic <> ALL(` + topics + `::text[]) OR NOT EXISTS (
-		        SELECT 1 FROM ` + table + ` p
-		        WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL
-		          AND p.id < o.id AND p.topic = ANY(` + topics + `::text[])))`
+		  AND (o.topic <> ALL(` + topics + `::text[]) OR NOT ` + earlierPending("o", table, key, topics, "") + `)`
 	}
 	return q
+}
+
+// earlierPending is true when an earlier row of o's aggregate, of an
+// ordered topic (topics), is pending: with state of its own (the slow
+// lane's partial index), or not passed by the position yet (the
+// aggregate's rows since the position's oldest transaction, by the
+// (aggregate_id, tx) index). except, if set, is a condition on p that
+// leaves rows out.
+func earlierPending(o, table, key, topics, except string) string {
+	if except != "" {
+		except = ` AND NOT (` + except + `)`
+	}
+	pos := `(SELECT rp.snap FROM ` + positionTable(table) + ` rp WHERE rp.outbox_table = ` + sqlString(key) + `)`
+	return `(EXISTS (SELECT 1 FROM ` + table + ` p
+		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND ` + slowCond("p") + `
+		          AND p.id < ` + o + `.id AND p.topic = ANY(` + topics + `::text[])` + except + `)
+		    OR EXISTS (SELECT 1 FROM ` + table + ` p
+		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND p.tx >= coalesce(pg_snapshot_xmin(` + pos + `), '1'::xid8)
+		          AND p.dispatched_at IS NULL AND NOT p.slow
+		          AND p.id < ` + o + `.id AND p.topic = ANY(` + topics + `::text[])` + except + `
+		          AND NOT ` + passedCond("p", table, key) + `))`
 }
 
 // lockSQL is RelayIDs' query ($1 the ids, $2 the ordered topics when
@@ -283,20 +310,18 @@ func dueSQL(table string, ordered bool, minAge time.Duration, topics string) str
 // it could lock, what RelayIDs needs to decide. Another relay's locked rows
 // come back with locked false (read without waiting, at their committed
 // version: topic and aggregate never change), so RelayIDs knows which
-// aggregate they hold back.
-func lockSQL(table string, ordered bool) string {
+// aggregate they hold back. A row is done when marked dispatched or passed
+// by the position.
+func lockSQL(table, key string, ordered bool) string {
 	behind := `false`
 	if ordered {
-		behind = `(l.topic = ANY($2::text[]) AND EXISTS (
-		        SELECT 1 FROM ` + table + ` p
-		        WHERE p.aggregate_id = l.aggregate_id AND p.dispatched_at IS NULL
-		          AND p.id < l.id AND p.topic = ANY($2::text[]) AND p.id <> ALL($1::bigint[])))`
+		behind = `(l.topic = ANY($2::text[]) AND ` + earlierPending("l", table, key, "$2", "p.id = ANY($1::bigint[])") + `)`
 	}
 	return `WITH l AS (
 		SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')) AS payload, o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at) AS due_at,
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false) AS shadow,
-		       o.dispatched_at IS NOT NULL AS done, o.available_at <= now() AS due
+		       ` + DispatchedCond("o", table, key) + ` AS done, o.available_at <= now() AS due
 		FROM ` + table + ` o
 		WHERE o.id = ANY($1::bigint[])
 		FOR UPDATE OF o SKIP LOCKED)
@@ -327,6 +352,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 	if err != nil {
 		return nil, err
 	}
+	key := tableKey(cfg.Table)
 	ordered := slices.Sorted(slices.Values(cfg.OrderedTopics))
 	ordered = slices.Compact(ordered)
 	if o, ok := pub.(pipeline.Ordering); ok {
@@ -345,14 +371,17 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 		table:         cmp.Or(cfg.Table, DefaultTable),
 		quoted:        t,
 		timelineTable: timelineTable(t),
-		claimSQL:      claimSQL(t, len(ordered) > 0, cfg.MinAge),
-		probeSQL:      probeSQL(t, len(ordered) > 0, cfg.MinAge),
-		lockSQL:       lockSQL(t, len(ordered) > 0),
+		key:           key,
+		fast:          newFastLane(t, len(ordered) > 0),
+		claimSQL:      claimSQL(t, key, len(ordered) > 0, cfg.MinAge),
+		probeSQL:      probeSQL(t, key, len(ordered) > 0, cfg.MinAge),
+		lockSQL:       lockSQL(t, key, len(ordered) > 0),
 		dispatchedSQL: `UPDATE ` + t + ` SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
 		shadowSQL:     `UPDATE ` + t + ` SET dispatched_at = now(), shadowed = true WHERE id = ANY($1)`,
-		nextDueSQL:    `SELECT min(available_at) FROM ` + t + ` WHERE dispatched_at IS NULL`,
+		nextDueSQL:    `SELECT min(available_at) FROM ` + t + ` o WHERE ` + slowCond("o"),
+		// A failed row keeps its state itself from now on: the slow lane.
 		failedSQL: `UPDATE ` + t + ` AS o
-			SET attempts = o.attempts + 1, last_error = f.err,
+			SET attempts = o.attempts + 1, last_error = f.err, slow = true,
 			    available_at = now() + f.delay_us * interval '1 microsecond'
 			FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, err, delay_us)
 			WHERE o.id = f.id`,
@@ -365,7 +394,11 @@ func (r *Relay) OrderedTopics() []string { return slices.Clone(r.ordered) }
 
 // BatchResult says what one RelayBatch did.
 type BatchResult struct {
-	Claimed    int
+	Claimed int
+	// Passed counts the rows the append-only lane's position moved past
+	// (see lanes.go): those claimed, and those it marked slow (delayed,
+	// held behind an earlier row of their aggregate).
+	Passed     int
 	Dispatched int
 	Failed     int
 	// Shadowed counts shadow intents marked dispatched without publishing.
@@ -460,7 +493,7 @@ func (r *Relay) loop(ctx context.Context) {
 		// them (a backlog behind a broker outage drains at claim speed,
 		// not a row per aggregate per PollInterval). No sleep, and the
 		// relay's other batches in flight join in.
-		if err == nil && (res.Claimed == r.cfg.BatchSize || (res.Ordered > 0 && res.Dispatched > 0)) {
+		if err == nil && (res.Claimed >= r.cfg.BatchSize || res.Passed >= r.cfg.BatchSize || (res.Ordered > 0 && res.Dispatched > 0)) {
 			r.Wake()
 			continue
 		}
@@ -596,9 +629,28 @@ type claimedRow struct {
 	shadowMarked bool
 }
 
-// RelayBatch claims one batch of due rows, publishes them and records the
-// outcome, in one transaction.
-func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
+// RelayBatch relays one batch of each lane (see lanes.go), each in a
+// transaction of its own: a page of the rows committed since the
+// position, unless another relay holds it, then the slow lane's due rows.
+func (r *Relay) RelayBatch(ctx context.Context) (BatchResult, error) {
+	fast, _, err := r.fastBatch(ctx)
+	if err != nil {
+		return fast, err
+	}
+	slow, err := r.slowBatch(ctx)
+	fast.Claimed += slow.Claimed
+	fast.Missing = nil
+	fast.Dispatched += slow.Dispatched
+	fast.Failed += slow.Failed
+	fast.Shadowed += slow.Shadowed
+	fast.Left += slow.Left
+	fast.Ordered += slow.Ordered
+	return fast, err
+}
+
+// slowBatch claims one batch of the slow lane's due rows, publishes them
+// and records the outcome, in one transaction.
+func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
 		return res, fmt.Errorf("beginning claim transaction: %w", err)
@@ -635,7 +687,7 @@ func (r *Relay) RelayBatch(ctx context.Context) (res BatchResult, err error) {
 			res.Ordered++
 		}
 	}
-	return r.relayClaimed(ctx, tx, claimed, res, false)
+	return r.relayClaimed(ctx, tx, claimed, res, false, nil)
 }
 
 func rollback(ctx context.Context, tx pgx.Tx) {
@@ -743,7 +795,7 @@ func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err
 	if len(claimed) == 0 {
 		return res, tx.Commit(ctx)
 	}
-	res, err = r.relayClaimed(ctx, tx, claimed, res, true)
+	res, err = r.relayClaimed(ctx, tx, claimed, res, true, nil)
 	if errors.Is(err, ErrNothingConfirmed) {
 		return BatchResult{}, err
 	}
@@ -761,7 +813,13 @@ func (r *Relay) orderKey(c claimedRow) (string, bool) {
 // relayClaimed publishes the rows claimed in tx (shadow intents aside) and
 // records the outcome: it ends tx. With holdOnOutage, a batch the broker
 // confirmed none of is not recorded but reported as ErrNothingConfirmed.
-func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRow, res BatchResult, holdOnOutage bool) (BatchResult, error) {
+// record, if set, is the append-only lane's: the confirmed rows are not
+// marked (the position passes them), and record adds its own statements to
+// the outcome's, given the ids
+// of the rows neither confirmed nor failed (behind a failure of their
+// aggregate, or left when ctx ended): the append-only lane marks them
+// slow and moves its position, in the same transaction.
+func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRow, res BatchResult, holdOnOutage bool, record func(b *pgx.Batch, unsent []int64)) (BatchResult, error) {
 	// Shadow intents: the legacy code performs their effect; they are
 	// recorded as dispatched (shadowed) and never reach the broker.
 	live := claimed[:0:0]
@@ -783,7 +841,11 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 		okIDs               []int64
 		failIDs, failDelays []int64
 		failErrs            []string
+		unsentIDs           []int64
 	)
+	for _, c := range unsent {
+		unsentIDs = append(unsentIDs, c.id)
+	}
 	for i, o := range outcomes {
 		if o.Err == nil {
 			okIDs = append(okIDs, o.ID)
@@ -792,6 +854,7 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 		if ctx.Err() != nil && errors.Is(o.Err, ctx.Err()) {
 			// Stopping, not failing: the row stays pending as it was, and
 			// the next relay sends it (again, if the broker had it).
+			unsentIDs = append(unsentIDs, o.ID)
 			continue
 		}
 		delay := r.cfg.Backoff.Delay(o.Attempt)
@@ -812,7 +875,8 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	batch := &pgx.Batch{}
-	if len(okIDs) > 0 {
+	if len(okIDs) > 0 && record == nil {
+		// The append-only lane's rows are dispatched by its position.
 		batch.Queue(r.dispatchedSQL, okIDs)
 	}
 	if len(failIDs) > 0 {
@@ -820,6 +884,9 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 	}
 	if len(shadowIDs) > 0 {
 		batch.Queue(r.shadowSQL, shadowIDs)
+	}
+	if record != nil {
+		record(batch, unsentIDs)
 	}
 	if batch.Len() > 0 {
 		if err := tx.SendBatch(finishCtx, batch).Close(); err != nil {

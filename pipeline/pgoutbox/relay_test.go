@@ -193,7 +193,7 @@ func TestRelayCarriesIDAndHeaders(t *testing.T) {
 
 	res, err := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{}).RelayBatch(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, pgoutbox.BatchResult{Claimed: 1, Dispatched: 1}, res)
+	require.Equal(t, pgoutbox.BatchResult{Claimed: 1, Passed: 1, Dispatched: 1}, res)
 
 	ch, err := b.conn.Channel()
 	require.NoError(t, err)
@@ -229,7 +229,7 @@ func TestRelayFailureBacksOffAndRecordsError(t *testing.T) {
 
 	res, err := relay.RelayBatch(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, pgoutbox.BatchResult{Claimed: 2, Dispatched: 1, Failed: 1}, res)
+	require.Equal(t, pgoutbox.BatchResult{Claimed: 2, Passed: 2, Dispatched: 1, Failed: 1}, res)
 
 	var (
 		attempts   int
@@ -308,12 +308,13 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	}
 	plan := explain(claim(false))
 	t.Logf("claim plan:\n%s", plan)
-	require.Contains(t, plan, "Index Scan using outbox_pending_available_at_idx", plan)
+	require.Contains(t, plan, "Index Scan using outbox_slow_available_at_idx", plan)
 
 	plan = explain(claim(true))
 	t.Logf("ordered claim plan:\n%s", plan)
-	require.Contains(t, plan, "outbox_pending_available_at_idx", plan)
-	require.Contains(t, plan, "outbox_pending_aggregate_idx", "the head check must use the (aggregate_id, id) partial index:\n%s", plan)
+	require.Contains(t, plan, "outbox_slow_available_at_idx", plan)
+	require.NotContains(t, plan, "Seq Scan", "the head check must use the slow lane's partial indexes:\n%s", plan)
+	require.Contains(t, plan, "outbox_aggregate_tx_idx", "the head check of rows not passed yet must use the (aggregate_id, tx) index:\n%s", plan)
 }
 
 func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {

@@ -150,21 +150,28 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 		return nil
 	}
 	corr := pipeline.MetaCorrelationID
-	outboxRows := func(store, tbl string) error {
-		return search(store, `SELECT id, coalesce(message_uuid, id::text), aggregate_id, topic, headers, created_at, available_at, dispatched_at, attempts, coalesce(last_error, '')
-			FROM `+tbl+` WHERE message_uuid = $1 OR aggregate_id = $1 OR headers->>'`+corr+`' = $1 OR headers->>'`+pipeline.MetaMessageID+`' = $1
+	// done: dispatched, whether marked or passed by the relay's position
+	// (which writes no time per row).
+	outboxRows := func(store, tbl, done string) error {
+		return search(store, `SELECT id, coalesce(message_uuid, id::text), aggregate_id, topic, headers, created_at, available_at, dispatched_at, `+done+`, attempts, coalesce(last_error, '')
+			FROM `+tbl+` o WHERE message_uuid = $1 OR aggregate_id = $1 OR headers->>'`+corr+`' = $1 OR headers->>'`+pipeline.MetaMessageID+`' = $1
 			ORDER BY id DESC LIMIT $2`, []any{q, limit + 1}, func(rows pgx.Rows) error {
 			var id int64
 			var uuid, agg, topic, lastError string
 			var headers map[string]string
 			var created, available time.Time
 			var dispatched *time.Time
+			var done bool
 			var attempts int
-			if err := rows.Scan(&id, &uuid, &agg, &topic, &headers, &created, &available, &dispatched, &attempts, &lastError); err != nil {
+			if err := rows.Scan(&id, &uuid, &agg, &topic, &headers, &created, &available, &dispatched, &done, &attempts, &lastError); err != nil {
 				return err
 			}
 			msgID, eventTopic := uuid, topic
-			s := Sighting{Store: store, At: created, ID: id, Error: pipeline.CleanText(lastError, 1000), Pending: dispatched == nil, Dispatched: dispatched != nil}
+			s := Sighting{Store: store, At: created, ID: id, Error: pipeline.CleanText(lastError, 1000), Pending: !done, Dispatched: done}
+			sent := "sent to the broker"
+			if dispatched != nil {
+				sent += " at " + dispatched.UTC().Format(time.RFC3339)
+			}
 			if topic == pipeline.RetryTopic {
 				eventTopic = "" // the retry's, not the event's
 				// A durable retry carries the original message's id.
@@ -174,12 +181,12 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 				s.Store, s.Consumer = "durable retry", headers[pipeline.MetaRetryQueue]
 				s.Error = pipeline.CleanText(headers[pipeline.MetaLastError], 1000)
 				attempt := headers[pipeline.MetaAttempt]
-				if dispatched == nil {
+				if !done {
 					s.State = fmt.Sprintf("waiting to be retried by %s (attempt %s) at %s", s.Consumer, attempt, available.UTC().Format(time.RFC3339))
 				} else {
-					s.State = fmt.Sprintf("retry for %s (attempt %s) sent to the broker at %s", s.Consumer, attempt, dispatched.UTC().Format(time.RFC3339))
+					s.State = fmt.Sprintf("retry for %s (attempt %s) %s", s.Consumer, attempt, sent)
 				}
-			} else if dispatched == nil {
+			} else if !done {
 				s.State = "in the outbox, not dispatched yet"
 				if attempts > 0 {
 					s.State = fmt.Sprintf("in the outbox, not dispatched yet: %d failed attempt(s), next at %s", attempts, available.UTC().Format(time.RFC3339))
@@ -187,7 +194,7 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 					s.State = "in the outbox, delayed until " + available.UTC().Format(time.RFC3339)
 				}
 			} else {
-				s.State = "dispatched to the broker at " + dispatched.UTC().Format(time.RFC3339)
+				s.State = "dispatched: " + sent
 			}
 			tr := trail(msgID)
 			tr.know(eventTopic, agg, headers[corr], headers[pipeline.MetaTraceID])
@@ -195,10 +202,10 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 			return nil
 		})
 	}
-	if err := outboxRows("outbox", t); err != nil {
+	if err := outboxRows("outbox", t, pgoutbox.DispatchedCond("o", t, table)); err != nil {
 		return found, err
 	}
-	if err := outboxRows("outbox archive", archive); err != nil {
+	if err := outboxRows("outbox archive", archive, "true"); err != nil {
 		return found, err
 	}
 	poisonRows := func(store, tbl, extra string) error {

@@ -21,6 +21,10 @@ type Intent struct {
 	State        string      `json:"state" jsonschema:"pending, scheduled, retrying, dispatched, handled or poisoned"`
 	CreatedAt    time.Time   `json:"created_at"`
 	AvailableAt  time.Time   `json:"available_at"`
+	// Dispatched says the relay handed the intent to the broker; DispatchedAt
+	// is when, where that is recorded (the relay's append-only lane passes
+	// rows without writing a time per row).
+	Dispatched   bool        `json:"dispatched"`
 	DispatchedAt *time.Time  `json:"dispatched_at,omitempty"`
 	Attempts     int         `json:"attempts" jsonschema:"relay attempts"`
 	LastError    string      `json:"last_error,omitempty"`
@@ -59,15 +63,15 @@ func Intents(ctx context.Context, q pgx.Tx, table, aggregateID string, ids []str
 	if err != nil {
 		return nil, now, err
 	}
-	rows, err := q.Query(ctx, `SELECT coalesce(message_uuid, id::text), topic, aggregate_id, created_at, available_at, dispatched_at, attempts, coalesce(last_error, '')
-		FROM `+t+` WHERE topic <> $1 AND (CASE WHEN $2 <> '' THEN aggregate_id = $2 ELSE message_uuid = ANY($3) END)
+	rows, err := q.Query(ctx, `SELECT coalesce(message_uuid, id::text), topic, aggregate_id, created_at, available_at, dispatched_at, `+pgoutbox.DispatchedCond("o", t, table)+`, attempts, coalesce(last_error, '')
+		FROM `+t+` o WHERE topic <> $1 AND (CASE WHEN $2 <> '' THEN aggregate_id = $2 ELSE message_uuid = ANY($3) END)
 		ORDER BY id LIMIT $4`, pipeline.RetryTopic, aggregateID, ids, limit)
 	if err != nil {
 		return nil, now, fmt.Errorf("reading intents: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Intent, error) {
 		s := Intent{HandledBy: []Handled{}, Retrying: []RetryWait{}, Poisoned: []Poisoning{}}
-		err := row.Scan(&s.MessageID, &s.Topic, &s.AggregateID, &s.CreatedAt, &s.AvailableAt, &s.DispatchedAt, &s.Attempts, &s.LastError)
+		err := row.Scan(&s.MessageID, &s.Topic, &s.AggregateID, &s.CreatedAt, &s.AvailableAt, &s.DispatchedAt, &s.Dispatched, &s.Attempts, &s.LastError)
 		return s, err
 	})
 	if err != nil {
@@ -94,8 +98,8 @@ func Intents(ctx context.Context, q pgx.Tx, table, aggregateID string, ids []str
 		return nil, now, err
 	}
 	if err := scanInto(ctx, q, `SELECT message_uuid, coalesce(headers->>'`+pipeline.MetaRetryQueue+`', ''), coalesce(headers->>'`+pipeline.MetaAttempt+`', ''),
-		coalesce(headers->>'`+pipeline.MetaLastError+`', ''), available_at FROM `+t+`
-		WHERE topic = '`+pipeline.RetryTopic+`' AND dispatched_at IS NULL AND message_uuid = ANY($1) ORDER BY id`, ids,
+		coalesce(headers->>'`+pipeline.MetaLastError+`', ''), available_at FROM `+t+` o
+		WHERE topic = '`+pipeline.RetryTopic+`' AND message_uuid = ANY($1) AND NOT `+pgoutbox.DispatchedCond("o", t, table)+` ORDER BY id`, ids,
 		func(row pgx.Rows) error {
 			var id string
 			var r RetryWait

@@ -134,7 +134,7 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		rep.OldestDueAgeS = max(rep.OldestDueAgeS, b.OldestDueAgeS)
 	}
 	frows, err := pool.Query(ctx, `SELECT id, topic, aggregate_id, attempts, coalesce(last_error, ''), available_at, created_at
-		FROM `+t+` WHERE dispatched_at IS NULL AND attempts > $1 ORDER BY attempts DESC, id LIMIT 20`, threshold)
+		FROM `+t+` WHERE dispatched_at IS NULL AND (slow OR tx IS NULL) AND attempts > $1 ORDER BY attempts DESC, id LIMIT 20`, threshold)
 	if err != nil {
 		return rep, fmt.Errorf("reading failing rows: %w", err)
 	}
@@ -376,7 +376,7 @@ func Retrying(ctx context.Context, pool *pgxpool.Pool, table string, limit int) 
 		max(CASE WHEN headers->>'`+pipeline.MetaAttempt+`' ~ '^[0-9]{1,9}$' THEN (headers->>'`+pipeline.MetaAttempt+`')::int ELSE 0 END),
 		min(available_at), min(coalesce(CASE WHEN headers->>'`+pipeline.MetaFirstFailedAt+`' ~ '^\d{4}-' THEN (headers->>'`+pipeline.MetaFirstFailedAt+`')::timestamptz END, created_at)),
 		coalesce((array_agg(headers->>'`+pipeline.MetaLastError+`' ORDER BY id DESC))[1], ''), sum(count(*)) OVER ()
-		FROM `+t+` WHERE topic = $1 AND dispatched_at IS NULL GROUP BY 1, 2 ORDER BY 3 DESC, 1 LIMIT $2`, pipeline.RetryTopic, limit)
+		FROM `+pgoutbox.PendingRows("o.*", t, table)+` o WHERE topic = $1 GROUP BY 1, 2 ORDER BY 3 DESC, 1 LIMIT $2`, pipeline.RetryTopic, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("reading durable retries: %w", err)
 	}
@@ -395,7 +395,8 @@ func Retrying(ctx context.Context, pool *pgxpool.Pool, table string, limit int) 
 }
 
 // Backlog is the outbox's undispatched rows per topic, read over the
-// partial indexes (they hold only pending rows).
+// slow lane's partial indexes and the rows the relay has not passed
+// (pgoutbox.PendingRows).
 func Backlog(ctx context.Context, pool *pgxpool.Pool, table string) ([]TopicBacklog, error) {
 	t, err := pgoutbox.QuoteTable(table)
 	if err != nil {
@@ -403,7 +404,7 @@ func Backlog(ctx context.Context, pool *pgxpool.Pool, table string) ([]TopicBack
 	}
 	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()),
 		coalesce(extract(epoch FROM now() - min(COALESCE(due_at, created_at)) FILTER (WHERE available_at <= now())), 0)::float8, max(attempts)
-		FROM `+t+` WHERE dispatched_at IS NULL GROUP BY topic ORDER BY topic`)
+		FROM `+pgoutbox.PendingRows("o.*", t, table)+` o GROUP BY topic ORDER BY topic`)
 	if err != nil {
 		return nil, fmt.Errorf("reading the outbox backlog: %w", err)
 	}

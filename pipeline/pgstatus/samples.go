@@ -73,12 +73,34 @@ func add(p **float64, v float64) {
 // counters divided by the time those samples span, and the rates of the
 // processes are summed.
 func History(ctx context.Context, pool *pgxpool.Pool, window, step time.Duration) ([]Point, error) {
+	pts, _, err := history(ctx, pool, window, step)
+	return pts, err
+}
+
+// DispatchP95 is the 95th percentile, in seconds, of the dispatch latency
+// (from when a row was due to the broker's confirm) over the last window,
+// from the relays' samples; nil when none dispatched in it. The relay
+// records no dispatch time per row (see pgoutbox's lanes), so the samples
+// are where latency is kept.
+func DispatchP95(ctx context.Context, pool *pgxpool.Pool, window time.Duration) (*float64, error) {
+	_, all, err := history(ctx, pool, window, SampleInterval)
+	if err != nil {
+		return nil, err
+	}
+	if q, ok := Quantile(0.95, all); ok {
+		return &q, nil
+	}
+	return nil, nil
+}
+
+// history is History, and the latency histogram of the whole window.
+func history(ctx context.Context, pool *pgxpool.Pool, window, step time.Duration) ([]Point, map[float64]float64, error) {
 	if step <= 0 || window < step {
-		return nil, fmt.Errorf("pgstatus: History needs 0 < step <= window, got %s and %s", step, window)
+		return nil, nil, fmt.Errorf("pgstatus: History needs 0 < step <= window, got %s and %s", step, window)
 	}
 	var now time.Time
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return nil, fmt.Errorf("reading samples: %w", err)
+		return nil, nil, fmt.Errorf("reading samples: %w", err)
 	}
 	n := int(window / step)
 	end := now.Truncate(step).Add(step)
@@ -88,7 +110,7 @@ func History(ctx context.Context, pool *pgxpool.Pool, window, step time.Duration
 	rows, err := pool.Query(ctx, `SELECT instance_id, at, counters FROM ferry_samples
 		WHERE at > $1::timestamptz - $2 * interval '1 second' ORDER BY instance_id, at`, start, (2 * SampleInterval).Seconds())
 	if err != nil {
-		return nil, fmt.Errorf("reading samples: %w", err)
+		return nil, nil, fmt.Errorf("reading samples: %w", err)
 	}
 	defer rows.Close()
 	pts := make([]Point, n)
@@ -121,7 +143,7 @@ func History(ctx context.Context, pool *pgxpool.Pool, window, step time.Duration
 		var at time.Time
 		var c Counters
 		if err := rows.Scan(&id, &at, &c); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if id != prevID {
 			flush()
@@ -162,14 +184,18 @@ func History(ctx context.Context, pool *pgxpool.Pool, window, step time.Duration
 	}
 	flush()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading samples: %w", err)
+		return nil, nil, fmt.Errorf("reading samples: %w", err)
 	}
+	all := map[float64]float64{}
 	for i := range pts {
 		if q, ok := Quantile(0.95, latency[i]); ok {
 			pts[i].LatencyP95S = &q
 		}
+		for b, v := range latency[i] {
+			all[b] += v
+		}
 	}
-	return pts, nil
+	return pts, all, nil
 }
 
 func deref(p *float64) float64 {

@@ -37,19 +37,20 @@ type StoredVersion struct {
 // a consumer may still have to read: pending, retrying, poisoned (a retry's
 // topic is the one it was first published to). With relayed, the relayed
 // and archived ones too, for a test that proves every stored event decodes.
-func versionsSQL(outbox, archive string, relayed bool, sample int) string {
+func versionsSQL(outbox, table, archive string, relayed bool, sample int) string {
+	pending := pgoutbox.PendingRows("o.*", outbox, table)
 	v := `coalesce(headers->>'` + pipeline.MetaSchemaVersion + `', '')`
 	payload := `COALESCE(payload_raw, convert_to(payload::text, 'UTF8'))`
 	parts := []string{
-		`SELECT '` + PlacePending + `' AS place, id, topic, ` + v + ` AS version, created_at AS at, ` + payload + ` AS payload FROM ` + outbox +
-			` WHERE dispatched_at IS NULL AND topic <> '` + pipeline.RetryTopic + `'`,
-		`SELECT '` + PlaceRetry + `', id, coalesce(headers->>'` + pipeline.MetaOriginalTopic + `', topic), ` + v + `, created_at, ` + payload + ` FROM ` + outbox +
-			` WHERE dispatched_at IS NULL AND topic = '` + pipeline.RetryTopic + `'`,
+		`SELECT '` + PlacePending + `' AS place, id, topic, ` + v + ` AS version, created_at AS at, ` + payload + ` AS payload FROM ` + pending +
+			` o WHERE topic <> '` + pipeline.RetryTopic + `'`,
+		`SELECT '` + PlaceRetry + `', id, coalesce(headers->>'` + pipeline.MetaOriginalTopic + `', topic), ` + v + `, created_at, ` + payload + ` FROM ` + pending +
+			` o WHERE topic = '` + pipeline.RetryTopic + `'`,
 		`SELECT '` + PlacePoison + `', id, topic, ` + v + `, poisoned_at, payload FROM ` + pgpoison.Table,
 	}
 	if relayed {
 		parts = append(parts,
-			`SELECT '`+PlaceRelayed+`', id, coalesce(headers->>'`+pipeline.MetaOriginalTopic+`', topic), `+v+`, created_at, `+payload+` FROM `+outbox+` WHERE dispatched_at IS NOT NULL AND NOT shadowed`,
+			`SELECT '`+PlaceRelayed+`', id, coalesce(headers->>'`+pipeline.MetaOriginalTopic+`', topic), `+v+`, created_at, `+payload+` FROM `+outbox+` o WHERE NOT shadowed AND `+pgoutbox.DispatchedCond("o", outbox, table),
 			`SELECT '`+PlaceArchived+`', id, coalesce(headers->>'`+pipeline.MetaOriginalTopic+`', topic), `+v+`, created_at, `+payload+` FROM `+archive+` WHERE NOT shadowed`)
 	}
 	all := ""
@@ -74,7 +75,7 @@ func StoredVersions(ctx context.Context, pool *pgxpool.Pool, table string) ([]St
 	if err != nil {
 		return nil, err
 	}
-	rows, err := pool.Query(ctx, versionsSQL(t, "", false, 0))
+	rows, err := pool.Query(ctx, versionsSQL(t, table, "", false, 0))
 	if err != nil {
 		return nil, fmt.Errorf("counting stored events by schema version: %w", err)
 	}
@@ -103,7 +104,7 @@ func VersionSamples(ctx context.Context, pool *pgxpool.Pool, table string, perVe
 	if err != nil {
 		return nil, err
 	}
-	rows, err := pool.Query(ctx, versionsSQL(t, archive, true, max(perVersion, 1)))
+	rows, err := pool.Query(ctx, versionsSQL(t, table, archive, true, max(perVersion, 1)))
 	if err != nil {
 		return nil, fmt.Errorf("reading stored events by schema version: %w", err)
 	}

@@ -557,7 +557,7 @@ func runRelays(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, n
 // dispatched them all. Its slot and publication are dropped after.
 func runCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, bc BenchConfig, logger *slog.Logger) (float64, error) {
 	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&rows); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&rows); err != nil {
 		return 0, err
 	}
 	if rows != 0 {
@@ -1251,8 +1251,9 @@ func benchClaimCost(ctx context.Context, cfg app.Config, bc BenchConfig, logger 
 }
 
 // claimRounds fills the table with history dispatched rows (as a vacuumed
-// production table holds them), then times the relay's claim query over a
-// fresh batch of pending rows, round after round.
+// production table holds them), then times the slow lane's claim query
+// (failed and delayed rows: see pgoutbox's lanes) over a fresh batch of
+// pending rows, round after round.
 func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchConfig) (latencies, error) {
 	for done := 0; done < history; done += 1_000_000 {
 		n := min(1_000_000, history-done)
@@ -1272,7 +1273,7 @@ func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchC
 	}
 	var lat latencies
 	for range bc.ClaimRounds {
-		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT g::text, $1, '{}' FROM generate_series(1, $2::int) g`, benchTopic, bc.BatchSize); err != nil {
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, slow) SELECT g::text, $1, '{}', true FROM generate_series(1, $2::int) g`, benchTopic, bc.BatchSize); err != nil {
 			return nil, err
 		}
 		tx, err := pool.Begin(ctx)

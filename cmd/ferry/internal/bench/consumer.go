@@ -142,7 +142,7 @@ func consumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	go func() { defer close(done); _ = relay.Run(rctx) }()
 	err = waitFor(ctx, 5*time.Minute, func() (bool, error) {
 		var pending int
-		err := p.sch.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&pending)
+		err := p.sch.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending)
 		return pending == 0, err
 	})
 	stop()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -174,7 +175,7 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 	}
 	if err := waitFor(ctx, 5*time.Minute, func() (bool, error) {
 		var pending int
-		err := sch.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&pending)
+		err := sch.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending)
 		return pending == 0, err
 	}); err != nil {
 		return benchReport{}, fmt.Errorf("relays: %w", err)

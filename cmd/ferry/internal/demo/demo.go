@@ -141,10 +141,10 @@ func Demo(ctx context.Context, cfg app.Config, out io.Writer, logger *slog.Logge
 	}
 
 	// Simulate a relay that crashed after the broker confirmed the first
-	// charge event but before it recorded dispatched_at: the row is pending
+	// charge event but before its position moved past the row: the row is pending
 	// again, the relay sends it again, and the consumers' ledger must
 	// acknowledge it without charging twice.
-	if _, err := a.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = (SELECT min(id) FROM outbox WHERE topic = $1)`, orders.TopicChargeRequested); err != nil {
+	if _, err := a.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL, slow = true, available_at = now() WHERE id = (SELECT min(id) FROM outbox WHERE topic = $1)`, orders.TopicChargeRequested); err != nil {
 		return rep, fmt.Errorf("simulating relay crash: %w", err)
 	}
 	rep.Redeliveries = 1

@@ -1,0 +1,225 @@
+package pgoutbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// fastLane is the SQL of the relay's append-only lane (see lanes.go).
+type fastLane struct {
+	lockSQL, initSQL, snapSQL, moveSQL, slowSQL string
+	// xipSQL pages the range's rows of transactions that were in progress
+	// when the position was taken; rangeSQL those of newer transactions.
+	// Two queries, each an ordered scan of the (tx, id) index that stops at
+	// the page's end, however many rows the range holds.
+	xipSQL, rangeSQL string
+}
+
+func newFastLane(t string, ordered bool) fastLane {
+	p := positionTable(t)
+	behind := `false`
+	if ordered {
+		// Held: an earlier row of its ordered aggregate is pending with
+		// state of its own, or is in this range and not passed yet but
+		// comes after it in (tx, id) order (another transaction that took
+		// a smaller id and committed in the same range).
+		behind = `(o.topic = ANY($6::text[]) AND (
+		    EXISTS (SELECT 1 FROM ` + t + ` p
+		        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
+		          AND p.id < o.id AND p.topic = ANY($6::text[]))
+		    OR EXISTS (SELECT 1 FROM ` + t + ` p
+		        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax($2::pg_snapshot)
+		          AND pg_visible_in_snapshot(p.tx, $2::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, $1::pg_snapshot)
+		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY($6::text[]))))`
+	}
+	page := func(where string) string {
+		return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
+		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
+		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false),
+		       o.tx::text, o.available_at <= now(), ` + behind + `
+		FROM ` + t + ` o
+		WHERE ` + where + `
+		  AND pg_visible_in_snapshot(o.tx, $2::pg_snapshot)
+		  AND (o.tx, o.id) > ($3::xid8, $4::bigint)
+		  AND o.dispatched_at IS NULL AND NOT o.slow
+		ORDER BY o.tx, o.id
+		LIMIT $5
+		-- Waits for a row another writer holds (a relay of the per-row
+		-- design during a rolling upgrade, the CDC relay): then reads it
+		-- again, and skips it if that writer dispatched it.
+		FOR UPDATE OF o`
+	}
+	return fastLane{
+		lockSQL:  `SELECT snap::text, cur::text, last_tx::text, last_id FROM ` + p + ` WHERE outbox_table = $1 FOR UPDATE SKIP LOCKED`,
+		initSQL:  `INSERT INTO ` + p + ` (outbox_table, snap) VALUES ($1, '` + startSnapshot + `') ON CONFLICT (outbox_table) DO NOTHING`,
+		snapSQL:  `SELECT pg_current_snapshot()::text`,
+		moveSQL:  `UPDATE ` + p + ` SET snap = $2::pg_snapshot, cur = $3::pg_snapshot, last_tx = $4::xid8, last_id = $5, updated_at = now() WHERE outbox_table = $1`,
+		slowSQL:  `UPDATE ` + t + ` SET slow = true WHERE id = ANY($1)`,
+		xipSQL:   page(`o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))`),
+		rangeSQL: page(`o.tx >= pg_snapshot_xmax($1::pg_snapshot) AND o.tx < pg_snapshot_xmax($2::pg_snapshot)`),
+	}
+}
+
+// position is the relay's place in an outbox table.
+type position struct {
+	snap           string
+	cur            *string
+	lastTx         *string
+	lastID         *int64
+	changed, ahead bool
+}
+
+// fastRow is a row of the append-only lane's page.
+type fastRow struct {
+	claimedRow
+	tx          string
+	due, behind bool
+}
+
+// fastBatch relays one page of the append-only lane: the rows committed
+// since the position, in (tx, id) order. It returns took false, and does
+// nothing, when another relay holds the position (it works the slow lane
+// meanwhile).
+func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err error) {
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return res, false, fmt.Errorf("beginning relay transaction: %w", err)
+	}
+	defer func() {
+		if err != nil || !took {
+			rollback(ctx, tx)
+		}
+	}()
+	var pos position
+	readPos := func() error {
+		return tx.QueryRow(ctx, r.fast.lockSQL, r.key).Scan(&pos.snap, &pos.cur, &pos.lastTx, &pos.lastID)
+	}
+	err = readPos()
+	if errors.Is(err, pgx.ErrNoRows) {
+		// No position yet, or another relay holds it: make sure it exists
+		// and try once more (an insert that finds it there changes nothing).
+		if _, err = tx.Exec(ctx, r.fast.initSQL, r.key); err != nil {
+			return res, false, fmt.Errorf("creating the relay's position in %s: %w", PositionTable, err)
+		}
+		err = readPos()
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, fmt.Errorf("reading the relay's position in %s: %w", PositionTable, err)
+	}
+	took = true
+	if pos.cur == nil {
+		var cur string
+		if err = tx.QueryRow(ctx, r.fast.snapSQL).Scan(&cur); err != nil {
+			return res, took, fmt.Errorf("taking a snapshot: %w", err)
+		}
+		zeroTx, zeroID := "0", int64(0)
+		pos.cur, pos.lastTx, pos.lastID, pos.changed = &cur, &zeroTx, &zeroID, cur != pos.snap
+	}
+	page, err := r.fastPage(ctx, tx, pos)
+	if err != nil {
+		return res, took, err
+	}
+	r.claims.Add(1)
+	// Up to the first row too young for the lane (RelayConfig.MinAge):
+	// the range is not done, and the position stays before it.
+	rows, young := page, false
+	if r.cfg.MinAge > 0 {
+		edge := time.Now().Add(-r.cfg.MinAge)
+		for i, c := range page {
+			if c.createdAt.After(edge) {
+				rows, young = page[:i], true
+				break
+			}
+		}
+	}
+	res.Passed = len(rows)
+	// A row held back, or delayed, holds its ordered aggregate's later rows
+	// of this page back too.
+	blocked := map[string]bool{}
+	var held []int64
+	var claimed []claimedRow
+	for _, c := range rows {
+		key, ordered := r.orderKey(c.claimedRow)
+		switch {
+		case ordered && blocked[key], c.behind, !c.due:
+			held = append(held, c.id)
+			if ordered {
+				blocked[key] = true
+			}
+		default:
+			claimed = append(claimed, c.claimedRow)
+			if ordered {
+				res.Ordered++
+			}
+		}
+	}
+	res.Claimed, res.Left = len(claimed), len(held)
+	switch {
+	case len(rows) > 0:
+		last := rows[len(rows)-1]
+		pos.lastTx, pos.lastID, pos.changed = &last.tx, &last.id, true
+		if len(page) < r.cfg.BatchSize && !young {
+			pos.snap, pos.cur, pos.lastTx, pos.lastID = *pos.cur, nil, nil, nil
+		}
+	case !young:
+		// The range is done: its snapshot is the new position.
+		pos.snap, pos.cur, pos.lastTx, pos.lastID = *pos.cur, nil, nil, nil
+	}
+	record := func(b *pgx.Batch, unsent []int64) {
+		held := append(held, unsent...)
+		if len(held) > 0 {
+			b.Queue(r.fast.slowSQL, held)
+		}
+		if pos.changed {
+			b.Queue(r.fast.moveSQL, r.key, pos.snap, pos.cur, pos.lastTx, pos.lastID)
+		}
+	}
+	if len(claimed) == 0 {
+		b := &pgx.Batch{}
+		record(b, nil)
+		if b.Len() > 0 {
+			if err = tx.SendBatch(ctx, b).Close(); err != nil {
+				return res, took, fmt.Errorf("recording the relay's position: %w", err)
+			}
+		}
+		return res, took, tx.Commit(ctx)
+	}
+	res, err = r.relayClaimed(ctx, tx, claimed, res, false, record)
+	return res, took, err
+}
+
+// fastPage reads the next page of the range: rows of transactions that
+// were in progress when the position was taken first, then newer ones.
+func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRow, error) {
+	read := func(sql string, limit int) ([]fastRow, error) {
+		args := []any{pos.snap, *pos.cur, *pos.lastTx, *pos.lastID, limit}
+		if len(r.ordered) > 0 {
+			args = append(args, r.ordered)
+		}
+		rows, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return nil, fmt.Errorf("reading outbox rows since the relay's position: %w", err)
+		}
+		return pgx.CollectRows(rows, func(row pgx.CollectableRow) (fastRow, error) {
+			var c fastRow
+			err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.dueAt, &c.shadowMarked,
+				&c.tx, &c.due, &c.behind)
+			return c, err
+		})
+	}
+	page, err := read(r.fast.xipSQL, r.cfg.BatchSize)
+	if err != nil || len(page) == r.cfg.BatchSize {
+		return page, err
+	}
+	more, err := read(r.fast.rangeSQL, r.cfg.BatchSize-len(page))
+	return append(page, more...), err
+}
