@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/metrics"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -84,7 +85,7 @@ func TestRelayModeCDCCommands(t *testing.T) {
 		`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a-1', 'cdc.cli', '{"n":1}') RETURNING id`).Scan(&id))
 	require.Eventually(t, func() bool {
 		var done bool
-		_ = pool.QueryRow(context.Background(), `SELECT dispatched_at IS NOT NULL FROM outbox WHERE id = $1`, id).Scan(&done)
+		_ = pool.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+` FROM outbox o WHERE id = $1`, id).Scan(&done)
 		return done
 	}, 20*time.Second, 20*time.Millisecond, "the streamed row was never dispatched: %s", relayErr.String())
 

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ferry-dev/ferry/examples/orders/sandbox"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -268,7 +269,7 @@ func TestServeTakesOrdersWithTheBrokerDown(t *testing.T) {
 	require.Less(t, status, 300, logs.String())
 	pool := pipelinetest.Pool(t, schema, "ferry-test-serve")
 	var pending int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&pending))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
 	require.Positive(t, pending, "the order's events wait in the outbox for a relay")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), logs.String())

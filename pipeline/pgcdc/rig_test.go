@@ -235,7 +235,7 @@ func requireInOrder(t *testing.T, got []delivery, first, n int) (duplicates int)
 func (r *rig) pending(t *testing.T) int {
 	t.Helper()
 	var n int
-	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&n))
+	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&n))
 	return n
 }
 

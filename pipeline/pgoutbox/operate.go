@@ -22,13 +22,11 @@ import (
 const (
 	// failingRule: a row the relay tried to publish and could not (it
 	// keeps the row, with its last error, until the broker takes it).
-	// A failed row is in the slow lane (see lanes.go).
-	failingRule = `dispatched_at IS NULL AND (slow OR tx IS NULL) AND attempts > 0 AND last_error IS NOT NULL`
+	// Both are conditions on the pending rows (PendingRows).
+	failingRule = `attempts > 0 AND last_error IS NOT NULL`
 	// retryRule: a handler's durable retry waiting in the outbox for its
-	// time (middleware.DurableRetry writes it on pipeline.RetryTopic). It
-	// waits in the slow lane, as every delayed row does once the relay
-	// passed it, moments after its commit.
-	retryRule = `dispatched_at IS NULL AND (slow OR tx IS NULL) AND topic = '` + pipeline.RetryTopic + `'`
+	// time (middleware.DurableRetry writes it on pipeline.RetryTopic).
+	retryRule = `topic = '` + pipeline.RetryTopic + `'`
 )
 
 // failingColumns are the outbox's columns for a pgfilter.Filter over the
@@ -41,8 +39,10 @@ var failingColumns = pgfilter.Columns{Topic: "topic", AggregateID: "aggregate_id
 // action's own transaction. The console, the command line and agent tools
 // share it, so they cannot disagree about what a failing row is.
 type Operator struct {
-	pool  *pgxpool.Pool
-	table string // quoted
+	pool    *pgxpool.Pool
+	table   string // quoted
+	key     string // as configured
+	pending string // PendingRows, every column
 }
 
 // NewOperator returns the operator over the outbox table ("" for the
@@ -52,13 +52,13 @@ func NewOperator(pool *pgxpool.Pool, table string) (*Operator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Operator{pool: pool, table: t}, nil
+	return &Operator{pool: pool, table: t, key: tableKey(table), pending: PendingRows("o.*", t, table)}, nil
 }
 
 // FailingCount counts the rows the relay keeps failing to publish.
 func (o *Operator) FailingCount(ctx context.Context) (int, error) {
 	var n int
-	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.table+` WHERE `+failingRule).Scan(&n); err != nil {
+	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.pending+` o WHERE `+failingRule).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting failing outbox rows: %w", err)
 	}
 	return n, nil
@@ -98,7 +98,7 @@ func (o *Operator) FailingGroups(ctx context.Context, f pgfilter.Filter, limit i
 	where, args := failingWhere(f, 2)
 	rows, err := o.pool.Query(ctx, `SELECT ferry_fingerprint(last_error), count(*), string_agg(DISTINCT topic, ', '),
 		(array_agg(last_error ORDER BY id DESC))[1], max(attempts), min(created_at), max(created_at), min(available_at)
-		FROM `+o.table+` WHERE `+where+` GROUP BY 1 ORDER BY 2 DESC LIMIT $1`, append([]any{limit}, args...)...)
+		FROM `+o.pending+` o WHERE `+where+` GROUP BY 1 ORDER BY 2 DESC LIMIT $1`, append([]any{limit}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("grouping failing outbox rows: %w", err)
 	}
@@ -110,7 +110,7 @@ func (o *Operator) FailingGroups(ctx context.Context, f pgfilter.Filter, limit i
 func (o *Operator) FailingRows(ctx context.Context, f pgfilter.Filter, limit int) ([]FailingRow, error) {
 	where, args := failingWhere(f, 3)
 	rows, err := o.pool.Query(ctx, `SELECT id, topic, aggregate_id, attempts, last_error, created_at, available_at
-		FROM `+o.table+` WHERE id > $1 AND `+where+` ORDER BY id LIMIT $2`, append([]any{f.AfterID, limit}, args...)...)
+		FROM `+o.pending+` o WHERE id > $1 AND `+where+` ORDER BY id LIMIT $2`, append([]any{f.AfterID, limit}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("listing failing outbox rows: %w", err)
 	}
@@ -141,8 +141,8 @@ func (o *Operator) Row(ctx context.Context, id int64) (Row, error) {
 	var row Row
 	var uuid *string
 	err := o.pool.QueryRow(ctx, `SELECT id, message_uuid, topic, aggregate_id, coalesce(last_error, ''),
-		COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers, attempts, created_at, available_at, dispatched_at IS NOT NULL
-		FROM `+o.table+` WHERE id = $1`, id).Scan(&row.ID, &uuid, &row.Topic, &row.AggregateID, &row.LastError, &row.Payload, &row.Headers,
+		COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers, attempts, created_at, available_at, `+DispatchedCond("o", o.table, o.key)+`
+		FROM `+o.table+` o WHERE id = $1`, id).Scan(&row.ID, &uuid, &row.Topic, &row.AggregateID, &row.LastError, &row.Payload, &row.Headers,
 		&row.Attempts, &row.CreatedAt, &row.AvailableAt, &row.Dispatched)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row, ErrNoRow
@@ -237,16 +237,16 @@ func (p Stuck) where() (string, []any) {
 	return cond, args
 }
 
-// chosen is p as the ids it takes: its condition, oldest first, at most
-// Limit, locked for the action.
-func (p Stuck) chosen(table string) (string, []any) {
+// chosen is p as the ids it takes: its condition on the pending rows,
+// oldest first, at most Limit, locked for the action.
+func (p Stuck) chosen(table, pending string) (string, []any) {
 	where, args := p.where()
 	limit := ""
 	if p.Limit > 0 {
 		args = append(args, p.Limit)
 		limit = ` LIMIT $` + strconv.Itoa(len(args))
 	}
-	return `SELECT id FROM ` + table + ` WHERE ` + where + ` ORDER BY id` + limit + ` FOR UPDATE`, args
+	return `SELECT id FROM ` + table + ` WHERE id IN (SELECT o.id FROM ` + pending + ` o WHERE ` + where + `) ORDER BY id` + limit + ` FOR UPDATE`, args
 }
 
 // Count counts the rows p chooses now (all of them: Limit does not cap
@@ -257,7 +257,7 @@ func (o *Operator) Count(ctx context.Context, p Stuck) (int, error) {
 	}
 	where, args := p.where()
 	var n int
-	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.table+` WHERE `+where, args...).Scan(&n); err != nil {
+	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.pending+` o WHERE `+where, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting %s: %w", p, err)
 	}
 	return n, nil
@@ -268,7 +268,7 @@ func (o *Operator) Count(ctx context.Context, p Stuck) (int, error) {
 // shows, and then binds the action to (Stuck.MaxID, Stuck.Limit).
 func (o *Operator) Bound(ctx context.Context, p Stuck, limit int) (maxID int64, n int, err error) {
 	p.MaxID, p.Limit = 0, limit
-	q, args := p.chosen(o.table)
+	q, args := p.chosen(o.table, o.pending)
 	q = `SELECT coalesce(max(id), 0), count(*) FROM (` + strings.TrimSuffix(q, ` FOR UPDATE`) + `) c`
 	if err := o.pool.QueryRow(ctx, q, args...).Scan(&maxID, &n); err != nil {
 		return 0, 0, fmt.Errorf("bounding %s: %w", p, err)
@@ -310,7 +310,7 @@ func (o *Operator) act(ctx context.Context, p Stuck, by By, action, stmt string)
 	if by.Actor == "" {
 		return res, errors.New("pgoutbox: an operator's action needs an actor for the audit log")
 	}
-	chosen, args := p.chosen(o.table)
+	chosen, args := p.chosen(o.table, o.pending)
 	// A retry made due wakes the relays once it commits.
 	actx, committed := pipeline.WithAfterCommit(ctx)
 	err := pgx.BeginFunc(actx, o.pool, func(tx pgx.Tx) error {

@@ -32,7 +32,7 @@ type rowState struct {
 func stateOf(t *testing.T, pool *pgxpool.Pool, id int64) rowState {
 	t.Helper()
 	var s rowState
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT dispatched_at IS NOT NULL, attempts, shadowed FROM outbox WHERE id = $1`, id).
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+`, attempts, shadowed FROM outbox o WHERE id = $1`, id).
 		Scan(&s.Dispatched, &s.Attempts, &s.Shadowed))
 	return s
 }

@@ -85,7 +85,7 @@ func TestAChannelClosingMessageFailsAlone(t *testing.T) {
 	require.NoError(t, err)
 	_, err = relay.RelayBatch(context.Background())
 	require.NoError(t, err)
-	rows, err := pool.Query(context.Background(), `SELECT message_uuid, dispatched_at IS NOT NULL, attempts, coalesce(last_error, '') FROM outbox ORDER BY id`)
+	rows, err := pool.Query(context.Background(), `SELECT message_uuid, `+pgoutbox.DispatchedOutbox+`, attempts, coalesce(last_error, '') FROM outbox o ORDER BY id`)
 	require.NoError(t, err)
 	defer rows.Close()
 	got := map[string][3]any{}

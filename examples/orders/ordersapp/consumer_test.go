@@ -25,6 +25,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgbudget"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
@@ -81,7 +82,7 @@ func TestDurableRetrySurvivesConsumerRestart(t *testing.T) {
 	var retryDue time.Time
 	eventually(t, "the durable retry scheduled", func() bool {
 		err := first.app.Pool().QueryRow(context.Background(),
-			`SELECT available_at FROM outbox WHERE topic = $1 AND dispatched_at IS NULL`, pipeline.RetryTopic).Scan(&retryDue)
+			`SELECT available_at FROM `+pgoutbox.PendingOutbox+` o WHERE topic = $1`, pipeline.RetryTopic).Scan(&retryDue)
 		return err == nil
 	})
 	first.stop() // the consumer goes away while the retry waits
@@ -477,7 +478,7 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 	}
 	eventually(t, "the events dispatched", func() bool {
 		var pending int
-		return h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'work.paused' AND dispatched_at IS NULL`).Scan(&pending) == nil && pending == 0
+		return h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o WHERE topic = 'work.paused'`).Scan(&pending) == nil && pending == 0
 	})
 	time.Sleep(2 * time.Second)
 	require.Empty(t, handled(), "nothing is handled while paused")
