@@ -156,6 +156,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"ferry_samples":          {"pipeline/pgstatus"},
 		"ferry_console_sessions": {"pipeline/pgsession"},
 		"ferry_relay_timelines":  {"pipeline/pgoutbox"},
+		"ferry_relay_positions":  {"pipeline/pgoutbox"},
 		"ferry_poison_archive":   {"pipeline/pgpoison"},
 		"ferry_handler_pauses":   {"pipeline/pgpause"},
 		"ferry_jobs":             {"pipeline/pgjobs"},

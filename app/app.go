@@ -33,6 +33,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 	"github.com/ferry-dev/ferry/tracing"
 )
@@ -214,6 +215,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	if cfg.Relay.Spans == nil {
 		cfg.Relay.Spans = a.tracer
+	}
+	if cfg.Relay.MarkEachRow == nil {
+		cfg.Relay.MarkEachRow = func(ctx context.Context) (bool, error) { return pgstatus.EarlierRelaysAlive(ctx, a.pool) }
 	}
 	// The relay reports to the metrics, and to the caller's observer if any.
 	if user := cfg.Relay.Observer; user != nil {

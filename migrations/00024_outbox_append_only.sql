@@ -38,6 +38,12 @@ BEGIN
       ALTER TABLE outbox_archive
         ADD COLUMN IF NOT EXISTS tx xid8 NULL,
         ADD COLUMN IF NOT EXISTS slow boolean NOT NULL DEFAULT false;
+      -- Processes of this version say so in their heartbeat. While a relay
+      -- of an earlier version is alive it would take a row the position
+      -- passed for pending (its dispatched_at is not set) and send it
+      -- again: the relays of this version then mark each row they send as
+      -- well (pgstatus.EarlierRelaysAlive).
+      ALTER TABLE ferry_instances ADD COLUMN IF NOT EXISTS relay_lanes boolean NOT NULL DEFAULT false;
       RETURN;
     EXCEPTION WHEN lock_not_available THEN
       tries := tries + 1;
@@ -94,6 +100,7 @@ BEGIN
   ALTER TABLE outbox ALTER COLUMN tx DROP DEFAULT;
   ALTER TABLE outbox DROP COLUMN tx, DROP COLUMN slow;
   ALTER TABLE outbox_archive DROP COLUMN tx, DROP COLUMN slow;
+  ALTER TABLE ferry_instances DROP COLUMN relay_lanes;
   DROP TABLE ferry_relay_positions;
 END
 $$;

@@ -102,6 +102,14 @@ type RelayConfig struct {
 	// ones whose effect survived. Cover the consumers' queueing delay.
 	// Needs migration 00022. Default 5m; negative turns it off.
 	FailoverReplay time.Duration
+	// MarkEachRow, if set, is asked at start and every few seconds whether
+	// the relay must also mark each row it sends dispatched (dispatched_at),
+	// as relays before migration 00024 did: true while such a relay is still
+	// running (a rolling upgrade), since it takes every row without
+	// dispatched_at for pending and would send again the rows this relay's
+	// position passed. Until its first answer, and while it fails, the relay
+	// marks. The app sets it (pgstatus.EarlierRelaysAlive). Default: never.
+	MarkEachRow func(ctx context.Context) (bool, error)
 	// Spans, if set, opens a span around each event's publish
 	// (tracing.Tracer does, as a producer span in the event's trace).
 	Spans PublishSpans
@@ -221,6 +229,8 @@ type Relay struct {
 
 	dispatched, failed, probes, claims, replayed atomic.Int64
 	wake                                         chan struct{}
+	// markEach: RelayConfig.MarkEachRow said so (or has not answered).
+	markEach atomic.Bool
 }
 
 // ClaimSQL is the slow lane's claim query for table (with $1 the batch
@@ -361,7 +371,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 			return nil, fmt.Errorf("pgoutbox: RelayConfig.OrderedTopics %v differ from the publisher's ordered topics %v: pass the topology's (rabbit.Topology.OrderedTopics)", ordered, theirs)
 		}
 	}
-	return &Relay{
+	r := &Relay{
 		pool:          pool,
 		pub:           pub,
 		cfg:           cfg,
@@ -385,7 +395,9 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 			    available_at = now() + f.delay_us * interval '1 microsecond'
 			FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS f(id, err, delay_us)
 			WHERE o.id = f.id`,
-	}, nil
+	}
+	r.markEach.Store(cfg.MarkEachRow != nil)
+	return r, nil
 }
 
 // OrderedTopics are the topics whose order per aggregate the relay keeps
@@ -461,6 +473,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.cfg.PollOnly {
 		go r.listen(ctx)
 	}
+	if r.cfg.MarkEachRow != nil {
+		r.checkMarkEachRow(ctx)
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(markCheckInterval):
+					r.checkMarkEachRow(ctx)
+				}
+			}
+		}()
+	}
 	if r.cfg.FailoverReplay > 0 {
 		// Before the first claim: what a failover left to replay goes
 		// first, ahead of the rows committed since.
@@ -475,6 +500,28 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// markCheckInterval is how often RelayConfig.MarkEachRow is asked.
+const markCheckInterval = 5 * time.Second
+
+// checkMarkEachRow asks RelayConfig.MarkEachRow; a failed answer keeps
+// the last one.
+func (r *Relay) checkMarkEachRow(ctx context.Context) {
+	mark, err := r.cfg.MarkEachRow(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger.Warn("relay could not tell whether relays of an earlier version run; it keeps marking each row it sends", "error", err)
+		}
+		return
+	}
+	if r.markEach.Swap(mark) != mark {
+		if mark {
+			r.logger.Warn("a relay of an earlier version is running: this relay marks each row it sends, until it stops")
+		} else {
+			r.logger.Info("no relay of an earlier version runs: rows are passed, not marked")
+		}
+	}
 }
 
 // loop is one of the relay's batches in flight: claim, publish, record,
@@ -875,8 +922,9 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	batch := &pgx.Batch{}
-	if len(okIDs) > 0 && record == nil {
-		// The append-only lane's rows are dispatched by its position.
+	if len(okIDs) > 0 && (record == nil || r.markEach.Load()) {
+		// The append-only lane's rows are dispatched by its position, and
+		// marked too only while a relay of an earlier version runs.
 		batch.Queue(r.dispatchedSQL, okIDs)
 	}
 	if len(failIDs) > 0 {

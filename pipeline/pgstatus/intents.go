@@ -15,12 +15,12 @@ import (
 // outbox, the consumers' ledger and the poison store. State is left for
 // the reader to decide (agent tools' intent_status).
 type Intent struct {
-	MessageID    string      `json:"message_id"`
-	Topic        string      `json:"topic"`
-	AggregateID  string      `json:"aggregate_id,omitempty"`
-	State        string      `json:"state" jsonschema:"pending, scheduled, retrying, dispatched, handled or poisoned"`
-	CreatedAt    time.Time   `json:"created_at"`
-	AvailableAt  time.Time   `json:"available_at"`
+	MessageID   string    `json:"message_id"`
+	Topic       string    `json:"topic"`
+	AggregateID string    `json:"aggregate_id,omitempty"`
+	State       string    `json:"state" jsonschema:"pending, scheduled, retrying, dispatched, handled or poisoned"`
+	CreatedAt   time.Time `json:"created_at"`
+	AvailableAt time.Time `json:"available_at"`
 	// Dispatched says the relay handed the intent to the broker; DispatchedAt
 	// is when, where that is recorded (the relay's append-only lane passes
 	// rows without writing a time per row).
@@ -63,7 +63,11 @@ func Intents(ctx context.Context, q pgx.Tx, table, aggregateID string, ids []str
 	if err != nil {
 		return nil, now, err
 	}
-	rows, err := q.Query(ctx, `SELECT coalesce(message_uuid, id::text), topic, aggregate_id, created_at, available_at, dispatched_at, `+pgoutbox.DispatchedCond("o", t, table)+`, attempts, coalesce(last_error, '')
+	// A row the relay sent at its first try keeps no attempt count of its
+	// own (it was passed, not marked): its one attempt is counted here.
+	dispatched := pgoutbox.DispatchedCond("o", t, table)
+	rows, err := q.Query(ctx, `SELECT coalesce(message_uuid, id::text), topic, aggregate_id, created_at, available_at, dispatched_at, `+dispatched+`,
+		CASE WHEN dispatched_at IS NULL AND attempts = 0 AND `+dispatched+` THEN 1 ELSE attempts END, coalesce(last_error, '')
 		FROM `+t+` o WHERE topic <> $1 AND (CASE WHEN $2 <> '' THEN aggregate_id = $2 ELSE message_uuid = ANY($3) END)
 		ORDER BY id LIMIT $4`, pipeline.RetryTopic, aggregateID, ids, limit)
 	if err != nil {

@@ -234,6 +234,21 @@ func Instances(ctx context.Context, pool *pgxpool.Pool) ([]Instance, error) {
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Instance])
 }
 
+// EarlierRelaysAlive says whether a relay of a version before migration
+// 00024 is alive (its heartbeat recent, its row without relay_lanes): one
+// that takes every row without dispatched_at for pending, so that this
+// version's relays must mark each row they send while it runs
+// (pgoutbox.RelayConfig.MarkEachRow).
+func EarlierRelaysAlive(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	var alive bool
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ferry_instances
+		WHERE NOT relay_lanes AND components LIKE '%relay%' AND heartbeat_at > now() - $1 * interval '1 microsecond')`, AliveWithin.Microseconds()).Scan(&alive)
+	if err != nil {
+		return false, fmt.Errorf("looking for relays of an earlier version: %w", err)
+	}
+	return alive, nil
+}
+
 // HeldPartition is an ordered partition waiting behind a head message
 // that keeps failing (ferry_held_partitions, migration 00016).
 type HeldPartition struct {
@@ -429,8 +444,10 @@ type Heartbeat struct {
 	lastSample time.Time
 }
 
-const upsertInstance = `INSERT INTO ferry_instances (instance_id, components, hostname, pid, version)
-	VALUES ($1, $2, $3, $4, $5)
+// upsertInstance says relay_lanes: this version's relays pass rows
+// without marking each (migration 00024).
+const upsertInstance = `INSERT INTO ferry_instances (instance_id, components, hostname, pid, version, relay_lanes)
+	VALUES ($1, $2, $3, $4, $5, true)
 	ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = now()`
 
 // NewHeartbeat registers a process running components.

@@ -1,0 +1,167 @@
+package pgoutbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
+)
+
+// One long transaction elsewhere (a report, pg_dump, a standby's
+// feedback) keeps every row version that dies while it is open. With it
+// open the whole time, producers commit events of ordered aggregates, some
+// delayed, one failing at its first publish, while two relays with two
+// batches in flight each relay them: every event reaches the broker exactly
+// once, in order per aggregate, and the outbox holds no dead tuple but
+// those of the rows that needed state of their own (the delayed and the
+// failed). On a server of the test's own, autovacuum on as in production.
+func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
+	t.Parallel()
+	srv := pipelinetest.OwnPostgres(t, "autovacuum=on", "autovacuum_naptime=1s")
+	ctx := context.Background()
+	pool, err := pgdb.Open(ctx, pgdb.Config{URL: srv.URL("postgres"), ApplicationName: "held-horizon", MaxConns: 16})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	db := pgdb.SQLDB(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	_, err = migrations.Up(ctx, db)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pgstattuple`)
+	require.NoError(t, err, "pgstattuple (postgresql-contrib)")
+
+	// The horizon held from before the first event to after the last: a
+	// transaction with an xid, as a long report that wrote a temp table has.
+	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	long, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	var held uint64
+	require.NoError(t, long.QueryRow(ctx, `SELECT txid_current()`).Scan(&held))
+
+	b := newBroker(t, "orders.placed", "mail.send")
+	var (
+		mu      sync.Mutex
+		seqs    = map[string][]int{} // per aggregate, in the order confirmed
+		failOne atomic.Bool
+	)
+	failOne.Store(true)
+	rec := &recorder{Publisher: b.pub,
+		before: func(m *message.Message) error {
+			var p struct{ Seq int }
+			_ = json.Unmarshal(m.Payload, &p)
+			if p.Seq == 7 && m.Metadata.Get(pipeline.MetaAggregateID) == "agg-0-3" && failOne.CompareAndSwap(true, false) {
+				return errors.New("broker said no, once")
+			}
+			return nil
+		},
+		after: func(m *message.Message) {
+			var p struct{ Seq int }
+			_ = json.Unmarshal(m.Payload, &p)
+			mu.Lock()
+			agg := m.Metadata.Get(pipeline.MetaAggregateID)
+			seqs[agg] = append(seqs[agg], p.Seq)
+			mu.Unlock()
+		}}
+	pub := orderedRecorder{rec, []string{"orders.placed"}}
+	cfg := pgoutbox.RelayConfig{InFlight: 2, Backoff: pipeline.Backoff{Initial: 200 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: -1}, FailoverReplay: -1}
+	rctx, stop := context.WithCancel(ctx)
+	var relays sync.WaitGroup
+	for range 2 {
+		r, err := pgoutbox.NewRelay(pool, pub, cfg, slog.New(slog.DiscardHandler))
+		require.NoError(t, err)
+		relays.Go(func() { _ = r.Run(rctx) })
+	}
+
+	// Four producers, each with its own aggregates (so the order of an
+	// aggregate is its producer's), one event per transaction, some
+	// several per transaction, every tenth delayed.
+	const producers, perProducer = 4, 600
+	start := time.Now()
+	var prod sync.WaitGroup
+	delayed := atomic.Int64{}
+	for p := range producers {
+		prod.Go(func() {
+			for i := 0; i < perProducer; {
+				n := 1 + i%3
+				var msgs []*message.Message
+				for range n {
+					if i == perProducer {
+						break
+					}
+					agg := fmt.Sprintf("agg-%d-%d", p, i%5)
+					m := event(t, agg, map[string]int{"seq": i / 5})
+					if i%10 == 9 {
+						m = pipeline.WithDelay(m, 150*time.Millisecond)
+						delayed.Add(1)
+					}
+					msgs = append(msgs, m)
+					i++
+				}
+				publish(t, pool, "orders.placed", msgs...)
+			}
+		})
+	}
+	prod.Wait()
+	total := producers * perProducer
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		rec.mu.Lock()
+		got := len(rec.published)
+		rec.mu.Unlock()
+		if got == total || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	secs := time.Since(start).Seconds()
+	stop()
+	relays.Wait()
+
+	rec.mu.Lock()
+	require.Len(t, rec.published, total, "every event reached the broker")
+	for id, n := range rec.published {
+		require.Equal(t, 1, n, "message %s reached the broker %d times", id, n)
+	}
+	rec.mu.Unlock()
+	require.False(t, failOne.Load(), "the failing publish happened")
+	for agg, s := range seqs {
+		for i := 1; i < len(s); i++ {
+			require.Less(t, s[i-1], s[i], "aggregate %s out of order: %v", agg, s)
+		}
+	}
+	var pending int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
+	require.Zero(t, pending)
+
+	// The horizon is still held: nothing could be vacuumed away.
+	var still uint64
+	require.NoError(t, long.QueryRow(ctx, `SELECT txid_current()`).Scan(&still))
+	require.Equal(t, held, still)
+	var dead, slow int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT dead_tuple_count FROM pgstattuple('outbox')`).Scan(&dead))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE slow`).Scan(&slow))
+	t.Logf("%d events from %d producers relayed in %.1fs (%.0f/s) with the horizon held; %d delayed, %d rows with state of their own (slow), %d dead tuples in the outbox",
+		total, producers, secs, float64(total)/secs, delayed.Load(), slow, dead)
+	// A slow row is updated when it is marked, when it fails and when it
+	// is dispatched: at most three dead versions each. The rows sent at
+	// their first try leave none.
+	require.LessOrEqual(t, dead, 3*slow, "the outbox's dead tuples come from the slow rows only")
+	require.Less(t, slow, int64(total)/4, "most rows are passed, not marked")
+	_ = long.Rollback(ctx)
+}
