@@ -38,11 +38,16 @@ func newFastLane(t string, ordered bool) fastLane {
 		          AND pg_visible_in_snapshot(p.tx, $2::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, $1::pg_snapshot)
 		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY($6::text[]))))`
 	}
+	// Due is read at the statement's start, not the transaction's
+	// (now()): a row committed before the range's snapshot was written by
+	// a transaction that began before this statement, so a row written
+	// without a delay is always due, never marked slow for a clock's
+	// sake.
 	page := func(where string) string {
 		return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false),
-		       o.tx::text, o.available_at <= now(), ` + behind + `
+		       o.tx::text, o.available_at <= statement_timestamp(), ` + behind + `
 		FROM ` + t + ` o
 		WHERE ` + where + `
 		  AND pg_visible_in_snapshot(o.tx, $2::pg_snapshot)
@@ -72,7 +77,8 @@ type position struct {
 	cur            *string
 	lastTx         *string
 	lastID         *int64
-	changed, ahead bool
+	// changed: the batch moved it, so it is written.
+	changed bool
 }
 
 // fastRow is a row of the append-only lane's page.
@@ -116,13 +122,15 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 		return res, false, fmt.Errorf("reading the relay's position in %s: %w", PositionTable, err)
 	}
 	took = true
-	if pos.cur == nil {
+	// fresh: no range in progress; this batch starts one at a new snapshot.
+	fresh := pos.cur == nil
+	if fresh {
 		var cur string
 		if err = tx.QueryRow(ctx, r.fast.snapSQL).Scan(&cur); err != nil {
 			return res, took, fmt.Errorf("taking a snapshot: %w", err)
 		}
 		zeroTx, zeroID := "0", int64(0)
-		pos.cur, pos.lastTx, pos.lastID, pos.changed = &cur, &zeroTx, &zeroID, cur != pos.snap
+		pos.cur, pos.lastTx, pos.lastID = &cur, &zeroTx, &zeroID
 	}
 	page, err := r.fastPage(ctx, tx, pos)
 	if err != nil {
@@ -171,7 +179,9 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 			pos.snap, pos.cur, pos.lastTx, pos.lastID = *pos.cur, nil, nil, nil
 		}
 	case !young:
-		// The range is done: its snapshot is the new position.
+		// The range is done: its snapshot is the new position. Written
+		// unless it is the position already (nothing committed since).
+		pos.changed = !fresh || *pos.cur != pos.snap
 		pos.snap, pos.cur, pos.lastTx, pos.lastID = *pos.cur, nil, nil, nil
 	}
 	record := func(b *pgx.Batch, unsent []int64) {

@@ -1,0 +1,222 @@
+package pgoutbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
+)
+
+// earlierRelay is a relay of the version before migration 00024, as its
+// statements were: claim the due heads with FOR UPDATE SKIP LOCKED,
+// publish, mark each row dispatched. Its process says so in
+// ferry_instances (no relay_lanes) while it runs.
+type earlierRelay struct {
+	pool *pgxpool.Pool
+	pub  message.Publisher
+}
+
+const earlierClaimSQL = `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic, COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers
+	FROM outbox o
+	WHERE o.dispatched_at IS NULL AND o.available_at <= now()
+	  AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL AND p.id < o.id)
+	ORDER BY o.available_at LIMIT 50
+	FOR UPDATE OF o SKIP LOCKED`
+
+func (e earlierRelay) batch(ctx context.Context) (int, error) {
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, earlierClaimSQL)
+	if err != nil {
+		return 0, err
+	}
+	type row struct {
+		id         int64
+		uuid       *string
+		agg, topic string
+		payload    []byte
+		headers    map[string]string
+	}
+	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var c row
+		return c, r.Scan(&c.id, &c.uuid, &c.agg, &c.topic, &c.payload, &c.headers)
+	})
+	if err != nil || len(claimed) == 0 {
+		return 0, err
+	}
+	var ids []int64
+	for _, c := range claimed {
+		m := message.NewMessage(*c.uuid, c.payload)
+		for k, v := range c.headers {
+			m.Metadata.Set(k, v)
+		}
+		m.Metadata.Set(pipeline.MetaAggregateID, c.agg)
+		if err := e.pub.Publish(c.topic, m); err != nil {
+			return 0, err
+		}
+		ids = append(ids, c.id)
+	}
+	// As the relay did: what the broker confirmed is recorded even when
+	// the relay is asked to stop meanwhile.
+	fctx := context.WithoutCancel(ctx)
+	if _, err := tx.Exec(fctx, `UPDATE outbox SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`, ids); err != nil {
+		return 0, err
+	}
+	return len(ids), tx.Commit(fctx)
+}
+
+// `migrate up` on a live system: producers commit all along, a relay of the
+// earlier version relays, the migration runs, a relay of this version
+// starts beside the earlier one (which it sees alive, so it marks each row
+// it sends), the earlier one stops, and this one goes on passing rows
+// without marking them. No event is lost, none is relayed twice, each
+// aggregate's stay in order. Then, relays stopped, `migrate down` gives
+// the rows the relay passed their dispatched_at, and the earlier relay
+// finds nothing left to send.
+func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pipelinetest.Schema(t)
+	pool := pipelinetest.Pool(t, schema, "migrate-under-load")
+	db := pgdb.SQLDB(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	// The schema as the earlier version left it.
+	require.NoError(t, migrations.Down(ctx, db))
+	var version int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT max(version_id) FROM `+migrations.VersionTable+` WHERE is_applied`).Scan(&version))
+	require.EqualValues(t, 23, version)
+
+	b := newBroker(t, "orders.placed")
+	var (
+		mu   sync.Mutex
+		seqs = map[string][]int{}
+	)
+	rec := &recorder{Publisher: b.pub, after: func(m *message.Message) {
+		var p struct{ Seq int }
+		_ = json.Unmarshal(m.Payload, &p)
+		mu.Lock()
+		agg := m.Metadata.Get(pipeline.MetaAggregateID)
+		seqs[agg] = append(seqs[agg], p.Seq)
+		mu.Unlock()
+	}}
+	pub := orderedRecorder{rec, []string{"orders.placed"}}
+
+	// The earlier relay, and its heartbeat as its process wrote it.
+	_, err := pool.Exec(ctx, `INSERT INTO ferry_instances (instance_id, components, hostname, pid, version) VALUES ('earlier', 'relay', 'test', 1, 'v0.23')`)
+	require.NoError(t, err)
+	earlierCtx, stopEarlier := context.WithCancel(ctx)
+	var earlierDone sync.WaitGroup
+	earlierSent := atomic.Int64{}
+	earlierDone.Go(func() {
+		e := earlierRelay{pool: pool, pub: pub}
+		for earlierCtx.Err() == nil {
+			n, err := e.batch(earlierCtx)
+			if err != nil && earlierCtx.Err() == nil {
+				t.Errorf("earlier relay: %v", err)
+				return
+			}
+			earlierSent.Add(int64(n))
+			_, _ = pool.Exec(ctx, `UPDATE ferry_instances SET heartbeat_at = now() WHERE instance_id = 'earlier'`)
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+
+	// Producers: one transaction per event, eight aggregates each.
+	prodCtx, stopProducers := context.WithCancel(ctx)
+	var prod sync.WaitGroup
+	produced := atomic.Int64{}
+	for p := range 3 {
+		prod.Go(func() {
+			for i := 0; prodCtx.Err() == nil; i++ {
+				publish(t, pool, "orders.placed", event(t, fmt.Sprintf("p%d-%d", p, i%8), map[string]int{"seq": i / 8}))
+				produced.Add(1)
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(700 * time.Millisecond)
+	before := produced.Load()
+	n, err := migrations.Up(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	t.Logf("migrated with %d events produced before, %d relayed by the earlier relay", before, earlierSent.Load())
+
+	// This version's relay, as the app starts it.
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{
+		OrderedTopics: []string{"orders.placed"}, FailoverReplay: -1,
+		MarkEachRow: func(ctx context.Context) (bool, error) { return pgstatus.EarlierRelaysAlive(ctx, pool) },
+	}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	var relayDone sync.WaitGroup
+	relayDone.Go(func() { _ = relay.Run(relayCtx) })
+	time.Sleep(700 * time.Millisecond)
+
+	// The earlier relay stops (its process deregisters).
+	stopEarlier()
+	earlierDone.Wait()
+	_, err = pool.Exec(ctx, `DELETE FROM ferry_instances WHERE instance_id = 'earlier'`)
+	require.NoError(t, err)
+	var marked int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE tx IS NOT NULL AND dispatched_at IS NOT NULL`).Scan(&marked))
+	require.Positive(t, marked, "rows written after the migration were marked while the earlier relay ran")
+
+	time.Sleep(6 * time.Second) // past the relay's next look at ferry_instances
+	stopProducers()
+	prod.Wait()
+	total := int(produced.Load())
+	require.Eventually(t, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.published) >= total
+	}, 30*time.Second, 20*time.Millisecond)
+	stopRelay()
+	relayDone.Wait()
+
+	rec.mu.Lock()
+	require.Len(t, rec.published, total, "every event relayed")
+	for id, n := range rec.published {
+		require.Equal(t, 1, n, "message %s relayed %d times", id, n)
+	}
+	rec.mu.Unlock()
+	for agg, s := range seqs {
+		for i := 1; i < len(s); i++ {
+			require.Less(t, s[i-1], s[i], "aggregate %s out of order: %v", agg, s)
+		}
+	}
+	var passedOnly int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&passedOnly))
+	require.Positive(t, passedOnly, "once the earlier relay stopped, rows were passed without a mark")
+	t.Logf("%d events: %d relayed by the earlier relay, %d by this version's (%d of them passed without a mark)", total, earlierSent.Load(), total-int(earlierSent.Load()), passedOnly)
+
+	// migrate down, relays stopped: the passed rows get their
+	// dispatched_at, and the earlier version finds nothing to send.
+	require.NoError(t, migrations.Down(ctx, db))
+	var undispatched int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&undispatched))
+	require.Zero(t, undispatched)
+	sent, err := earlierRelay{pool: pool, pub: pub}.batch(ctx)
+	require.NoError(t, err)
+	require.Zero(t, sent)
+	_, err = migrations.Up(ctx, db)
+	require.NoError(t, err)
+}
