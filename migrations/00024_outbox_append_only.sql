@@ -57,17 +57,23 @@ END
 $$;
 -- +goose StatementEnd
 
--- The relay's position per outbox table: every row whose tx is visible in
--- snap has been passed; cur, when set, is the snapshot of the batch range
--- being worked through, passed up to (last_tx, last_id). A missing row
--- means nothing has been passed yet.
+-- The relay's position per outbox table, its newest row (highest seq):
+-- every row whose tx is visible in snap has been passed; cur, when set, is
+-- the snapshot of the batch range being worked through, passed up to
+-- (last_tx, last_id). No row means nothing has been passed yet. Each move
+-- is a new row, never an update: a row updated by every batch would keep
+-- every old version while a long transaction is open, and each read of it
+-- would walk them all; the newest row is the first the primary key's
+-- backward scan finds. The relay deletes rows far behind the newest.
 CREATE TABLE IF NOT EXISTS ferry_relay_positions (
-  outbox_table text        PRIMARY KEY,
+  outbox_table text        NOT NULL,
+  seq          bigint      GENERATED ALWAYS AS IDENTITY,
   snap         pg_snapshot NOT NULL,
   cur          pg_snapshot NULL,
   last_tx      xid8        NULL,
   last_id      bigint      NULL,
-  updated_at   timestamptz NOT NULL DEFAULT now()
+  moved_at     timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (outbox_table, seq)
 );
 
 -- The batch range's rows in the order the relay passes them.
@@ -93,8 +99,8 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_pending_aggregate_idx ON outbox (
 DO $$
 BEGIN
   UPDATE outbox o SET dispatched_at = o.created_at
-  FROM ferry_relay_positions p
-  WHERE p.outbox_table = 'outbox' AND o.dispatched_at IS NULL AND NOT o.slow AND o.tx IS NOT NULL
+  FROM (SELECT * FROM ferry_relay_positions WHERE outbox_table = 'outbox' ORDER BY seq DESC LIMIT 1) p
+  WHERE o.dispatched_at IS NULL AND NOT o.slow AND o.tx IS NOT NULL
     AND (pg_visible_in_snapshot(o.tx, p.snap)
          OR (p.cur IS NOT NULL AND pg_visible_in_snapshot(o.tx, p.cur) AND (o.tx, o.id) <= (p.last_tx, p.last_id)));
   ALTER TABLE outbox ALTER COLUMN tx DROP DEFAULT;

@@ -117,7 +117,7 @@ func (r *Relay) CheckFailover(ctx context.Context) (Replay, error) {
 		// sequential scan, once per failover.
 		var newest *time.Time
 		if err := tx.QueryRow(ctx, `SELECT greatest((SELECT max(dispatched_at) FROM `+r.quoted+` WHERE NOT shadowed),
-			(SELECT updated_at FROM `+positionTable(r.quoted)+` WHERE outbox_table = $1))`, r.key).Scan(&newest); err != nil {
+			(SELECT moved_at FROM `+latestPosition(r.quoted, r.key)+` rp))`).Scan(&newest); err != nil {
 			return fmt.Errorf("finding the last dispatch before the failover: %w", err)
 		}
 		if newest != nil {

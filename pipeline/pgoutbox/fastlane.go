@@ -13,7 +13,7 @@ import (
 
 // fastLane is the SQL of the relay's append-only lane (see lanes.go).
 type fastLane struct {
-	lockSQL, initSQL, snapSQL, moveSQL, slowSQL string
+	lockSQL, readSQL, snapSQL, moveSQL, slowSQL string
 	// xipSQL pages the range's rows of transactions that were in progress
 	// when the position was taken; rangeSQL those of newer transactions.
 	// Two queries, each an ordered scan of the (tx, id) index that stops at
@@ -61,10 +61,17 @@ func newFastLane(t string, ordered bool) fastLane {
 		FOR UPDATE OF o`
 	}
 	return fastLane{
-		lockSQL:  `SELECT snap::text, cur::text, last_tx::text, last_id FROM ` + p + ` WHERE outbox_table = $1 FOR UPDATE SKIP LOCKED`,
-		initSQL:  `INSERT INTO ` + p + ` (outbox_table, snap) VALUES ($1, '` + startSnapshot + `') ON CONFLICT (outbox_table) DO NOTHING`,
-		snapSQL:  `SELECT pg_current_snapshot()::text`,
-		moveSQL:  `UPDATE ` + p + ` SET snap = $2::pg_snapshot, cur = $3::pg_snapshot, last_tx = $4::xid8, last_id = $5, updated_at = now() WHERE outbox_table = $1`,
+		// One relay at a time moves an outbox table's position: a
+		// transaction-level advisory lock, taken without waiting, writes
+		// nothing (a locked row would be a write per batch).
+		lockSQL: `SELECT pg_try_advisory_xact_lock(hashtext('` + PositionTable + `'), hashtext($1))`,
+		readSQL: `SELECT snap::text, cur::text, last_tx::text, last_id FROM ` + p + ` WHERE outbox_table = $1 ORDER BY seq DESC LIMIT 1`,
+		snapSQL: `SELECT pg_current_snapshot()::text`,
+		// A move is a new row; every thousandth move removes the rows a
+		// thousand moves behind, which no reader reaches any more.
+		moveSQL: `WITH moved AS (
+			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id) VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::xid8, $5) RETURNING seq)
+			DELETE FROM ` + p + ` WHERE outbox_table = $1 AND (SELECT seq FROM moved) % 1000 = 0 AND seq < (SELECT seq FROM moved) - 1000`,
 		slowSQL:  `UPDATE ` + t + ` SET slow = true WHERE id = ANY($1)`,
 		xipSQL:   page(`o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))`),
 		rangeSQL: page(`o.tx >= pg_snapshot_xmax($1::pg_snapshot) AND o.tx < pg_snapshot_xmax($2::pg_snapshot)`),
@@ -73,10 +80,10 @@ func newFastLane(t string, ordered bool) fastLane {
 
 // position is the relay's place in an outbox table.
 type position struct {
-	snap           string
-	cur            *string
-	lastTx         *string
-	lastID         *int64
+	snap   string
+	cur    *string
+	lastTx *string
+	lastID *int64
 	// changed: the batch moved it, so it is written.
 	changed bool
 }
@@ -102,23 +109,16 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 			rollback(ctx, tx)
 		}
 	}()
-	var pos position
-	readPos := func() error {
-		return tx.QueryRow(ctx, r.fast.lockSQL, r.key).Scan(&pos.snap, &pos.cur, &pos.lastTx, &pos.lastID)
+	var mine bool
+	if err = tx.QueryRow(ctx, r.fast.lockSQL, r.key).Scan(&mine); err != nil {
+		return res, false, fmt.Errorf("locking the relay's position: %w", err)
 	}
-	err = readPos()
-	if errors.Is(err, pgx.ErrNoRows) {
-		// No position yet, or another relay holds it: make sure it exists
-		// and try once more (an insert that finds it there changes nothing).
-		if _, err = tx.Exec(ctx, r.fast.initSQL, r.key); err != nil {
-			return res, false, fmt.Errorf("creating the relay's position in %s: %w", PositionTable, err)
-		}
-		err = readPos()
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
+	if !mine {
 		return res, false, nil
 	}
-	if err != nil {
+	pos := position{snap: startSnapshot}
+	err = tx.QueryRow(ctx, r.fast.readSQL, r.key).Scan(&pos.snap, &pos.cur, &pos.lastTx, &pos.lastID)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return res, false, fmt.Errorf("reading the relay's position in %s: %w", PositionTable, err)
 	}
 	took = true

@@ -50,6 +50,11 @@ func positionTable(quotedOutbox string) string {
 	return t
 }
 
+// latestPosition is the subquery of the newest position of key (alias it).
+func latestPosition(quotedOutbox, key string) string {
+	return `(SELECT * FROM ` + positionTable(quotedOutbox) + ` WHERE outbox_table = ` + sqlString(key) + ` ORDER BY seq DESC LIMIT 1)`
+}
+
 // sqlString is s as a SQL string literal: the outbox table's name, written
 // into the reading queries so that they take no extra parameter.
 func sqlString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -73,8 +78,8 @@ func slowCond(o string) string {
 // it: one primary-key lookup of the position per row, for reads of a few
 // rows (a message's status, an intent, a test). Row o must have a tx.
 func passedCond(o, quotedOutbox, key string) string {
-	return `EXISTS (SELECT 1 FROM ` + positionTable(quotedOutbox) + ` rp WHERE rp.outbox_table = ` + sqlString(key) + `
-		AND (pg_visible_in_snapshot(` + o + `.tx, rp.snap)
+	return `EXISTS (SELECT 1 FROM ` + latestPosition(quotedOutbox, key) + ` rp
+		WHERE (pg_visible_in_snapshot(` + o + `.tx, rp.snap)
 		     OR (rp.cur IS NOT NULL AND pg_visible_in_snapshot(` + o + `.tx, rp.cur) AND (` + o + `.tx, ` + o + `.id) <= (rp.last_tx, rp.last_id))))`
 }
 
@@ -83,8 +88,7 @@ func passedCond(o, quotedOutbox, key string) string {
 // position's snapshot did not see (in progress when it was taken, or
 // newer), less those the batch in progress already passed.
 func unpassedRows(cols, quotedOutbox, key string) string {
-	p := positionTable(quotedOutbox)
-	pos := `(SELECT rp.snap FROM ` + p + ` rp WHERE rp.outbox_table = ` + sqlString(key) + `)`
+	pos := `(SELECT rp.snap FROM ` + latestPosition(quotedOutbox, key) + ` rp)`
 	return `SELECT ` + cols + ` FROM ` + quotedOutbox + ` o
 		WHERE o.dispatched_at IS NULL AND NOT o.slow
 		  AND (o.tx >= coalesce(pg_snapshot_xmax(` + pos + `), '1'::xid8)

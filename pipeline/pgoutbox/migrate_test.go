@@ -126,9 +126,15 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	earlierCtx, stopEarlier := context.WithCancel(ctx)
 	var earlierDone sync.WaitGroup
 	earlierSent := atomic.Int64{}
+	var earlierPaused atomic.Bool
 	earlierDone.Go(func() {
 		e := earlierRelay{pool: pool, pub: pub}
 		for earlierCtx.Err() == nil {
+			if earlierPaused.Load() {
+				_, _ = pool.Exec(ctx, `UPDATE ferry_instances SET heartbeat_at = now() WHERE instance_id = 'earlier'`)
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
 			n, err := e.batch(earlierCtx)
 			if err != nil && earlierCtx.Err() == nil {
 				t.Errorf("earlier relay: %v", err)
@@ -169,16 +175,23 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	var relayDone sync.WaitGroup
 	relayDone.Go(func() { _ = relay.Run(relayCtx) })
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	// While the earlier relay is alive (here idle, so that this relay has
+	// the rows to itself), every row this relay sends is marked.
+	earlierPaused.Store(true)
+	sentBefore := relay.Stats().Dispatched
+	require.Eventually(t, func() bool { return relay.Stats().Dispatched > sentBefore+50 }, 10*time.Second, 10*time.Millisecond)
+	var unmarked int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
+	require.Zero(t, unmarked, "a row passed without a mark while a relay of the earlier version is alive")
+	earlierPaused.Store(false)
+	time.Sleep(300 * time.Millisecond)
 
 	// The earlier relay stops (its process deregisters).
 	stopEarlier()
 	earlierDone.Wait()
 	_, err = pool.Exec(ctx, `DELETE FROM ferry_instances WHERE instance_id = 'earlier'`)
 	require.NoError(t, err)
-	var marked int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE tx IS NOT NULL AND dispatched_at IS NOT NULL`).Scan(&marked))
-	require.Positive(t, marked, "rows written after the migration were marked while the earlier relay ran")
 
 	time.Sleep(6 * time.Second) // past the relay's next look at ferry_instances
 	stopProducers()

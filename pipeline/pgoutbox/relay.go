@@ -304,7 +304,7 @@ func earlierPending(o, table, key, topics, except string) string {
 	if except != "" {
 		except = ` AND NOT (` + except + `)`
 	}
-	pos := `(SELECT rp.snap FROM ` + positionTable(table) + ` rp WHERE rp.outbox_table = ` + sqlString(key) + `)`
+	pos := `(SELECT rp.snap FROM ` + latestPosition(table, key) + ` rp)`
 	return `(EXISTS (SELECT 1 FROM ` + table + ` p
 		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND ` + slowCond("p") + `
 		          AND p.id < ` + o + `.id AND p.topic = ANY(` + topics + `::text[])` + except + `)

@@ -64,6 +64,9 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		Round        int     `json:"round"`
 		EventsPerSec float64 `json:"events_per_sec"`
 		DeadTuples   int64   `json:"dead_tuples"`
+		// PositionDead are the dead versions of the relay's position row
+		// (one per batch that moved it).
+		PositionDead int64 `json:"position_dead_tuples"`
 	}
 	runMode := func(held bool) ([]round, error) {
 		if _, err := pool.Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
@@ -108,11 +111,11 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 			if got := relay.Stats().Dispatched; got < int64(bc.HeldXminEvents) {
 				return nil, fmt.Errorf("round %d: the relay dispatched %d of %d events", r, got, bc.HeldXminEvents)
 			}
-			var dead int64
-			if err := pool.QueryRow(ctx, `SELECT dead_tuple_count FROM pgstattuple('outbox')`).Scan(&dead); err != nil {
+			var dead, posDead int64
+			if err := pool.QueryRow(ctx, `SELECT (SELECT dead_tuple_count FROM pgstattuple('outbox')), (SELECT dead_tuple_count FROM pgstattuple('`+pgoutbox.PositionTable+`'))`).Scan(&dead, &posDead); err != nil {
 				return nil, err
 			}
-			rounds = append(rounds, round{Round: r, EventsPerSec: float64(bc.HeldXminEvents) / secs, DeadTuples: dead})
+			rounds = append(rounds, round{Round: r, EventsPerSec: float64(bc.HeldXminEvents) / secs, DeadTuples: dead, PositionDead: posDead})
 			if err := br.purge(); err != nil {
 				return nil, err
 			}
@@ -138,15 +141,16 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		"last_over_first_free":  ratio(free),
 		"last_over_first_held":  ratio(held),
 		"dead_tuples_per_event": deadPerEvent,
+		"goal_dead_per_event":   0,
 		"goal_last_over_first":  0.9,
-		"goal_met":              ratio(held) >= 0.9,
+		"goal_met":              ratio(held) >= 0.9 && deadPerEvent == 0,
 	}}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d rounds of %d events, own server (autovacuum on, naptime 1s, fsync off):\n  round   free ev/s   dead     held ev/s   dead\n", bc.HeldXminRounds, bc.HeldXminEvents)
+	fmt.Fprintf(&b, "%d rounds of %d events, own server (autovacuum on, naptime 1s, fsync off):\n  round   free ev/s   dead     held ev/s   dead (outbox)   dead (position row)\n", bc.HeldXminRounds, bc.HeldXminEvents)
 	for i := range free {
-		fmt.Fprintf(&b, "  %5d   %9.0f   %7d  %9.0f   %7d\n", i+1, free[i].EventsPerSec, free[i].DeadTuples, held[i].EventsPerSec, held[i].DeadTuples)
+		fmt.Fprintf(&b, "  %5d   %9.0f   %7d  %9.0f   %7d         %7d\n", i+1, free[i].EventsPerSec, free[i].DeadTuples, held[i].EventsPerSec, held[i].DeadTuples, held[i].PositionDead)
 	}
-	fmt.Fprintf(&b, "  last/first: %.2f free, %.2f with the horizon held (goal ≥ 0.9); %.2f dead tuples per event left behind\n", ratio(free), ratio(held), deadPerEvent)
+	fmt.Fprintf(&b, "  last/first: %.2f free, %.2f with the horizon held (goal ≥ 0.9); %.2f dead outbox tuples per event left behind (goal: none)\n", ratio(free), ratio(held), deadPerEvent)
 	rep.Table = b.String()
 	return rep, nil
 }
