@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,10 +17,14 @@ import (
 // fastLane is the SQL of the relay's append-only lane (see lanes.go).
 type fastLane struct {
 	lockSQL, readSQL, snapSQL, moveSQL, slowSQL string
-	// xipSQL pages the range's rows of transactions that were in progress
-	// when the position was taken; rangeSQL those of newer transactions.
-	// Two queries, each an ordered scan of the (tx, id) index that stops at
-	// the page's end, however many rows the range holds.
+	// xipSQL pages the range's rows of one transaction that was in
+	// progress when the position was taken; rangeSQL those of newer
+	// transactions. Each is an ordered scan of one range of the (tx, id)
+	// index that stops at the page's end, however many rows the range
+	// holds and however many rows older transactions wrote since a long
+	// one began. (One query for both made the planner walk the index from
+	// the oldest in-progress transaction on, filtering: with a long
+	// transaction open, every page scanned all the rows since it began.)
 	xipSQL, rangeSQL string
 }
 
@@ -29,14 +36,14 @@ func newFastLane(t string, ordered bool) fastLane {
 		// state of its own, or is in this range and not passed yet but
 		// comes after it in (tx, id) order (another transaction that took
 		// a smaller id and committed in the same range).
-		behind = `(o.topic = ANY($6::text[]) AND (
+		behind = `(o.topic = ANY($5::text[]) AND (
 		    EXISTS (SELECT 1 FROM ` + t + ` p
 		        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
-		          AND p.id < o.id AND p.topic = ANY($6::text[]))
+		          AND p.id < o.id AND p.topic = ANY($5::text[]))
 		    OR EXISTS (SELECT 1 FROM ` + t + ` p
-		        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax($2::pg_snapshot)
-		          AND pg_visible_in_snapshot(p.tx, $2::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, $1::pg_snapshot)
-		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY($6::text[]))))`
+		        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax($1::pg_snapshot)
+		          AND pg_visible_in_snapshot(p.tx, $1::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, $6::pg_snapshot)
+		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY($5::text[]))))`
 	}
 	// Due is read at the statement's start, not the transaction's
 	// (now()): a row committed before the range's snapshot was written by
@@ -50,11 +57,10 @@ func newFastLane(t string, ordered bool) fastLane {
 		       o.tx::text, o.available_at <= statement_timestamp(), ` + behind + `
 		FROM ` + t + ` o
 		WHERE ` + where + `
-		  AND pg_visible_in_snapshot(o.tx, $2::pg_snapshot)
-		  AND (o.tx, o.id) > ($3::xid8, $4::bigint)
+		  AND pg_visible_in_snapshot(o.tx, $1::pg_snapshot)
 		  AND o.dispatched_at IS NULL AND NOT o.slow
 		ORDER BY o.tx, o.id
-		LIMIT $5
+		LIMIT $4
 		-- Waits for a row another writer holds (a relay of the per-row
 		-- design during a rolling upgrade, the CDC relay): then reads it
 		-- again, and skips it if that writer dispatched it.
@@ -72,9 +78,13 @@ func newFastLane(t string, ordered bool) fastLane {
 		moveSQL: `WITH moved AS (
 			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id) VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::xid8, $5) RETURNING seq)
 			DELETE FROM ` + p + ` WHERE outbox_table = $1 AND (SELECT seq FROM moved) % 1000 = 0 AND seq < (SELECT seq FROM moved) - 1000`,
-		slowSQL:  `UPDATE ` + t + ` SET slow = true WHERE id = ANY($1)`,
-		xipSQL:   page(`o.tx = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))`),
-		rangeSQL: page(`o.tx >= pg_snapshot_xmax($1::pg_snapshot) AND o.tx < pg_snapshot_xmax($2::pg_snapshot)`),
+		slowSQL: `UPDATE ` + t + ` SET slow = true WHERE id = ANY($1)`,
+		// The rows of one transaction that was in progress at the
+		// position ($2), after id $3: a range of the (tx, id) index.
+		xipSQL: page(`o.tx = $2::xid8 AND o.id > $3::bigint`),
+		// The newer transactions' rows, from ($2, $3) on (never below the
+		// position's xmax: fastPage sees to it), up to the range's xmax.
+		rangeSQL: page(`(o.tx, o.id) > ($2::xid8, $3::bigint) AND o.tx < pg_snapshot_xmax($1::pg_snapshot)`),
 	}
 }
 
@@ -210,10 +220,20 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 // fastPage reads the next page of the range: rows of transactions that
 // were in progress when the position was taken first, then newer ones.
 func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRow, error) {
-	read := func(sql string, limit int) ([]fastRow, error) {
-		args := []any{pos.snap, *pos.cur, *pos.lastTx, *pos.lastID, limit}
+	snap, err := parseSnapshot(pos.snap)
+	if err != nil {
+		return nil, err
+	}
+	lastTx, err := strconv.ParseUint(*pos.lastTx, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("the relay's position: last_tx %q: %w", *pos.lastTx, err)
+	}
+	read := func(sql string, fromTx uint64, afterID int64, limit int) ([]fastRow, error) {
+		// $1 the range's snapshot, $2 and $3 where to start, $4 the
+		// limit; when ordered, $5 the ordered topics and $6 the position.
+		args := []any{*pos.cur, strconv.FormatUint(fromTx, 10), afterID, limit}
 		if len(r.ordered) > 0 {
-			args = append(args, r.ordered)
+			args = append(args, r.ordered, pos.snap)
 		}
 		rows, err := tx.Query(ctx, sql, args...)
 		if err != nil {
@@ -226,10 +246,64 @@ func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRo
 			return c, err
 		})
 	}
-	page, err := read(r.fast.xipSQL, r.cfg.BatchSize)
-	if err != nil || len(page) == r.cfg.BatchSize {
-		return page, err
+	// Transactions in progress at the position first (they are older),
+	// one at a time in xid order, then the newer ones.
+	var page []fastRow
+	for _, x := range snap.xip {
+		if x < lastTx {
+			continue
+		}
+		after := int64(0)
+		if x == lastTx {
+			after = *pos.lastID
+		}
+		rows, err := read(r.fast.xipSQL, x, after, r.cfg.BatchSize-len(page))
+		if err != nil {
+			return nil, err
+		}
+		if page = append(page, rows...); len(page) == r.cfg.BatchSize {
+			return page, nil
+		}
 	}
-	more, err := read(r.fast.rangeSQL, r.cfg.BatchSize-len(page))
+	fromTx, afterID := lastTx, *pos.lastID
+	if fromTx < snap.xmax {
+		fromTx, afterID = snap.xmax, 0
+	}
+	more, err := read(r.fast.rangeSQL, fromTx, afterID, r.cfg.BatchSize-len(page))
 	return append(page, more...), err
+}
+
+// snapshot is a pg_snapshot's text, "xmin:xmax:xip,...".
+type snapshot struct {
+	xmin, xmax uint64
+	xip        []uint64 // ascending
+}
+
+func parseSnapshot(s string) (snapshot, error) {
+	var sn snapshot
+	bad := func(err error) (snapshot, error) {
+		return snapshot{}, fmt.Errorf("the relay's position: snapshot %q: %w", s, err)
+	}
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return bad(errors.New("not xmin:xmax:xip"))
+	}
+	var err error
+	if sn.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return bad(err)
+	}
+	if sn.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return bad(err)
+	}
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return bad(err)
+			}
+			sn.xip = append(sn.xip, v)
+		}
+	}
+	slices.Sort(sn.xip)
+	return sn, nil
 }
