@@ -74,9 +74,11 @@ func newFastLane(t string, ordered bool) fastLane {
 		readSQL: `SELECT snap::text, cur::text, last_tx::text, last_id FROM ` + p + ` WHERE outbox_table = $1 ORDER BY seq DESC LIMIT 1`,
 		snapSQL: `SELECT pg_current_snapshot()::text`,
 		// A move is a new row; every thousandth move removes the rows a
-		// thousand moves behind, which no reader reaches any more.
+		// thousand moves behind, which no reader reaches any more. Its
+		// moved_at is the clock after the range's snapshot was taken: every
+		// row the position passed was written before it.
 		moveSQL: `WITH moved AS (
-			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id) VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::xid8, $5) RETURNING seq)
+			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id, moved_at) VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::xid8, $5, clock_timestamp()) RETURNING seq)
 			DELETE FROM ` + p + ` WHERE outbox_table = $1 AND (SELECT seq FROM moved) % 1000 = 0 AND seq < (SELECT seq FROM moved) - 1000`,
 		slowSQL: `UPDATE ` + t + ` SET slow = true WHERE id = ANY($1)`,
 		// The rows of one transaction that was in progress at the
@@ -141,6 +143,11 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 		}
 		zeroTx, zeroID := "0", int64(0)
 		pos.cur, pos.lastTx, pos.lastID = &cur, &zeroTx, &zeroID
+		if behind, err := serverBehind(pos.snap, cur); err != nil {
+			return res, took, err
+		} else if behind {
+			return res, took, r.restart(ctx, tx, pos.snap, cur)
+		}
 	}
 	page, err := r.fastPage(ctx, tx, pos)
 	if err != nil {
@@ -215,6 +222,48 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 	}
 	res, err = r.relayClaimed(ctx, tx, claimed, res, false, record)
 	return res, took, err
+}
+
+// serverBehind says whether the server's transaction ids are behind the
+// position's: the database was restored into another cluster (pg_dump and
+// pg_restore, a logical copy), which starts its ids anew, so that the rows
+// written from now on would look older than the position and never be
+// read.
+func serverBehind(position, current string) (bool, error) {
+	p, err := parseSnapshot(position)
+	if err != nil {
+		return false, err
+	}
+	c, err := parseSnapshot(current)
+	if err != nil {
+		return false, err
+	}
+	return p.xmax > c.xmax, nil
+}
+
+// restart gives the rows of the outbox the position no longer fits the
+// state they would have without it, then starts the position anew at cur,
+// in tx: the rows the position passed are marked dispatched (their
+// creation time, as migrate down does), the others lose their tx and are
+// relayed by the slow lane, in id order, like rows written before
+// migration 00024. A row written since the restore has a small tx that the
+// old position would take for passed: it was written after the position
+// last moved, which tells it apart. One statement over the table, once
+// after a restore.
+func (r *Relay) restart(ctx context.Context, tx pgx.Tx, position, cur string) error {
+	r.logger.Error("the relay's position is ahead of the server's transaction ids: the database was restored into another cluster; converting the outbox's rows to per-row state and starting the position anew",
+		"position", position, "server", cur)
+	if _, err := tx.Exec(ctx, `UPDATE `+r.quoted+` o SET
+		dispatched_at = CASE WHEN `+passedCond("o", r.quoted, r.key)+`
+			AND o.created_at <= (SELECT rp.moved_at FROM `+latestPosition(r.quoted, r.key)+` rp) THEN o.created_at END,
+		tx = NULL
+		WHERE o.dispatched_at IS NULL AND NOT o.slow AND o.tx IS NOT NULL`); err != nil {
+		return fmt.Errorf("converting the outbox after a restore: %w", err)
+	}
+	if _, err := tx.Exec(ctx, r.fast.moveSQL, r.key, cur, nil, nil, nil); err != nil {
+		return fmt.Errorf("starting the relay's position anew: %w", err)
+	}
+	return tx.Commit(ctx)
 }
 
 // fastPage reads the next page of the range: rows of transactions that

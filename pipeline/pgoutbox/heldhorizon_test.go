@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,4 +186,58 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 	// their first try leave none.
 	require.LessOrEqual(t, dead, 3*slow, "the outbox's dead tuples come from the slow rows only")
 	_ = long.Rollback(ctx)
+}
+
+// A database restored into another cluster (pg_dump and pg_restore) starts
+// its transaction ids anew: the relay's position is then ahead of every
+// row written from now on. The relay notices, gives the rows its position
+// passed their dispatched_at (not sent again), relays the rest by the slow
+// lane, and starts its position anew: nothing lost, nothing twice.
+func TestRelayStartsAnewWhenTheServerIsBehindItsPosition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "orders.placed")
+	var now uint64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&now))
+	ahead := now + 1_000_000
+	// As restored: one row the old cluster's relay passed, one it had not
+	// (committed after its last move), and its position.
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, tx) VALUES
+		('passed-before', 'a', 'orders.placed', '{}', $1::text::xid8), ('not-yet', 'b', 'orders.placed', '{}', $2::text::xid8)`,
+		fmt.Sprint(ahead-10), fmt.Sprint(ahead+5))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('outbox', $1::pg_snapshot)`, fmt.Sprintf("%d:%d:", ahead, ahead))
+	require.NoError(t, err)
+	publish(t, pool, "orders.placed", event(t, "c", "written after the restore"))
+
+	rec := &recorder{Publisher: b.pub}
+	relay := newRelay(t, pool, rec, pgoutbox.RelayConfig{FailoverReplay: -1})
+	for range 4 {
+		_, err := relay.RelayBatch(ctx)
+		require.NoError(t, err)
+	}
+	rec.mu.Lock()
+	published := maps.Clone(rec.published)
+	rec.mu.Unlock()
+	require.Len(t, published, 2, "the row not passed and the new one: %v", published)
+	require.Contains(t, published, "not-yet")
+	require.NotContains(t, published, "passed-before")
+	var passedMarked bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT dispatched_at IS NOT NULL FROM outbox WHERE message_uuid = 'passed-before'`).Scan(&passedMarked))
+	require.True(t, passedMarked)
+	var pending int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
+	require.Zero(t, pending)
+
+	// From now on, rows are passed by the new position again.
+	publish(t, pool, "orders.placed", event(t, "d", "later"))
+	_, err = relay.RelayBatch(ctx)
+	require.NoError(t, err)
+	rec.mu.Lock()
+	require.Len(t, rec.published, 3)
+	rec.mu.Unlock()
+	var unmarked int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE aggregate_id = 'd' AND dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
+	require.Equal(t, 1, unmarked, "passed, not marked")
 }
