@@ -53,7 +53,7 @@ const (
 
 // BenchScenarios lists every scenario, in the order they run.
 var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory,
-	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin}
+	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -74,9 +74,11 @@ type BenchConfig struct {
 	// InFlight is the relays' batches in flight (pgoutbox.RelayConfig.InFlight).
 	// Default: the relay's default.
 	InFlight int
-	// Rate is end_to_end_latency's producer rate in events/s. Default 1,000.
+	// Rate is end_to_end_latency's and held_xmin_steady's producer rate in
+	// events/s. Default 1,000.
 	Rate int
-	// Duration of end_to_end_latency's steady load. Default 10s.
+	// Duration of end_to_end_latency's and held_xmin_steady's steady load.
+	// Default 10s.
 	Duration time.Duration
 	// Orders is how many create_order transactions write_overhead times per
 	// variant. Default 2,000.
@@ -218,6 +220,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioMemory:              benchMemory,
 		ScenarioUpcast:              benchUpcast,
 		ScenarioHeldXmin:            benchHeldXmin,
+		ScenarioHeldXminSteady:      benchHeldXminSteady,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {
