@@ -17,14 +17,15 @@ import (
 // fastLane is the SQL of the relay's append-only lane (see lanes.go).
 type fastLane struct {
 	lockSQL, readSQL, snapSQL, moveSQL, slowSQL string
-	// xipSQL pages the range's rows of one transaction that was in
+	// xipSQL pages the range's rows of the transactions that were in
 	// progress when the position was taken; rangeSQL those of newer
-	// transactions. Each is an ordered scan of one range of the (tx, id)
-	// index that stops at the page's end, however many rows the range
-	// holds and however many rows older transactions wrote since a long
-	// one began. (One query for both made the planner walk the index from
-	// the oldest in-progress transaction on, filtering: with a long
-	// transaction open, every page scanned all the rows since it began.)
+	// transactions. Each is an ordered scan of the (tx, id) index that
+	// stops at the page's end, however many rows the range holds and
+	// however many rows older transactions wrote since a long one began.
+	// (One query for both, with the in-progress ids read from the
+	// snapshot in SQL, made the planner walk the index from the oldest
+	// in-progress transaction on, filtering: with a long transaction
+	// open, every page scanned all the rows since it began.)
 	xipSQL, rangeSQL string
 }
 
@@ -36,14 +37,14 @@ func newFastLane(t string, ordered bool) fastLane {
 		// state of its own, or is in this range and not passed yet but
 		// comes after it in (tx, id) order (another transaction that took
 		// a smaller id and committed in the same range).
-		behind = `(o.topic = ANY($5::text[]) AND (
+		behind = `(o.topic = ANY($6::text[]) AND (
 		    EXISTS (SELECT 1 FROM ` + t + ` p
 		        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
-		          AND p.id < o.id AND p.topic = ANY($5::text[]))
+		          AND p.id < o.id AND p.topic = ANY($6::text[]))
 		    OR EXISTS (SELECT 1 FROM ` + t + ` p
 		        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax($1::pg_snapshot)
-		          AND pg_visible_in_snapshot(p.tx, $1::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, $6::pg_snapshot)
-		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY($5::text[]))))`
+		          AND pg_visible_in_snapshot(p.tx, $1::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, $7::pg_snapshot)
+		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY($6::text[]))))`
 	}
 	// Due is read at the statement's start, not the transaction's
 	// (now()): a row committed before the range's snapshot was written by
@@ -81,12 +82,15 @@ func newFastLane(t string, ordered bool) fastLane {
 			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id, moved_at) VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::xid8, $5, clock_timestamp()) RETURNING seq)
 			DELETE FROM ` + p + ` WHERE outbox_table = $1 AND (SELECT seq FROM moved) % 1000 = 0 AND seq < (SELECT seq FROM moved) - 1000`,
 		slowSQL: `UPDATE ` + t + ` SET slow = true WHERE id = ANY($1)`,
-		// The rows of one transaction that was in progress at the
-		// position ($2), after id $3: a range of the (tx, id) index.
-		xipSQL: page(`o.tx = $2::xid8 AND o.id > $3::bigint`),
+		// The rows of the transactions that were in progress at the
+		// position ($5, an array the planner can use as an index
+		// condition), from ($2, $3) on.
+		xipSQL: page(`o.tx = ANY($5::xid8[]) AND (o.tx, o.id) > ($2::xid8, $3::bigint)`),
 		// The newer transactions' rows, from ($2, $3) on (never below the
 		// position's xmax: fastPage sees to it), up to the range's xmax.
-		rangeSQL: page(`(o.tx, o.id) > ($2::xid8, $3::bigint) AND o.tx < pg_snapshot_xmax($1::pg_snapshot)`),
+		// (None is one of $5, all older: said so that both queries take
+		// the same arguments.)
+		rangeSQL: page(`(o.tx, o.id) > ($2::xid8, $3::bigint) AND o.tx < pg_snapshot_xmax($1::pg_snapshot) AND o.tx <> ALL($5::xid8[])`),
 	}
 }
 
@@ -277,10 +281,15 @@ func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRo
 	if err != nil {
 		return nil, fmt.Errorf("the relay's position: last_tx %q: %w", *pos.lastTx, err)
 	}
+	xip := make([]string, len(snap.xip))
+	for i, x := range snap.xip {
+		xip[i] = strconv.FormatUint(x, 10)
+	}
 	read := func(sql string, fromTx uint64, afterID int64, limit int) ([]fastRow, error) {
 		// $1 the range's snapshot, $2 and $3 where to start, $4 the
-		// limit; when ordered, $5 the ordered topics and $6 the position.
-		args := []any{*pos.cur, strconv.FormatUint(fromTx, 10), afterID, limit}
+		// limit, $5 the position's in-progress transactions; when
+		// ordered, $6 the ordered topics and $7 the position.
+		args := []any{*pos.cur, strconv.FormatUint(fromTx, 10), afterID, limit, xip}
 		if len(r.ordered) > 0 {
 			args = append(args, r.ordered, pos.snap)
 		}
@@ -295,24 +304,15 @@ func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRo
 			return c, err
 		})
 	}
-	// Transactions in progress at the position first (they are older),
-	// one at a time in xid order, then the newer ones.
+	// The transactions in progress at the position first (they are
+	// older), then the newer ones.
 	var page []fastRow
-	for _, x := range snap.xip {
-		if x < lastTx {
-			continue
+	if len(xip) > 0 && lastTx < snap.xmax {
+		rows, err := read(r.fast.xipSQL, lastTx, *pos.lastID, r.cfg.BatchSize)
+		if err != nil || len(rows) == r.cfg.BatchSize {
+			return rows, err
 		}
-		after := int64(0)
-		if x == lastTx {
-			after = *pos.lastID
-		}
-		rows, err := read(r.fast.xipSQL, x, after, r.cfg.BatchSize-len(page))
-		if err != nil {
-			return nil, err
-		}
-		if page = append(page, rows...); len(page) == r.cfg.BatchSize {
-			return page, nil
-		}
+		page = rows
 	}
 	fromTx, afterID := lastTx, *pos.lastID
 	if fromTx < snap.xmax {
