@@ -890,10 +890,25 @@ const readmeRate = 50
 type publishFunc func(ctx context.Context, a *app.App, seq int) error
 
 func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, batch bool, logger *slog.Logger, publishWith ...publishFunc) (benchReport, error) {
-	publish := benchPublishOne
+	h := e2eHooks{publish: benchPublishOne}
 	if len(publishWith) > 0 {
-		publish = publishWith[0]
+		h.publish = publishWith[0]
 	}
+	return endToEnd(ctx, cfg, bc, mode, batch, logger, h)
+}
+
+// e2eHooks are what a variant of end_to_end_latency changes: how an event
+// is published, and what happens once the app runs, before the load
+// (held_xmin_steady opens its long transaction there: after the
+// migrations, whose CREATE INDEX CONCURRENTLY waits for older
+// transactions).
+type e2eHooks struct {
+	publish    publishFunc
+	afterStart func(ctx context.Context) (release func(), err error)
+}
+
+func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, batch bool, logger *slog.Logger, h e2eHooks) (benchReport, error) {
+	publish := h.publish
 	sch, err := newBenchSchema(ctx, cfg, 0)
 	if err != nil {
 		return benchReport{}, err
@@ -970,6 +985,13 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 		return benchReport{}, err
 	}
 	defer stop()
+	if h.afterStart != nil {
+		release, err := h.afterStart(ctx)
+		if err != nil {
+			return benchReport{}, err
+		}
+		defer release()
+	}
 
 	// A steady producer: event i is due at origin+i/rate; several workers
 	// keep to the schedule when one transaction is slow.

@@ -172,23 +172,31 @@ func benchHeldXminSteady(ctx context.Context, cfg app.Config, bc BenchConfig, lo
 	defer func() { _ = srv.Stop() }()
 	c := cfg
 	c.DatabaseURL = srv.URL("postgres")
-	run := func(held bool) (benchReport, error) {
-		if held {
-			conn, err := pgx.Connect(ctx, c.DatabaseURL)
-			if err != nil {
-				return benchReport{}, err
-			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-			if err != nil {
-				return benchReport{}, err
-			}
-			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-			if _, err := tx.Exec(ctx, `SELECT txid_current(), count(*) FROM pg_class`); err != nil {
-				return benchReport{}, err
-			}
+	// The long transaction opens once the app runs (its migrations build
+	// indexes CONCURRENTLY, which wait for older transactions) and stays
+	// open until the run has drained.
+	hold := func(ctx context.Context) (func(), error) {
+		conn, err := pgx.Connect(ctx, c.DatabaseURL)
+		if err != nil {
+			return nil, err
 		}
-		return endToEndOnce(ctx, c, bc, app.RelayModeNotify, false, logger)
+		release := func() { _ = conn.Close(context.WithoutCancel(ctx)) }
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err == nil {
+			_, err = tx.Exec(ctx, `SELECT txid_current(), count(*) FROM pg_class`)
+		}
+		if err != nil {
+			release()
+			return nil, err
+		}
+		return release, nil
+	}
+	run := func(held bool) (benchReport, error) {
+		h := e2eHooks{publish: benchPublishOne}
+		if held {
+			h.afterStart = hold
+		}
+		return endToEnd(ctx, c, bc, app.RelayModeNotify, false, logger, h)
 	}
 	free, err := run(false)
 	if err != nil {
