@@ -133,18 +133,8 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 	stop()
 	relays.Wait()
 
-	rec.mu.Lock()
-	require.Len(t, rec.published, total, "every event reached the broker")
-	for id, n := range rec.published {
-		require.Equal(t, 1, n, "message %s reached the broker %d times", id, n)
-	}
-	rec.mu.Unlock()
+	requireEachOnceInOrder(t, rec, total, seqs)
 	require.False(t, failOne.Load(), "the failing publish happened")
-	for agg, s := range seqs {
-		for i := 1; i < len(s); i++ {
-			require.Less(t, s[i-1], s[i], "aggregate %s out of order: %v", agg, s)
-		}
-	}
 	var pending int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
 	require.Zero(t, pending)
@@ -240,4 +230,22 @@ func TestRelayStartsAnewWhenTheServerIsBehindItsPosition(t *testing.T) {
 	var unmarked int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE aggregate_id = 'd' AND dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
 	require.Equal(t, 1, unmarked, "passed, not marked")
+}
+
+// requireEachOnceInOrder checks that total messages reached the broker,
+// each once, and that each aggregate's sequence numbers (in the order
+// confirmed) only grew.
+func requireEachOnceInOrder(t *testing.T, rec *recorder, total int, seqs map[string][]int) {
+	t.Helper()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Len(t, rec.published, total, "every event reached the broker")
+	for id, n := range rec.published {
+		require.Equal(t, 1, n, "message %s reached the broker %d times", id, n)
+	}
+	for agg, s := range seqs {
+		for i := 1; i < len(s); i++ {
+			require.Less(t, s[i-1], s[i], "aggregate %s out of order: %v", agg, s)
+		}
+	}
 }

@@ -211,17 +211,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	stopRelay()
 	relayDone.Wait()
 
-	rec.mu.Lock()
-	require.Len(t, rec.published, total, "every event relayed")
-	for id, n := range rec.published {
-		require.Equal(t, 1, n, "message %s relayed %d times", id, n)
-	}
-	rec.mu.Unlock()
-	for agg, s := range seqs {
-		for i := 1; i < len(s); i++ {
-			require.Less(t, s[i-1], s[i], "aggregate %s out of order: %v", agg, s)
-		}
-	}
+	requireEachOnceInOrder(t, rec, total, seqs)
 	var passedOnly int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&passedOnly))
 	t.Logf("%d events: %d relayed by the earlier relay, %d by this version's (%d of them passed without a mark)", total, earlierSent.Load(), total-int(earlierSent.Load()), passedOnly)
