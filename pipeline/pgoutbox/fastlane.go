@@ -70,8 +70,11 @@ func newFastLane(t string, ordered bool) fastLane {
 	return fastLane{
 		// One relay at a time moves an outbox table's position: a
 		// transaction-level advisory lock, taken without waiting, writes
-		// nothing (a locked row would be a write per batch).
-		lockSQL: `SELECT pg_try_advisory_xact_lock(hashtext('` + PositionTable + `'), hashtext($1))`,
+		// nothing (a locked row would be a write per batch). Advisory
+		// locks are the database's, not a schema's: the key is the
+		// table's oid, so that services with an outbox of the same name
+		// in schemas of their own never wait for each other.
+		lockSQL: `SELECT pg_try_advisory_xact_lock(hashtext('` + PositionTable + `'), hashtext($1::regclass::oid::text))`,
 		readSQL: `SELECT snap::text, cur::text, last_tx::text, last_id FROM ` + p + ` WHERE outbox_table = $1 ORDER BY seq DESC LIMIT 1`,
 		snapSQL: `SELECT pg_current_snapshot()::text`,
 		// A move is a new row; every thousandth move removes the rows a
@@ -126,7 +129,7 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 		}
 	}()
 	var mine bool
-	if err = tx.QueryRow(ctx, r.fast.lockSQL, r.key).Scan(&mine); err != nil {
+	if err = tx.QueryRow(ctx, r.fast.lockSQL, r.quoted).Scan(&mine); err != nil {
 		return res, false, fmt.Errorf("locking the relay's position: %w", err)
 	}
 	if !mine {

@@ -249,3 +249,33 @@ func requireEachOnceInOrder(t *testing.T, rec *recorder, total int, seqs map[str
 		}
 	}
 }
+
+// One relay at a time moves an outbox table's position, and only that
+// table's: services with an outbox of the same name in schemas of their
+// own (one database) do not wait for each other.
+func TestPositionLockIsPerOutboxTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, b := pipelinetest.Postgres(t), pipelinetest.Postgres(t)
+	br := newBroker(t, "orders.placed")
+	// A relay of schema a in the middle of a batch.
+	tx, err := a.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var got bool
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext('"outbox"'::regclass::oid::text))`).Scan(&got))
+	require.True(t, got)
+
+	publish(t, a, "orders.placed", event(t, "a1", 1))
+	publish(t, b, "orders.placed", event(t, "b1", 1))
+	res, err := newRelay(t, b, br.pub, pgoutbox.RelayConfig{FailoverReplay: -1}).RelayBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Passed, "schema b's relay is not held up by schema a's")
+	res, err = newRelay(t, a, br.pub, pgoutbox.RelayConfig{FailoverReplay: -1}).RelayBatch(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Passed, "schema a's position is held by its relay in the middle of a batch")
+	require.NoError(t, tx.Rollback(ctx))
+	res, err = newRelay(t, a, br.pub, pgoutbox.RelayConfig{FailoverReplay: -1}).RelayBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Passed)
+}
