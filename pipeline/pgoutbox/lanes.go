@@ -55,6 +55,12 @@ func latestPosition(quotedOutbox, key string) string {
 	return `(SELECT * FROM ` + positionTable(quotedOutbox) + ` WHERE outbox_table = ` + sqlString(key) + ` ORDER BY seq DESC LIMIT 1)`
 }
 
+// positionSnap is the expression of key's position snapshot: its newest
+// row's, or startSnapshot when no relay has moved it yet.
+func positionSnap(quotedOutbox, key string) string {
+	return `coalesce((SELECT rp.snap FROM ` + latestPosition(quotedOutbox, key) + ` rp), '` + startSnapshot + `'::pg_snapshot)`
+}
+
 // sqlString is s as a SQL string literal: the outbox table's name, written
 // into the reading queries so that they take no extra parameter.
 func sqlString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -88,10 +94,10 @@ func passedCond(o, quotedOutbox, key string) string {
 // position's snapshot did not see (in progress when it was taken, or
 // newer), less those the batch in progress already passed.
 func unpassedRows(cols, quotedOutbox, key string) string {
-	pos := `(SELECT rp.snap FROM ` + latestPosition(quotedOutbox, key) + ` rp)`
+	pos := positionSnap(quotedOutbox, key)
 	return `SELECT ` + cols + ` FROM ` + quotedOutbox + ` o
 		WHERE o.dispatched_at IS NULL AND NOT o.slow
-		  AND (o.tx >= coalesce(pg_snapshot_xmax(` + pos + `), '1'::xid8)
+		  AND (o.tx >= pg_snapshot_xmax(` + pos + `)
 		       OR o.tx = ANY(ARRAY(SELECT pg_snapshot_xip(` + pos + `))))
 		  AND NOT ` + passedCond("o", quotedOutbox, key)
 }

@@ -304,12 +304,12 @@ func earlierPending(o, table, key, topics, except string) string {
 	if except != "" {
 		except = ` AND NOT (` + except + `)`
 	}
-	pos := `(SELECT rp.snap FROM ` + latestPosition(table, key) + ` rp)`
+	pos := positionSnap(table, key)
 	return `(EXISTS (SELECT 1 FROM ` + table + ` p
 		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND ` + slowCond("p") + `
 		          AND p.id < ` + o + `.id AND p.topic = ANY(` + topics + `::text[])` + except + `)
 		    OR EXISTS (SELECT 1 FROM ` + table + ` p
-		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND p.tx >= coalesce(pg_snapshot_xmin(` + pos + `), '1'::xid8)
+		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND p.tx >= pg_snapshot_xmin(` + pos + `)
 		          AND p.dispatched_at IS NULL AND NOT p.slow
 		          AND p.id < ` + o + `.id AND p.topic = ANY(` + topics + `::text[])` + except + `
 		          AND NOT ` + passedCond("p", table, key) + `))`
