@@ -56,8 +56,7 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 
 	b := newBroker(t, "orders.placed", "mail.send")
 	var (
-		mu      sync.Mutex
-		seqs    = map[string][]int{} // per aggregate, in the order confirmed
+		order   confirmedOrder
 		failOne atomic.Bool
 	)
 	failOne.Store(true)
@@ -70,14 +69,7 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 			}
 			return nil
 		},
-		after: func(m *message.Message) {
-			var p struct{ Seq int }
-			_ = json.Unmarshal(m.Payload, &p)
-			mu.Lock()
-			agg := m.Metadata.Get(pipeline.MetaAggregateID)
-			seqs[agg] = append(seqs[agg], p.Seq)
-			mu.Unlock()
-		}}
+		after: order.record}
 	pub := orderedRecorder{rec, []string{"orders.placed"}}
 	cfg := pgoutbox.RelayConfig{InFlight: 2, Backoff: pipeline.Backoff{Initial: 200 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: -1}, FailoverReplay: -1}
 	rctx, stop := context.WithCancel(ctx)
@@ -133,7 +125,7 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 	stop()
 	relays.Wait()
 
-	requireEachOnceInOrder(t, rec, total, seqs)
+	requireEachOnceInOrder(t, rec, total, &order)
 	require.False(t, failOne.Load(), "the failing publish happened")
 	var pending int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
@@ -232,10 +224,30 @@ func TestRelayStartsAnewWhenTheServerIsBehindItsPosition(t *testing.T) {
 	require.Equal(t, 1, unmarked, "passed, not marked")
 }
 
+// confirmedOrder keeps, per aggregate, the "seq" of each message's
+// payload in the order the broker confirmed them (record is a recorder's
+// after hook).
+type confirmedOrder struct {
+	mu   sync.Mutex
+	seqs map[string][]int
+}
+
+func (c *confirmedOrder) record(m *message.Message) {
+	var p struct{ Seq int }
+	_ = json.Unmarshal(m.Payload, &p)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seqs == nil {
+		c.seqs = map[string][]int{}
+	}
+	agg := m.Metadata.Get(pipeline.MetaAggregateID)
+	c.seqs[agg] = append(c.seqs[agg], p.Seq)
+}
+
 // requireEachOnceInOrder checks that total messages reached the broker,
 // each once, and that each aggregate's sequence numbers (in the order
 // confirmed) only grew.
-func requireEachOnceInOrder(t *testing.T, rec *recorder, total int, seqs map[string][]int) {
+func requireEachOnceInOrder(t *testing.T, rec *recorder, total int, order *confirmedOrder) {
 	t.Helper()
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -243,7 +255,9 @@ func requireEachOnceInOrder(t *testing.T, rec *recorder, total int, seqs map[str
 	for id, n := range rec.published {
 		require.Equal(t, 1, n, "message %s reached the broker %d times", id, n)
 	}
-	for agg, s := range seqs {
+	order.mu.Lock()
+	defer order.mu.Unlock()
+	for agg, s := range order.seqs {
 		for i := 1; i < len(s); i++ {
 			require.Less(t, s[i-1], s[i], "aggregate %s out of order: %v", agg, s)
 		}

@@ -2,7 +2,6 @@ package pgoutbox_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -106,18 +105,8 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	require.EqualValues(t, 23, version)
 
 	b := newBroker(t, "orders.placed")
-	var (
-		mu   sync.Mutex
-		seqs = map[string][]int{}
-	)
-	rec := &recorder{Publisher: b.pub, after: func(m *message.Message) {
-		var p struct{ Seq int }
-		_ = json.Unmarshal(m.Payload, &p)
-		mu.Lock()
-		agg := m.Metadata.Get(pipeline.MetaAggregateID)
-		seqs[agg] = append(seqs[agg], p.Seq)
-		mu.Unlock()
-	}}
+	var order confirmedOrder
+	rec := &recorder{Publisher: b.pub, after: order.record}
 	pub := orderedRecorder{rec, []string{"orders.placed"}}
 
 	// The earlier relay, and its heartbeat as its process wrote it.
@@ -211,7 +200,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	stopRelay()
 	relayDone.Wait()
 
-	requireEachOnceInOrder(t, rec, total, seqs)
+	requireEachOnceInOrder(t, rec, total, &order)
 	var passedOnly int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&passedOnly))
 	t.Logf("%d events: %d relayed by the earlier relay, %d by this version's (%d of them passed without a mark)", total, earlierSent.Load(), total-int(earlierSent.Load()), passedOnly)
