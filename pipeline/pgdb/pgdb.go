@@ -58,6 +58,14 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 		cfg.ApplicationName = "ferry"
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
+	// JIT compiles a plan whose estimated cost passes jit_above_cost, and
+	// the relay's statements over the outbox's partitions, on a partition
+	// not analyzed yet, are estimated high: 500 ids took 3 s to look up, of
+	// which 3 ms ran and the rest was LLVM compiling. Ferry's statements
+	// are short; a URL that sets jit keeps its own.
+	if _, ok := pcfg.ConnConfig.RuntimeParams["jit"]; !ok {
+		pcfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
 	if cfg.MaxConns > 0 {
 		pcfg.MaxConns = cfg.MaxConns
 	}
