@@ -312,7 +312,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_DURABLE_RETRY_MAX_ATTEMPTS", strconv.Itoa(middleware.DefaultDurableRetryMaxAttempts), "deliveries of a failing message (first included) before the poison store", intVar(func(c *Config) *int { return &c.DurableRetry.MaxAttempts }, 1, 1000)},
 		{"FERRY_DURABLE_RETRY_INITIAL", "30s", "delay before the first durable retry", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Initial })},
 		{"FERRY_DURABLE_RETRY_MAX", "15m", "cap of the durable retry delay (it doubles, 20% jitter)", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Max })},
-		{"FERRY_OUTBOX_RETENTION", "720h", "keep dispatched outbox rows this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.Outbox })},
+		{"FERRY_OUTBOX_RETENTION", "720h", "keep dispatched outbox rows this long (at most 2352h: rows go with their week's partition, once the whole week is past it)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Outbox })},
 		{"FERRY_LEDGER_RETENTION", "336h", "keep the consumers' ledger this long (must outlast redeliveries)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Ledger })},
 		{"FERRY_TOOL_CALL_RETENTION", "336h", "keep agent tool call records (idempotency) this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.ToolCalls })},
 		{"FERRY_POISON_ARCHIVE_RETENTION", "336h", "keep discarded poison messages this long (a discard can be undone until then)", durationVar(func(c *Config) *time.Duration { return &c.Retention.PoisonArchive })},
@@ -588,6 +588,9 @@ func (c Config) Validate() error {
 	}
 	if c.Retention.Ledger < time.Hour {
 		add("FERRY_LEDGER_RETENTION", errors.New("must be at least 1h: a shorter ledger forgets messages that may still be redelivered"))
+	}
+	if c.Retention.Outbox > pgoutbox.MaxPartitionedRetention {
+		add("FERRY_OUTBOX_RETENTION", fmt.Errorf("must be at most %s: the outbox's %d weekly partitions are cleared whole before each is reused; archive (FERRY_OUTBOX_ARCHIVE) to keep rows longer", pgoutbox.MaxPartitionedRetention, pgoutbox.PartitionSlots))
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenLength {
 		add("FERRY_ADMIN_TOKEN", fmt.Errorf("must be at least %d characters (or unset, which turns the state-changing endpoints off)", MinAdminTokenLength))

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 )
 
@@ -67,6 +68,9 @@ func (o Prune) validate() error {
 	if o.Target == pgretention.Ledger && o.Options.OlderThan < time.Hour {
 		return usagef("--older-than must be at least 1h for the ledger: it must outlast redeliveries")
 	}
+	if o.Target == pgretention.Outbox && o.Options.OlderThan > pgoutbox.MaxPartitionedRetention {
+		return usagef("--older-than must be at most %s for the outbox (its %d weekly partitions); archive it to keep rows longer", pgoutbox.MaxPartitionedRetention, pgoutbox.PartitionSlots)
+	}
 	return nil
 }
 
@@ -84,6 +88,19 @@ func (o Prune) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
 	}
 	verb := map[[2]bool]string{{false, false}: "removed", {false, true}: "archived",
 		{true, false}: "would remove", {true, true}: "would archive"}[[2]bool{res.DryRun, res.Archive}]
-	_, err = fmt.Fprintf(w, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.Options.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches)
-	return err
+	if _, err := fmt.Fprintf(w, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.Options.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches); err != nil {
+		return err
+	}
+	if p := res.Partitions; p != nil {
+		verb := map[bool]string{false: "emptied", true: "would empty"}[res.DryRun]
+		if _, err := fmt.Fprintf(w, "%s: %s %d partition(s) %v whole, moving %d pending row(s) to the current one first\n", res.Target, verb, len(p.Partitions), p.Partitions, p.Moved); err != nil {
+			return err
+		}
+		for _, wt := range p.Waiting {
+			if _, err := fmt.Fprintf(w, "%s: partition waiting: %s\n", res.Target, wt); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

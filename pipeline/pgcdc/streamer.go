@@ -229,25 +229,33 @@ func (s *Streamer) Prepare(ctx context.Context) error {
 // was made by someone else, and altering it is their call.
 func (s *Streamer) ensurePublication(ctx context.Context, quotedTable string) error {
 	for attempt := 0; ; attempt++ {
-		var exists, hasTable, inserts bool
+		var exists, hasTable, inserts, viaRoot, parted bool
 		err := s.pool.QueryRow(ctx, `
 			SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
 			       EXISTS (SELECT 1 FROM pg_publication p WHERE p.pubname = $1 AND (p.puballtables OR EXISTS (
 			           SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid = to_regclass($2)))),
-			       COALESCE((SELECT pubinsert FROM pg_publication WHERE pubname = $1), false)`,
-			s.publication, quotedTable).Scan(&exists, &hasTable, &inserts)
+			       COALESCE((SELECT pubinsert FROM pg_publication WHERE pubname = $1), false),
+			       COALESCE((SELECT pubviaroot FROM pg_publication WHERE pubname = $1), false),
+			       COALESCE((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($2)), false)`,
+			s.publication, quotedTable).Scan(&exists, &hasTable, &inserts, &viaRoot, &parted)
 		if err != nil {
 			return fmt.Errorf("reading publication %s: %w", s.publication, err)
 		}
 		switch {
-		case exists && hasTable && inserts:
+		case exists && hasTable && inserts && (viaRoot || !parted):
 			return nil
+		case exists && hasTable && inserts:
+			// The outbox is partitioned (migration 00025): published
+			// under its partitions' names, its inserts would not be
+			// recognised as the outbox's.
+			return fmt.Errorf("publication %s publishes %s.%s's partitions under their own names: ALTER PUBLICATION %s SET (publish_via_partition_root = true), or drop it (the cdc drop command)",
+				s.publication, s.nspname, s.relname, pgx.Identifier{s.publication}.Sanitize())
 		case exists:
 			return fmt.Errorf("publication %s exists but does not publish the inserts of %s.%s: drop it (the cdc drop command) or name another (FERRY_CDC_PUBLICATION)",
 				s.publication, s.nspname, s.relname)
 		}
 		_, err = s.pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{s.publication}.Sanitize()+
-			` FOR TABLE `+pgx.Identifier{s.nspname, s.relname}.Sanitize()+` WITH (publish = 'insert')`)
+			` FOR TABLE `+pgx.Identifier{s.nspname, s.relname}.Sanitize()+` WITH (publish = 'insert', publish_via_partition_root = true)`)
 		var pgErr *pgconn.PgError
 		// duplicate_object, or the catalog's unique_violation when two
 		// processes create it at once: another process was first.

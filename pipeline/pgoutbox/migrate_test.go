@@ -98,7 +98,8 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	pool := pipelinetest.Pool(t, schema, "migrate-under-load")
 	db := pgdb.SQLDB(pool)
 	t.Cleanup(func() { _ = db.Close() })
-	// The schema as the earlier version left it.
+	// The schema as the earlier version left it (before 00025, then 00024).
+	require.NoError(t, migrations.Down(ctx, db))
 	require.NoError(t, migrations.Down(ctx, db))
 	var version int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT max(version_id) FROM `+migrations.VersionTable+` WHERE is_applied`).Scan(&version))
@@ -152,7 +153,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	before := produced.Load()
 	n, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 2, n)
 	t.Logf("migrated with %d events produced before, %d relayed by the earlier relay", before, earlierSent.Load())
 
 	// This version's relay, as the app starts it.
@@ -208,12 +209,86 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	// migrate down, relays stopped: the passed rows get their
 	// dispatched_at, and the earlier version finds nothing to send.
 	require.NoError(t, migrations.Down(ctx, db))
+	require.NoError(t, migrations.Down(ctx, db))
 	var undispatched int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&undispatched))
 	require.Zero(t, undispatched)
 	sent, err := earlierRelay{pool: pool, pub: pub}.batch(ctx)
 	require.NoError(t, err)
 	require.Zero(t, sent)
+	_, err = migrations.Up(ctx, db)
+	require.NoError(t, err)
+}
+
+// `migrate up` to partitions (00025) on a live system: producers commit
+// all along and this version's relay relays while the outbox table is
+// swapped for a partitioned one that takes the old table as a partition.
+// No event is lost, none relayed twice, each aggregate's stay in order;
+// the rows of before stay where they were (the legacy partition), the new
+// ones go to the current week's. `migrate down`, relays stopped, puts every
+// row back in one table.
+func TestMigrationToPartitionsUnderLoad(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pipelinetest.Schema(t)
+	pool := pipelinetest.Pool(t, schema, "migrate-partitions-under-load")
+	db := pgdb.SQLDB(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrations.Down(ctx, db))
+
+	b := newBroker(t, "orders.placed")
+	var order confirmedOrder
+	rec := &recorder{Publisher: b.pub, after: order.record}
+	relay := newRelay(t, pool, orderedRecorder{rec, []string{"orders.placed"}}, pgoutbox.RelayConfig{FailoverReplay: -1})
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	var relayDone sync.WaitGroup
+	relayDone.Go(func() { _ = relay.Run(relayCtx) })
+
+	prodCtx, stopProducers := context.WithCancel(ctx)
+	var prod sync.WaitGroup
+	produced := atomic.Int64{}
+	for p := range 3 {
+		prod.Go(func() {
+			for i := 0; prodCtx.Err() == nil; i++ {
+				publish(t, pool, "orders.placed", event(t, fmt.Sprintf("p%d-%d", p, i%8), map[string]int{"seq": i / 8}))
+				produced.Add(1)
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(700 * time.Millisecond)
+	before := produced.Load()
+	n, err := migrations.Up(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	t.Logf("migrated with %d events produced before", before)
+	time.Sleep(700 * time.Millisecond)
+	stopProducers()
+	prod.Wait()
+	total := int(produced.Load())
+	require.Eventually(t, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.published) >= total
+	}, 30*time.Second, 20*time.Millisecond)
+	stopRelay()
+	relayDone.Wait()
+	requireEachOnceInOrder(t, rec, total, &order)
+
+	var legacy, current, all int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE part = -1), count(*) FILTER (WHERE part = ferry_outbox_part(now())), count(*) FROM outbox`).Scan(&legacy, &current, &all))
+	require.Equal(t, total, all)
+	require.GreaterOrEqual(t, legacy, int(before), "the rows of before stay in the table they were written to")
+	require.Positive(t, current, "new rows go to the current week's partition")
+	require.Equal(t, all, legacy+current)
+
+	require.NoError(t, migrations.Down(ctx, db))
+	var kind string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'outbox'::regclass`).Scan(&kind))
+	require.Equal(t, "r", kind)
+	var back int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE `+pgoutbox.DispatchedOutbox).Scan(&back))
+	require.Equal(t, total, back, "every row back in one table, still dispatched")
 	_, err = migrations.Up(ctx, db)
 	require.NoError(t, err)
 }

@@ -372,10 +372,15 @@ func dispatchedBefore(quoted, table string) string {
 }
 
 // CountDispatchedBefore counts the rows of the outbox table ("" for the
-// default) dispatched before cutoff: what retention would remove.
+// default) dispatched before cutoff that retention removes row by row:
+// those of its legacy partition when it is partitioned (ClearPartitions
+// empties the others whole).
 func CountDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string, cutoff time.Time) (int64, error) {
 	t, err := QuoteTable(table)
 	if err != nil {
+		return 0, err
+	}
+	if t, err = legacyRows(ctx, pool, t); err != nil || t == "" {
 		return 0, err
 	}
 	var n int64
@@ -385,7 +390,8 @@ func CountDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string
 	return n, nil
 }
 
-// DeleteDispatchedBefore removes at most n rows dispatched before cutoff,
+// DeleteDispatchedBefore removes at most n rows dispatched before cutoff
+// (of the legacy partition only, when the table is partitioned),
 // oldest first, skipping rows others hold; with archive it moves them into
 // the archive table (the outbox's name with "_archive") in the same
 // statement. It says how many went.
@@ -395,6 +401,9 @@ func DeleteDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table strin
 	}
 	t, err := QuoteTable(table)
 	if err != nil {
+		return 0, err
+	}
+	if t, err = legacyRows(ctx, pool, t); err != nil || t == "" {
 		return 0, err
 	}
 	stmt := `WITH doomed AS (

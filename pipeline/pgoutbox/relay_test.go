@@ -306,15 +306,19 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		require.NoError(t, err)
 		return q
 	}
+	// The partition holding the rows (the other weeks of the ring are
+	// empty, and the planner reads them without an index).
+	var part string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox LIMIT 1`).Scan(&part))
 	plan := explain(claim(false))
 	t.Logf("claim plan:\n%s", plan)
-	require.Contains(t, plan, "Index Scan using outbox_slow_available_at_idx", plan)
+	require.Contains(t, plan, "Index Scan using "+part+"_slow_available_at_idx on "+part+" ", plan)
 
 	plan = explain(claim(true))
 	t.Logf("ordered claim plan:\n%s", plan)
-	require.Contains(t, plan, "outbox_slow_available_at_idx", plan)
-	require.NotContains(t, plan, "Seq Scan", "the head check must use the slow lane's partial indexes:\n%s", plan)
-	require.Contains(t, plan, "outbox_aggregate_tx_idx", "the head check of rows not passed yet must use the (aggregate_id, tx) index:\n%s", plan)
+	require.Contains(t, plan, part+"_slow_available_at_idx", plan)
+	require.NotContains(t, plan, "Seq Scan on "+part+" ", "the head check must use the slow lane's partial indexes:\n%s", plan)
+	require.Contains(t, plan, part+"_aggregate_tx_idx", "the head check of rows not passed yet must use the (aggregate_id, tx) index:\n%s", plan)
 }
 
 func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {

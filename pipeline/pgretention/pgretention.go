@@ -1,9 +1,12 @@
 // Package pgretention prunes what Ferry keeps only for a while: dispatched
 // outbox rows (default 30 days, optionally moved to outbox_archive) and the
 // consumers' ledger (default 14 days), agent tool call records and the
-// poison store's archive of discarded messages (default 14 days each). It deletes in small batches, each
-// its own short transaction taking row locks with SKIP LOCKED, so pruning
-// millions of rows never holds a long lock nor blocks the relay.
+// poison store's archive of discarded messages (default 14 days each).
+// The outbox's weekly partitions go whole (pgoutbox.ClearPartitions: a
+// TRUNCATE leaves no dead tuple behind). The rest it deletes in small
+// batches, each its own short transaction taking row locks with SKIP
+// LOCKED, so pruning millions of rows never holds a long lock nor blocks
+// the relay.
 package pgretention
 
 import (
@@ -87,6 +90,10 @@ type Result struct {
 	Batches int  `json:"batches"`
 	DryRun  bool `json:"dry_run"`
 	Archive bool `json:"archived"`
+	// Partitions is what the outbox's partitions took (Removed counts
+	// their rows too): the partitions emptied whole, the pending rows
+	// moved out of them first, those a lock kept.
+	Partitions *pgoutbox.Cleared `json:"partitions,omitempty"`
 }
 
 // Prune removes t's rows older than the retention, batch by batch, until
@@ -111,6 +118,26 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 	}
 	res.Cutoff = cutoff
 
+	if t == Outbox {
+		// Whole partitions first; what is left to prune row by row is the
+		// legacy partition's (or an unpartitioned table's).
+		parts, _, err := pgoutbox.Partitions(ctx, pool, o.Table)
+		if err != nil {
+			return res, err
+		}
+		if parts != nil {
+			if o.OlderThan > pgoutbox.MaxPartitionedRetention {
+				return res, fmt.Errorf("pgretention: an outbox retention of %s is longer than its partitions serve (at most %s: %d weekly partitions); archive the outbox to keep it longer",
+					o.OlderThan, pgoutbox.MaxPartitionedRetention, pgoutbox.PartitionSlots)
+			}
+			cleared, err := pgoutbox.ClearPartitions(ctx, pool, o.Table, cutoff, o.Archive, o.DryRun)
+			res.Partitions = &cleared
+			res.Removed += cleared.Rows
+			if err != nil {
+				return res, fmt.Errorf("pruning outbox partitions: %w", err)
+			}
+		}
+	}
 	// Each table's owner holds its statements; this is the loop.
 	var count func() (int64, error)
 	var batch func() (int64, error)
@@ -131,13 +158,14 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 		}
 	}
 	if o.DryRun {
-		var err error
-		if res.Removed, err = count(); err != nil {
+		n, err := count()
+		if err != nil {
 			return res, fmt.Errorf("counting prunable %s rows: %w", t, err)
 		}
+		res.Removed += n
 		// The batches a real run would take (it ends on a short batch, so
 		// an exact multiple takes one more, empty, batch).
-		res.Batches = int(res.Removed/int64(o.BatchSize)) + 1
+		res.Batches = int(n/int64(o.BatchSize)) + 1
 		return res, nil
 	}
 	for {

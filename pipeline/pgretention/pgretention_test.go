@@ -40,19 +40,33 @@ func TestPruneLedgerRemovesOnlyOldRows(t *testing.T) {
 	require.Equal(t, []string{"new-1", "new-2", "new-3", "new-4", "new-5"}, left)
 }
 
+// Rows are written into their week's partition (part, as the column's
+// default does); the legacy partition holds the rows of before the
+// upgrade to partitions.
 func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, created_at, dispatched_at) VALUES
-		('old-dispatched', 't', '{}', now() - interval '40 days', now() - interval '40 days'),
-		('old-pending',    't', '{}', now() - interval '40 days', NULL),
-		('new-dispatched', 't', '{}', now() - interval '1 day',   now() - interval '1 day')`)
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, created_at, dispatched_at, part) VALUES
+		('old-dispatched',    't', '{}', now() - interval '40 days', now() - interval '40 days', ferry_outbox_part(now() - interval '40 days')),
+		('old-pending',       't', '{}', now() - interval '40 days', NULL,                       ferry_outbox_part(now() - interval '40 days')),
+		('legacy-old',        't', '{}', now() - interval '40 days', now() - interval '40 days', -1),
+		('legacy-recent',     't', '{}', now() - interval '1 day',   now() - interval '1 day',   -1),
+		('new-dispatched',    't', '{}', now() - interval '1 day',   now() - interval '1 day',   DEFAULT)`)
 	require.NoError(t, err)
+
+	dry, err := pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{OlderThan: pgretention.DefaultOutboxRetention, DryRun: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, dry.Removed)
+	require.NotNil(t, dry.Partitions)
+	require.Len(t, dry.Partitions.Partitions, 1)
+	require.EqualValues(t, 1, dry.Partitions.Moved)
 
 	res, err := pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{OlderThan: pgretention.DefaultOutboxRetention, Archive: true})
 	require.NoError(t, err)
-	require.EqualValues(t, 1, res.Removed)
+	require.EqualValues(t, 2, res.Removed, "the old week's dispatched row whole, the legacy partition's old row by row")
+	require.Len(t, res.Partitions.Partitions, 1)
+	require.EqualValues(t, 1, res.Partitions.Moved, "the pending row moved to the current week")
 	var kept, archived []string
 	for q, dst := range map[string]*[]string{
 		`SELECT aggregate_id FROM outbox ORDER BY id`:         &kept,
@@ -66,9 +80,11 @@ func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
 			*dst = append(*dst, a)
 		}
 	}
-	require.Equal(t, []string{"old-pending", "new-dispatched"}, kept, "a pending row is never pruned, however old")
-	require.Equal(t, []string{"old-dispatched"}, archived)
+	require.Equal(t, []string{"old-pending", "legacy-recent", "new-dispatched"}, kept, "a pending row is never pruned, however old")
+	require.Equal(t, []string{"old-dispatched", "legacy-old"}, archived)
 
+	_, err = pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{OlderThan: 200 * 24 * time.Hour})
+	require.ErrorContains(t, err, "longer than its partitions serve")
 	_, err = pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: time.Hour, Archive: true})
 	require.Error(t, err, "only the outbox has an archive")
 	_, err = pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{})
