@@ -126,7 +126,8 @@ func (o Status) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error 
 		return err
 	}
 	rep.AttentionItems = attention.Items(attention.State{Report: rep.Report, BrokerError: rep.BrokerError, Unrouted: rep.Unrouted,
-		Queues: rep.Queues, CDC: rep.CDC, Command: binaryName})
+		Queues: rep.Queues, CDC: rep.CDC, Command: binaryName,
+		OutboxRetention: o.Config.Retention.Outbox, PruneInterval: o.Config.Retention.Interval})
 	for _, it := range rep.AttentionItems {
 		rep.Attention = append(rep.Attention, it.Text)
 	}
@@ -242,6 +243,18 @@ func printStatus(w io.Writer, rep statusReport) error {
 			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%s\t%d\n", cell(b.Topic, maxIDCell), b.Pending, b.Due, b.Delayed,
 				time.Duration(b.OldestDueAgeS*float64(time.Second)).Round(time.Millisecond), b.MaxAttempts)
 		}
+	}
+	if len(rep.OutboxPartitions) > 0 {
+		holding, current := 0, ""
+		for _, p := range rep.OutboxPartitions {
+			if !p.Empty {
+				holding++
+			}
+			if p.Current {
+				current = fmt.Sprintf("%s (since %s)", p.Name, p.From.UTC().Format(time.DateOnly))
+			}
+		}
+		fmt.Fprintf(tw, "outbox partitions: %d of %d hold rows, current %s\n", holding, len(rep.OutboxPartitions), current)
 	}
 	fmt.Fprintf(tw, "rows with more than %d attempts: %d\n", rep.AttemptsThreshold, len(rep.Failing))
 	for _, f := range rep.Failing {

@@ -69,6 +69,9 @@ type Config struct {
 	Prefix string
 	// OutboxTable is the outbox ("" for the default).
 	OutboxTable string
+	// OutboxRetention and PruneInterval say when an outbox partition is
+	// late to be cleared (attention.State); zero: not judged.
+	OutboxRetention, PruneInterval time.Duration
 	// IdentityHeader, if set, names the request header in which an
 	// authenticating proxy in front of the console passes who the user is
 	// (X-Forwarded-Email, X-Auth-Request-User): a login records it with the

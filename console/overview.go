@@ -89,7 +89,8 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 			o.NoSamples = false
 		}
 	}
-	for _, it := range attention.Items(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues}) {
+	for _, it := range attention.Items(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues,
+		OutboxRetention: c.cfg.OutboxRetention, PruneInterval: c.cfg.PruneInterval}) {
 		o.Attention = append(o.Attention, attentionItem{Text: it.Text, Link: c.attentionLink(it, rep)})
 	}
 	return o, nil

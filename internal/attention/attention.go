@@ -11,6 +11,7 @@ import (
 	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -38,6 +39,11 @@ type State struct {
 	CDC *pgcdc.SlotStatus
 	// Command is the binary's name in hints (default "ferry").
 	Command string
+	// OutboxRetention and PruneInterval judge the outbox's partitions: one
+	// still holding rows a prune interval (and an hour's grace) after all
+	// of them passed retention is waiting for a prune that does not come
+	// or cannot lock it. Zero retention: not judged.
+	OutboxRetention, PruneInterval time.Duration
 }
 
 // Item is one thing that needs a human: what kind of thing, which one (a
@@ -47,7 +53,7 @@ type State struct {
 type Item struct {
 	// Kind names the check: broker_unreachable, no_relay, paused_handler, held_partitions,
 	// queue_without_consumer, poison, retrying, failing_rows, cdc_slot,
-	// unrouted.
+	// outbox_retention, unrouted.
 	Kind string `json:"kind"`
 	// Target is what it is about (a route, a queue, a slot); empty when
 	// it is the whole pipeline.
@@ -188,6 +194,25 @@ func Items(s State) []Item {
 		case !c.Active && c.RetainedBytes >= CDCRetained:
 			add(Item{Kind: "cdc_slot", Target: c.Name, Count: 1, Hint: "start the CDC relay, or " + cmd + " cdc drop",
 				Text: fmt.Sprintf("replication slot %s is not streamed and retains %d MiB of WAL: start the CDC relay, or remove the slot (%s cdc drop)", c.Name, c.RetainedBytes>>20, cmd)})
+		}
+	}
+	if s.OutboxRetention > 0 {
+		var late []pgoutbox.Partition
+		for _, p := range rep.OutboxPartitions {
+			if p.PastRetention(rep.At.Add(-s.OutboxRetention - s.PruneInterval - time.Hour)) {
+				late = append(late, p)
+			}
+		}
+		if len(late) > 0 {
+			since := late[0].Until.Add(s.OutboxRetention)
+			for _, p := range late[1:] {
+				if p.Until.Add(s.OutboxRetention).Before(since) {
+					since = p.Until.Add(s.OutboxRetention)
+				}
+			}
+			add(Item{Kind: "outbox_retention", Count: len(late), Since: &since,
+				Hint: "run " + cmd + " prune outbox and read what it says; a transaction holding a lock on the outbox (pg_dump, a long report: see pg_locks) keeps a partition from being cleared",
+				Text: fmt.Sprintf("%d outbox partition(s) past retention since %s and not cleared: the outbox keeps growing until they are", len(late), stamp(since))})
 		}
 	}
 	if s.Unrouted != nil && *s.Unrouted > 0 {

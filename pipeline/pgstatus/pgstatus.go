@@ -110,6 +110,9 @@ type Report struct {
 	Instances          []Instance      `json:"instances"`
 	RelaysAlive        int             `json:"relays_alive"`
 	ConsumersAlive     int             `json:"consumers_alive"`
+	// OutboxPartitions are the outbox's weekly partitions (migration
+	// 00025); empty when the table is not partitioned.
+	OutboxPartitions []pgoutbox.Partition `json:"outbox_partitions"`
 }
 
 // Collect builds the report for the outbox table (see pgoutbox.QuoteTable;
@@ -172,6 +175,9 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		}
 	}
 	if rep.Instances, err = Instances(ctx, pool); err != nil {
+		return rep, err
+	}
+	if rep.OutboxPartitions, _, err = pgoutbox.Partitions(ctx, pool, table); err != nil {
 		return rep, err
 	}
 	for _, in := range rep.Instances {
