@@ -74,7 +74,14 @@ func newFastLane(t string, ordered bool) fastLane {
 		// locks are the database's, not a schema's: the key is the
 		// table's oid, so that services with an outbox of the same name
 		// in schemas of their own never wait for each other.
-		lockSQL: `SELECT pg_try_advisory_xact_lock(hashtext('` + PositionTable + `'), hashtext($1::regclass::oid::text))`,
+		//
+		// The same statement turns sorting off for the rest of the
+		// batch's transaction: a page must walk the (tx, id) index of
+		// each partition in order (a Merge Append) and stop at LIMIT. On
+		// a partition not analyzed yet (a new week, autovacuum not there
+		// yet) the planner, taking it for a few rows, sorted every
+		// unpassed row for each page instead: 4x slower.
+		lockSQL: `SELECT pg_try_advisory_xact_lock(hashtext('` + PositionTable + `'), hashtext($1::regclass::oid::text)), set_config('enable_sort', 'off', true)`,
 		readSQL: `SELECT snap::text, cur::text, last_tx::text, last_id FROM ` + p + ` WHERE outbox_table = $1 ORDER BY seq DESC LIMIT 1`,
 		snapSQL: `SELECT pg_current_snapshot()::text`,
 		// A move is a new row; every thousandth move removes the rows a
@@ -129,7 +136,7 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 		}
 	}()
 	var mine bool
-	if err = tx.QueryRow(ctx, r.fast.lockSQL, r.quoted).Scan(&mine); err != nil {
+	if err = tx.QueryRow(ctx, r.fast.lockSQL, r.quoted).Scan(&mine, nil); err != nil {
 		return res, false, fmt.Errorf("locking the relay's position: %w", err)
 	}
 	if !mine {

@@ -127,6 +127,12 @@ func TestBenchSmoke(t *testing.T) {
 	// held horizon leaves no dead row version per event (before migration
 	// 00024, one per dispatch).
 	require.Zero(t, hx["dead_tuples_per_event"].(float64))
+	// Retention with the horizon held: a week's partition goes by TRUNCATE
+	// without a dead tuple; the legacy partition's DELETE leaves one per row.
+	ret := hx["retention_held"].(map[string]any)
+	require.EqualValues(t, 500, ret["rows_each"])
+	require.Zero(t, ret["truncate_dead_tuples"].(float64))
+	require.EqualValues(t, 500, ret["delete_dead_tuples"], "a held horizon keeps each row DELETE removed")
 
 	hs := got[bench.ScenarioHeldXminSteady]
 	require.Equal(t, true, hs["kept_up"], "every event confirmed, with and without a long transaction")

@@ -68,6 +68,64 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		// (one per batch that moved it).
 		PositionDead int64 `json:"position_dead_tuples"`
 	}
+	// Retention with the horizon held: a week's rows past retention go by
+	// TRUNCATE of their partition; the legacy partition's (the outbox of
+	// before migration 00025) by DELETE, as every row went before.
+	type retention struct {
+		Rows               int     `json:"rows_each"`
+		TruncateSeconds    float64 `json:"truncate_seconds"`
+		TruncateDeadTuples int64   `json:"truncate_dead_tuples"`
+		DeleteSeconds      float64 `json:"delete_seconds"`
+		DeleteDeadTuples   int64   `json:"delete_dead_tuples"`
+	}
+	var ret retention
+	measureRetention := func() error {
+		n := bc.HeldXminEvents
+		// A week six weeks ago, and legacy rows of 40 days ago beside one
+		// of today (so that the legacy partition is pruned row by row).
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, created_at, dispatched_at, part)
+			SELECT 'r-' || g % 100, $1, '{}'::jsonb, now() - interval '42 days', now() - interval '42 days', ferry_outbox_part(now() - interval '42 days')
+			FROM generate_series(1, $2) g
+			UNION ALL SELECT 'l-' || g % 100, $1, '{}', now() - interval '40 days', now() - interval '40 days', -1 FROM generate_series(1, $2) g
+			UNION ALL SELECT 'l-today', $1, '{}', now(), now(), -1`, benchTopic, n); err != nil {
+			return err
+		}
+		var week string
+		if err := pool.QueryRow(ctx, `SELECT 'outbox_p' || lpad(ferry_outbox_part(now() - interval '42 days')::text, 2, '0')`).Scan(&week); err != nil {
+			return err
+		}
+		var cutoff time.Time
+		if err := pool.QueryRow(ctx, `SELECT now() - interval '30 days'`).Scan(&cutoff); err != nil {
+			return err
+		}
+		start := time.Now()
+		cleared, err := pgoutbox.ClearPartitions(ctx, pool, "", cutoff, false, false)
+		if err != nil {
+			return err
+		}
+		ret.TruncateSeconds = time.Since(start).Seconds()
+		if len(cleared.Partitions) != 1 || cleared.Rows != int64(n) {
+			return fmt.Errorf("retention: cleared %v (%d rows), want %s (%d rows)", cleared.Partitions, cleared.Rows, week, n)
+		}
+		start = time.Now()
+		var deleted int64
+		for {
+			d, err := pgoutbox.DeleteDispatchedBefore(ctx, pool, "", cutoff, 10_000, false)
+			if err != nil {
+				return err
+			}
+			deleted += d
+			if d < 10_000 {
+				break
+			}
+		}
+		ret.DeleteSeconds = time.Since(start).Seconds()
+		if deleted != int64(n) {
+			return fmt.Errorf("retention: deleted %d legacy rows, want %d", deleted, n)
+		}
+		ret.Rows = n
+		return pool.QueryRow(ctx, `SELECT (pgstattuple($1)).dead_tuple_count, (pgstattuple('outbox_legacy')).dead_tuple_count`, week).Scan(&ret.TruncateDeadTuples, &ret.DeleteDeadTuples)
+	}
 	runMode := func(held bool) ([]round, error) {
 		if _, err := pool.Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
 			return nil, err
@@ -112,11 +170,16 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 				return nil, fmt.Errorf("round %d: the relay dispatched %d of %d events", r, got, bc.HeldXminEvents)
 			}
 			var dead, posDead int64
-			if err := pool.QueryRow(ctx, `SELECT (SELECT dead_tuple_count FROM pgstattuple('outbox')), (SELECT dead_tuple_count FROM pgstattuple('`+pgoutbox.PositionTable+`'))`).Scan(&dead, &posDead); err != nil {
+			if err := pool.QueryRow(ctx, `SELECT (SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = 'outbox'::regclass), (SELECT dead_tuple_count FROM pgstattuple('`+pgoutbox.PositionTable+`'))`).Scan(&dead, &posDead); err != nil {
 				return nil, err
 			}
 			rounds = append(rounds, round{Round: r, EventsPerSec: float64(bc.HeldXminEvents) / secs, DeadTuples: dead, PositionDead: posDead})
 			if err := br.purge(); err != nil {
+				return nil, err
+			}
+		}
+		if held {
+			if err := measureRetention(); err != nil {
 				return nil, err
 			}
 		}
@@ -144,6 +207,7 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		"goal_dead_per_event":   0,
 		"goal_last_over_first":  0.9,
 		"goal_met":              ratio(held) >= 0.9 && deadPerEvent == 0,
+		"retention_held":        ret,
 	}}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d rounds of %d events, own server (autovacuum on, naptime 1s, fsync off):\n  round   free ev/s   dead     held ev/s   dead (outbox)   dead (position row)\n", bc.HeldXminRounds, bc.HeldXminEvents)
@@ -151,6 +215,8 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		fmt.Fprintf(&b, "  %5d   %9.0f   %7d  %9.0f   %7d         %7d\n", i+1, free[i].EventsPerSec, free[i].DeadTuples, held[i].EventsPerSec, held[i].DeadTuples, held[i].PositionDead)
 	}
 	fmt.Fprintf(&b, "  last/first: %.2f free, %.2f with the horizon held (goal ≥ 0.9); %.2f dead outbox tuples per event left behind (goal: none)\n", ratio(free), ratio(held), deadPerEvent)
+	fmt.Fprintf(&b, "  retention of %d rows past it, horizon held: a week's partition by TRUNCATE %.3f s, %d dead tuples; the legacy partition by DELETE %.3f s, %d dead tuples\n",
+		ret.Rows, ret.TruncateSeconds, ret.TruncateDeadTuples, ret.DeleteSeconds, ret.DeleteDeadTuples)
 	rep.Table = b.String()
 	return rep, nil
 }
