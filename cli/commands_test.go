@@ -27,8 +27,10 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, dispatched_at)
-		SELECT 'orders.placed', 'a' || g, '{}', '{}', now() - interval '40 days' FROM generate_series(1, 5) g`)
+	// Written 40 days ago, into that week's partition.
+	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, dispatched_at, created_at, part)
+		SELECT 'orders.placed', 'a' || g, '{}', '{}', now() - interval '40 days', now() - interval '40 days', ferry_outbox_part(now() - interval '40 days')
+		FROM generate_series(1, 5) g`)
 	require.NoError(t, err)
 
 	var out bytes.Buffer
@@ -37,6 +39,7 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	require.ErrorAs(t, err, &usage, "the ledger must outlast redeliveries")
 	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{OlderThan: 30 * 24 * time.Hour, BatchSize: 2, DryRun: true}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "would remove 5 row(s)")
+	require.Contains(t, out.String(), "would empty 1 partition(s)")
 	out.Reset()
 	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{OlderThan: 30 * 24 * time.Hour, BatchSize: 2}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "removed 5 row(s)")

@@ -91,7 +91,7 @@ func (o Prune) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
 	if _, err := fmt.Fprintf(w, "%s: %s %d row(s) older than %s (%s) in %d batch(es)\n", res.Target, verb, res.Removed, o.Options.OlderThan, res.Cutoff.Format(time.RFC3339), res.Batches); err != nil {
 		return err
 	}
-	if p := res.Partitions; p != nil {
+	if p := res.Partitions; p != nil && len(p.Partitions)+len(p.Waiting) > 0 {
 		verb := map[bool]string{false: "emptied", true: "would empty"}[res.DryRun]
 		if _, err := fmt.Fprintf(w, "%s: %s %d partition(s) %v whole, moving %d pending row(s) to the current one first\n", res.Target, verb, len(p.Partitions), p.Partitions, p.Moved); err != nil {
 			return err
