@@ -247,20 +247,34 @@ func ClaimSQL(table string, ordered bool) (string, error) {
 // claimSQL selects the slow lane's due, unclaimed rows (see lanes.go).
 // ORDER BY available_at follows the partial index on them, so the claim
 // stays an index range scan at any table size. With ordered topics, a row
-// of one is due only if it is the head of its aggregate: no pending row of
-// an ordered topic with a smaller id. A head claimed by another relay is
-// locked and skipped, and its successors are not heads, so two relays
-// never hold rows of one ordered aggregate at once.
+// of one is due only if every earlier pending row of its aggregate is a
+// due row of the slow lane too: an aggregate's run of rows, from its head,
+// goes in one batch (in waves, publishInOrder), so that a busy aggregate
+// held behind a failure drains at a batch's size per batch, not one row.
+// Each row comes with prev, the id of the aggregate's previous pending
+// row (NULL at the head): runFromHeads keeps a row only when prev was
+// claimed by this batch too, so a run whose head another relay holds, or
+// which LIMIT cut, stops there, and two relays never hold rows of one
+// ordered aggregate at once.
 //
 // minAge > 0 leaves younger rows alone: the CDC relay's safety net polls
 // with it, so that it takes what the stream left, not what the stream is
 // about to send.
 func claimSQL(table, key string, ordered bool, minAge time.Duration) string {
+	prev := `NULL::bigint`
+	if ordered {
+		// Every earlier pending row is a slow one (the condition below):
+		// the previous is the nearest by the slow lane's (aggregate_id,
+		// id) index.
+		prev = `CASE WHEN o.topic = ANY($2::text[]) THEN (SELECT max(p.id) FROM ` + table + ` p
+		        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
+		          AND p.id < o.id AND p.topic = ANY($2::text[])) END`
+	}
 	return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
-		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false)
+		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false), ` + prev + `
 		FROM ` + table + ` o
-		WHERE ` + dueSQL(table, key, ordered, minAge, "$2") + `
+		WHERE ` + dueSQL(table, key, ordered, minAge, "$2", true) + `
 		ORDER BY o.available_at
 		LIMIT $1
 		FOR UPDATE OF o SKIP LOCKED`
@@ -275,21 +289,26 @@ func probeSQL(table, key string, ordered bool, minAge time.Duration) string {
 	if minAge > 0 {
 		young = ` AND o.created_at <= now() - ` + strconv.FormatInt(minAge.Microseconds(), 10) + ` * interval '1 microsecond'`
 	}
-	return `SELECT EXISTS (SELECT 1 FROM ` + table + ` o WHERE ` + dueSQL(table, key, ordered, minAge, "$1") + `)
+	return `SELECT EXISTS (SELECT 1 FROM ` + table + ` o WHERE ` + dueSQL(table, key, ordered, minAge, "$1", false) + `)
 		OR EXISTS (` + unpassedRows("1", table, key) + young + `)`
 }
 
 // dueSQL is the condition on outbox row o that makes it the slow lane's
-// claim: slow and pending, due, old enough, and the head of its aggregate
-// when ordered (topics the placeholder of the ordered topics).
-func dueSQL(table, key string, ordered bool, minAge time.Duration, topics string) string {
+// claim: slow and pending, due, old enough, and, when ordered (topics the
+// placeholder of the ordered topics), the head of its aggregate or, with
+// runs, behind due rows of the slow lane only (see claimSQL).
+func dueSQL(table, key string, ordered bool, minAge time.Duration, topics string, runs bool) string {
 	q := slowCond("o") + ` AND o.available_at <= now()`
 	if minAge > 0 {
 		q += ` AND o.created_at <= now() - ` + strconv.FormatInt(minAge.Microseconds(), 10) + ` * interval '1 microsecond'`
 	}
 	if ordered {
+		before := earlierPending("o", table, key, topics, "")
+		if runs {
+			before = earlierPending("o", table, key, topics, "", `p.available_at > now()`)
+		}
 		q += `
-		  AND (o.topic <> ALL(` + topics + `::text[]) OR NOT ` + earlierPending("o", table, key, topics, "") + `)`
+		  AND (o.topic <> ALL(` + topics + `::text[]) OR NOT ` + before + `)`
 	}
 	return q
 }
@@ -299,14 +318,19 @@ func dueSQL(table, key string, ordered bool, minAge time.Duration, topics string
 // lane's partial index), or not passed by the position yet (the
 // aggregate's rows since the position's oldest transaction, by the
 // (aggregate_id, tx) index). except, if set, is a condition on p that
-// leaves rows out.
-func earlierPending(o, table, key, topics, except string) string {
+// leaves rows out; slowOnly, if given, one the slow rows must meet too to
+// count.
+func earlierPending(o, table, key, topics, except string, slowOnly ...string) string {
 	if except != "" {
 		except = ` AND NOT (` + except + `)`
 	}
+	slowExtra := ""
+	for _, c := range slowOnly {
+		slowExtra += ` AND ` + c
+	}
 	pos := positionSnap(table, key)
 	return `(EXISTS (SELECT 1 FROM ` + table + ` p
-		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND ` + slowCond("p") + `
+		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND ` + slowCond("p") + slowExtra + `
 		          AND p.id < ` + o + `.id AND p.topic = ANY(` + topics + `::text[])` + except + `)
 		    OR EXISTS (SELECT 1 FROM ` + table + ` p
 		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND p.tx >= pg_snapshot_xmin(` + pos + `)
@@ -674,6 +698,9 @@ type claimedRow struct {
 	// shadowMarked: shadow_mode "true" in the headers (Ferry's metadata,
 	// never the payload).
 	shadowMarked bool
+	// prev is the slow lane's claim's: the id of the previous pending row
+	// of the row's ordered aggregate, nil at its head (claimSQL).
+	prev *int64
 }
 
 // RelayBatch relays one batch of each lane (see lanes.go), each in a
@@ -718,12 +745,13 @@ func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
 	}
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
 		var c claimedRow
-		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.dueAt, &c.shadowMarked)
+		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.dueAt, &c.shadowMarked, &c.prev)
 		return c, err
 	})
 	if err != nil {
 		return res, fmt.Errorf("reading claimed outbox rows: %w", err)
 	}
+	claimed = runsFromHeads(claimed)
 	res.Claimed = len(claimed)
 	r.claims.Add(1)
 	if len(claimed) == 0 {
@@ -735,6 +763,25 @@ func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
 		}
 	}
 	return r.relayClaimed(ctx, tx, claimed, res, false, nil)
+}
+
+// runsFromHeads keeps, of the claimed rows, those of unordered topics and,
+// per ordered aggregate, its run from its head: a row whose previous
+// pending row this batch did not take (another relay holds it, or LIMIT
+// left it out) stays, locked until the batch ends, for a later batch, and
+// so does every row after it.
+func runsFromHeads(claimed []claimedRow) []claimedRow {
+	slices.SortFunc(claimed, func(a, b claimedRow) int { return cmp.Compare(a.id, b.id) })
+	kept := make(map[int64]bool, len(claimed))
+	out := claimed[:0]
+	for _, c := range claimed {
+		if c.prev != nil && !kept[*c.prev] {
+			continue
+		}
+		kept[c.id] = true
+		out = append(out, c)
+	}
+	return out
 }
 
 func rollback(ctx context.Context, tx pgx.Tx) {

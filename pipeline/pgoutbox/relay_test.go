@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -602,4 +603,60 @@ func TestDispatchLatencyCountsFromDue(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at FROM outbox WHERE aggregate_id = 'failing'`).Scan(&due2, &avail2))
 	require.Equal(t, due, due2, "the relay's backoff moves available_at, not due_at")
 	require.True(t, avail2.After(avail.Add(50*time.Minute)))
+}
+
+// A busy ordered aggregate held behind a failure drains in runs: once
+// its head goes through, the rows that waited behind it go in the same
+// batch, in order (in waves), not one per batch; another relay holding the
+// head keeps the whole run back.
+func TestHeldOrderedAggregateDrainsInRunsAfterAFailure(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	b := newBroker(t, "o")
+	var order confirmedOrder
+	var failing atomic.Bool
+	failing.Store(true)
+	rec := &recorder{Publisher: b.pub, after: order.record, before: func(m *message.Message) error {
+		if failing.Load() && m.Metadata.Get(pipeline.MetaAggregateID) == "A" {
+			return errors.New("provider of A is down")
+		}
+		return nil
+	}}
+	relay := newRelay(t, pool, orderedRecorder{rec, []string{"o"}}, pgoutbox.RelayConfig{
+		BatchSize: 500, FailoverReplay: -1,
+		Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 50 * time.Millisecond, Jitter: -1},
+	})
+	publish(t, pool, "o", event(t, "A", map[string]int{"seq": 0}))
+	res, err := relay.RelayBatch(ctx)
+	require.NoError(t, err)
+	require.Positive(t, res.Failed)
+	require.Zero(t, res.Dispatched)
+	const behind = 150
+	var msgs []*message.Message
+	for i := 1; i <= behind; i++ {
+		msgs = append(msgs, event(t, "A", map[string]int{"seq": i}), event(t, fmt.Sprintf("B%d", i%10), map[string]int{"seq": i}))
+	}
+	publish(t, pool, "o", msgs...)
+	res, err = relay.RelayBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, behind, res.Dispatched, "the other aggregates go; A's rows wait behind its head")
+
+	failing.Store(false)
+	time.Sleep(60 * time.Millisecond)
+	// Another relay holds A's head: the run stays back, nothing overtakes.
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = (SELECT min(id) FROM outbox WHERE aggregate_id = 'A') FOR UPDATE`)
+	require.NoError(t, err)
+	res, err = relay.RelayBatch(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Dispatched)
+	require.NoError(t, other.Rollback(ctx))
+
+	res, err = relay.RelayBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, behind+1, res.Dispatched, "the head and the whole run behind it, in one batch")
+	requireEachOnceInOrder(t, rec, 2*behind+1, &order)
+	pipelinetest.RequireDrained(t, pool, 5*time.Second)
 }
