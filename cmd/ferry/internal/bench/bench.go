@@ -1323,8 +1323,9 @@ func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchC
 				created    time.Time
 				due        time.Time
 				shadow     bool
+				prev       *int64
 			)
-			if err := rows.Scan(&id, &uuid, &agg, &topic, &payload, &headers, &attempts, &created, &due, &shadow); err != nil {
+			if err := rows.Scan(&id, &uuid, &agg, &topic, &payload, &headers, &attempts, &created, &due, &shadow, &prev); err != nil {
 				rows.Close()
 				_ = tx.Rollback(ctx)
 				return nil, err
