@@ -252,7 +252,7 @@ func ClaimSQL(table string, ordered bool) (string, error) {
 // goes in one batch (in waves, publishInOrder), so that a busy aggregate
 // held behind a failure drains at a batch's size per batch, not one row.
 // Each row comes with prev, the id of the aggregate's previous pending
-// row (NULL at the head): runFromHeads keeps a row only when prev was
+// row (NULL at the head): runsFromHeads keeps a row only when prev was
 // claimed by this batch too, so a run whose head another relay holds, or
 // which LIMIT cut, stops there, and two relays never hold rows of one
 // ordered aggregate at once.
