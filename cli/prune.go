@@ -23,7 +23,7 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 		switch target {
 		case pgretention.Outbox:
 			o.OlderThan, o.Archive = cfg.Retention.Outbox, cfg.Retention.ArchiveOutbox
-			fs.BoolVar(&o.Archive, "archive", o.Archive, "move the rows to outbox_archive instead of deleting them")
+			fs.BoolVar(&o.Archive, "archive", o.Archive, "copy the rows to outbox_archive before their partition is emptied (the legacy partition's are moved row by row)")
 		case pgretention.ToolCalls:
 			o.OlderThan = cfg.Retention.ToolCalls
 		case pgretention.PoisonArchive:
@@ -32,7 +32,7 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 			o.OlderThan = cfg.Retention.Ledger
 		}
 		fs.DurationVar(&o.OlderThan, "older-than", o.OlderThan, "retention")
-		fs.IntVar(&o.BatchSize, "batch-size", o.BatchSize, "rows per transaction")
+		fs.IntVar(&o.BatchSize, "batch-size", o.BatchSize, "rows per transaction (of what is pruned row by row)")
 		fs.BoolVar(&o.DryRun, "dry-run", false, "count, delete nothing")
 		asJSON := fs.Bool("json", false, "print JSON")
 		return func(ctx context.Context, _ []string) error {
