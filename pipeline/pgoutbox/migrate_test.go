@@ -83,6 +83,25 @@ func (e earlierRelay) batch(ctx context.Context) (int, error) {
 	return len(ids), tx.Commit(fctx)
 }
 
+// startProducers runs three producers, one transaction per event, eight
+// aggregates each, each event's payload its "seq" within its aggregate.
+// stop returns once they have stopped; produced counts what they committed.
+func startProducers(t *testing.T, pool *pgxpool.Pool) (produced *atomic.Int64, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var prod sync.WaitGroup
+	produced = &atomic.Int64{}
+	for p := range 3 {
+		prod.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				publish(t, pool, "orders.placed", event(t, fmt.Sprintf("p%d-%d", p, i%8), map[string]int{"seq": i / 8}))
+				produced.Add(1)
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+	}
+	return produced, func() { cancel(); prod.Wait() }
+}
+
 // `migrate up` on a live system: producers commit all along, a relay of the
 // earlier version relays, the migration runs, a relay of this version
 // starts beside the earlier one (which it sees alive, so it marks each row
@@ -136,19 +155,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 		}
 	})
 
-	// Producers: one transaction per event, eight aggregates each.
-	prodCtx, stopProducers := context.WithCancel(ctx)
-	var prod sync.WaitGroup
-	produced := atomic.Int64{}
-	for p := range 3 {
-		prod.Go(func() {
-			for i := 0; prodCtx.Err() == nil; i++ {
-				publish(t, pool, "orders.placed", event(t, fmt.Sprintf("p%d-%d", p, i%8), map[string]int{"seq": i / 8}))
-				produced.Add(1)
-				time.Sleep(2 * time.Millisecond)
-			}
-		})
-	}
+	produced, stopProducers := startProducers(t, pool)
 	time.Sleep(700 * time.Millisecond)
 	before := produced.Load()
 	n, err := migrations.Up(ctx, db)
@@ -191,7 +198,6 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	}, 15*time.Second, 50*time.Millisecond, "once the earlier relay stopped, rows were passed without a mark")
 	time.Sleep(300 * time.Millisecond)
 	stopProducers()
-	prod.Wait()
 	total := int(produced.Load())
 	require.Eventually(t, func() bool {
 		rec.mu.Lock()
@@ -244,18 +250,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	var relayDone sync.WaitGroup
 	relayDone.Go(func() { _ = relay.Run(relayCtx) })
 
-	prodCtx, stopProducers := context.WithCancel(ctx)
-	var prod sync.WaitGroup
-	produced := atomic.Int64{}
-	for p := range 3 {
-		prod.Go(func() {
-			for i := 0; prodCtx.Err() == nil; i++ {
-				publish(t, pool, "orders.placed", event(t, fmt.Sprintf("p%d-%d", p, i%8), map[string]int{"seq": i / 8}))
-				produced.Add(1)
-				time.Sleep(2 * time.Millisecond)
-			}
-		})
-	}
+	produced, stopProducers := startProducers(t, pool)
 	time.Sleep(700 * time.Millisecond)
 	before := produced.Load()
 	n, err := migrations.Up(ctx, db)
@@ -264,7 +259,6 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	t.Logf("migrated with %d events produced before", before)
 	time.Sleep(700 * time.Millisecond)
 	stopProducers()
-	prod.Wait()
 	total := int(produced.Load())
 	require.Eventually(t, func() bool {
 		rec.mu.Lock()
