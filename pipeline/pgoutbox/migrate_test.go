@@ -199,11 +199,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	stopProducers()
 	total := int(produced.Load())
-	require.Eventually(t, func() bool {
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		return len(rec.published) >= total
-	}, 30*time.Second, 20*time.Millisecond)
+	rec.awaitPublished(t, total, 30*time.Second)
 	stopRelay()
 	relayDone.Wait()
 
@@ -260,11 +256,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	time.Sleep(700 * time.Millisecond)
 	stopProducers()
 	total := int(produced.Load())
-	require.Eventually(t, func() bool {
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		return len(rec.published) >= total
-	}, 30*time.Second, 20*time.Millisecond)
+	rec.awaitPublished(t, total, 30*time.Second)
 	stopRelay()
 	relayDone.Wait()
 	requireEachOnceInOrder(t, rec, total, &order)

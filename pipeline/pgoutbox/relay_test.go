@@ -103,6 +103,16 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// awaitPublished waits until n distinct messages reached the broker.
+func (r *recorder) awaitPublished(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.published) >= n
+	}, timeout, 20*time.Millisecond)
+}
+
 // orderedRecorder is a recorder whose topology orders topics: the relay
 // takes its ordered topics from its publisher.
 type orderedRecorder struct {
