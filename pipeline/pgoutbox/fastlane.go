@@ -27,45 +27,71 @@ type fastLane struct {
 	// in-progress transaction on, filtering: with a long transaction
 	// open, every page scanned all the rows since it began.)
 	xipSQL, rangeSQL string
+	// lockKeptSQL locks, by id, the rows of a page read without a lock
+	// (xipSQL and rangeSQL are, when the relay has a MinAge) that are
+	// old enough for the relay, and reads them again: $1 the ids; when
+	// ordered, $2 the ordered topics, $3 the position and $4 the range's
+	// snapshot (unordered, the query has no use for them). A row dispatched or made slow since the page was read
+	// is not returned: its writer has it.
+	lockKeptSQL string
 }
 
-func newFastLane(t string, ordered bool) fastLane {
+// newFastLane builds the lane's SQL for outbox table t. lockLater: the
+// relay has a MinAge (the CDC relay's safety net), so a page is read
+// without a lock and only its rows old enough are locked, by
+// lockKeptSQL. Locking the whole page, as without a MinAge, would hold the
+// young rows the CDC relay is about to send for as long as the batch
+// takes: it skips a locked row, and that row then waited for the safety
+// net, MinAge later.
+func newFastLane(t string, ordered, lockLater bool) fastLane {
 	p := positionTable(t)
-	behind := `false`
-	if ordered {
+	// behind is the column that says whether row o is held; snap is the
+	// range's snapshot, topics the ordered topics, pos the position.
+	behind := func(snap, topics, pos string) string {
+		if !ordered {
+			return `false`
+		}
 		// Held: an earlier row of its ordered aggregate is pending with
 		// state of its own, or is in this range and not passed yet but
 		// comes after it in (tx, id) order (another transaction that took
 		// a smaller id and committed in the same range).
-		behind = `(o.topic = ANY($6::text[]) AND (
+		return `(o.topic = ANY(` + topics + `::text[]) AND (
 		    EXISTS (SELECT 1 FROM ` + t + ` p
 		        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
-		          AND p.id < o.id AND p.topic = ANY($6::text[]))
+		          AND p.id < o.id AND p.topic = ANY(` + topics + `::text[]))
 		    OR EXISTS (SELECT 1 FROM ` + t + ` p
-		        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax($1::pg_snapshot)
-		          AND pg_visible_in_snapshot(p.tx, $1::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, $7::pg_snapshot)
-		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY($6::text[]))))`
+		        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax(` + snap + `::pg_snapshot)
+		          AND pg_visible_in_snapshot(p.tx, ` + snap + `::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, ` + pos + `::pg_snapshot)
+		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY(` + topics + `::text[]))))`
 	}
 	// Due is read at the statement's start, not the transaction's
 	// (now()): a row committed before the range's snapshot was written by
 	// a transaction that began before this statement, so a row written
 	// without a delay is always due, never marked slow for a clock's
 	// sake.
-	page := func(where string) string {
+	columns := func(snap, topics, pos string) string {
 		return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false),
-		       o.tx::text, o.available_at <= statement_timestamp(), ` + behind + `
-		FROM ` + t + ` o
+		       o.tx::text, o.available_at <= statement_timestamp(), ` + behind(snap, topics, pos) + `
+		FROM ` + t + ` o`
+	}
+	// Waits for a row another writer holds (a relay of the per-row design
+	// during a rolling upgrade, the CDC relay): then reads it again, and
+	// skips it if that writer dispatched it.
+	lock := `
+		FOR UPDATE OF o`
+	pageLock := lock
+	if lockLater {
+		pageLock = ``
+	}
+	page := func(where string) string {
+		return columns("$1", "$6", "$7") + `
 		WHERE ` + where + `
 		  AND pg_visible_in_snapshot(o.tx, $1::pg_snapshot)
 		  AND o.dispatched_at IS NULL AND NOT o.slow
 		ORDER BY o.tx, o.id
-		LIMIT $4
-		-- Waits for a row another writer holds (a relay of the per-row
-		-- design during a rolling upgrade, the CDC relay): then reads it
-		-- again, and skips it if that writer dispatched it.
-		FOR UPDATE OF o`
+		LIMIT $4` + pageLock
 	}
 	return fastLane{
 		// One relay at a time moves an outbox table's position: a
@@ -101,6 +127,9 @@ func newFastLane(t string, ordered bool) fastLane {
 		// (None is one of $5, all older: said so that both queries take
 		// the same arguments.)
 		rangeSQL: page(`(o.tx, o.id) > ($2::xid8, $3::bigint) AND o.tx < pg_snapshot_xmax($1::pg_snapshot) AND o.tx <> ALL($5::xid8[])`),
+		lockKeptSQL: columns("$4", "$2", "$3") + `
+		WHERE o.id = ANY($1::bigint[]) AND o.dispatched_at IS NULL AND NOT o.slow
+		ORDER BY o.tx, o.id` + lock,
 	}
 }
 
@@ -181,12 +210,18 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 		}
 	}
 	res.Passed = len(rows)
+	kept := rows
+	if r.cfg.MinAge > 0 && len(rows) > 0 {
+		if kept, err = r.lockKept(ctx, tx, pos, rows); err != nil {
+			return res, took, err
+		}
+	}
 	// A row held back, or delayed, holds its ordered aggregate's later rows
 	// of this page back too.
 	blocked := map[string]bool{}
 	var held []int64
 	var claimed []claimedRow
-	for _, c := range rows {
+	for _, c := range kept {
 		key, ordered := r.orderKey(c.claimedRow)
 		switch {
 		case ordered && blocked[key], c.behind, !c.due:
@@ -236,6 +271,26 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 	}
 	res, err = r.relayClaimed(ctx, tx, claimed, res, false, record)
 	return res, took, err
+}
+
+// lockKept locks the page's rows kept (read without a lock, the relay
+// having a MinAge) and reads them again, in (tx, id) order. A row
+// dispatched or made slow meanwhile (by the CDC relay) is left out: the
+// position still passes it, as it passes any row another writer took.
+func (r *Relay) lockKept(ctx context.Context, tx pgx.Tx, pos position, page []fastRow) ([]fastRow, error) {
+	ids := make([]int64, len(page))
+	for i, c := range page {
+		ids[i] = c.id
+	}
+	args := []any{ids}
+	if len(r.ordered) > 0 {
+		args = append(args, r.ordered, pos.snap, *pos.cur)
+	}
+	rows, err := tx.Query(ctx, r.fast.lockKeptSQL, args...)
+	if err != nil {
+		return nil, fmt.Errorf("locking the outbox rows old enough to relay: %w", err)
+	}
+	return pgx.CollectRows(rows, scanFastRow)
 }
 
 // serverBehind says whether the server's transaction ids are behind the
@@ -307,12 +362,7 @@ func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRo
 		if err != nil {
 			return nil, fmt.Errorf("reading outbox rows since the relay's position: %w", err)
 		}
-		return pgx.CollectRows(rows, func(row pgx.CollectableRow) (fastRow, error) {
-			var c fastRow
-			err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.dueAt, &c.shadowMarked,
-				&c.tx, &c.due, &c.behind)
-			return c, err
-		})
+		return pgx.CollectRows(rows, scanFastRow)
 	}
 	// The transactions in progress at the position first (they are
 	// older), then the newer ones.
@@ -330,6 +380,13 @@ func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRo
 	}
 	more, err := read(r.fast.rangeSQL, fromTx, afterID, r.cfg.BatchSize-len(page))
 	return append(page, more...), err
+}
+
+func scanFastRow(row pgx.CollectableRow) (fastRow, error) {
+	var c fastRow
+	err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.dueAt, &c.shadowMarked,
+		&c.tx, &c.due, &c.behind)
+	return c, err
 }
 
 // snapshot is a pg_snapshot's text, "xmin:xmax:xip,...".

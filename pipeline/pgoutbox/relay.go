@@ -406,7 +406,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 		quoted:        t,
 		timelineTable: timelineTable(t),
 		key:           key,
-		fast:          newFastLane(t, len(ordered) > 0),
+		fast:          newFastLane(t, len(ordered) > 0, cfg.MinAge > 0),
 		claimSQL:      claimSQL(t, key, len(ordered) > 0, cfg.MinAge),
 		probeSQL:      probeSQL(t, key, len(ordered) > 0, cfg.MinAge),
 		lockSQL:       lockSQL(t, key, len(ordered) > 0),

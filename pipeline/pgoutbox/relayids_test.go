@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -121,4 +122,82 @@ func TestRelayIDsFailures(t *testing.T) {
 	_, err = relay.RelayIDs(ctx, []int64{good2})
 	require.ErrorIs(t, err, pgoutbox.ErrNothingConfirmed)
 	require.Equal(t, rowState{}, stateOf(t, pool, good2), "an outage records nothing")
+}
+
+// The CDC relay's safety net (a relay with a MinAge) never holds a row
+// younger than its MinAge, even for a moment: the CDC relay skips a row
+// another relay holds, and a young row so skipped waited MinAge for the
+// safety net. Here the safety net's batch waits on an old row another
+// transaction holds, behind a young row in (tx, id) order; the CDC
+// relay's call for the young row, meanwhile, sends it.
+func TestSafetyNetLeavesYoungRowsToTheCDCRelay(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "u")
+	rec := &recorder{Publisher: b.pub}
+	net := newRelay(t, pool, rec, pgoutbox.RelayConfig{MinAge: time.Hour})
+	cdc := newRelay(t, pool, rec, pgoutbox.RelayConfig{})
+	ctx := context.Background()
+
+	old := insertRow(t, pool, "u", "a", ", created_at", ", now() - interval '2 hours'")
+	young := insertRow(t, pool, "u", "b", "", "")
+	// Committed after young, written as if two hours ago: after young in
+	// the lane's order, and old enough for the safety net.
+	oldAfter := insertRow(t, pool, "u", "c", ", created_at", ", now() - interval '2 hours'")
+
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx)
+	var otherPID int
+	require.NoError(t, other.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID))
+	_, err = other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, oldAfter)
+	require.NoError(t, err)
+
+	type batch struct {
+		res pgoutbox.BatchResult
+		err error
+	}
+	done := make(chan batch, 1)
+	go func() {
+		res, err := net.RelayBatch(ctx)
+		done <- batch{res, err}
+	}()
+	// The batch either finishes or waits on oldAfter's lock; either way
+	// the CDC relay's call comes while the batch has done what it does
+	// before that.
+	var first *batch
+	require.Eventually(t, func() bool {
+		select {
+		case b := <-done:
+			first = &b
+			return true
+		default:
+		}
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))`, otherPID).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 10*time.Millisecond)
+
+	res, err := cdc.RelayIDs(ctx, []int64{young})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Dispatched, "the young row is the CDC relay's to send: %+v", res)
+	require.Zero(t, res.Left, "the safety net held the young row")
+
+	require.NoError(t, other.Rollback(ctx))
+	if first == nil {
+		b := <-done
+		first = &b
+	}
+	require.NoError(t, first.err)
+	require.Equal(t, 1, first.res.Dispatched, "the safety net sent the old row before the young one, and stopped there: %+v", first.res)
+	require.True(t, stateOf(t, pool, old).Dispatched)
+
+	// young is sent: the lane goes on to the old row behind it.
+	res, err = net.RelayBatch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Dispatched, "%+v", res)
+	for _, id := range []int64{old, young, oldAfter} {
+		require.True(t, stateOf(t, pool, id).Dispatched, "row %d", id)
+	}
+	require.Len(t, rec.published, 3)
 }

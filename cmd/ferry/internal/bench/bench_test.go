@@ -83,7 +83,7 @@ func TestBenchSmoke(t *testing.T) {
 	require.EqualValues(t, 10, e2e["readme"].(map[string]any)["params"].(map[string]any)["probe_interval_ms"])
 	cdcE2E := e2e["cdc"].(map[string]any)
 	require.EqualValues(t, 200, cdcE2E["handled"], "the CDC relay's end-to-end run")
-	require.EqualValues(t, 200, cdcE2E["cdc_streamer"].(map[string]any)["dispatched"], "every event went by the stream")
+	require.EqualValues(t, 200, cdcE2E["cdc_streamer"].(map[string]any)["dispatched"], "every event went by the stream: %v", cdcE2E["cdc_streamer"])
 	require.Equal(t, "cdc", cdcE2E["params"].(map[string]any)["relay_mode"])
 
 	wo := got[bench.ScenarioWriteOverhead]
