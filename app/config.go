@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -589,8 +590,8 @@ func (c Config) Validate() error {
 	if c.Retention.Ledger < time.Hour {
 		add("FERRY_LEDGER_RETENTION", errors.New("must be at least 1h: a shorter ledger forgets messages that may still be redelivered"))
 	}
-	if c.Retention.Outbox > pgoutbox.MaxPartitionedRetention {
-		add("FERRY_OUTBOX_RETENTION", fmt.Errorf("must be at most %s: the outbox's %d weekly partitions are cleared whole before each is reused; archive (FERRY_OUTBOX_ARCHIVE) to keep rows longer", pgoutbox.MaxPartitionedRetention, pgoutbox.PartitionSlots))
+	if c.Retention.Outbox > pgweeks.MaxRetention {
+		add("FERRY_OUTBOX_RETENTION", fmt.Errorf("must be at most %s: the outbox's %d weekly partitions are cleared whole before each is reused; archive (FERRY_OUTBOX_ARCHIVE) to keep rows longer", pgweeks.MaxRetention, pgweeks.Slots))
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenLength {
 		add("FERRY_ADMIN_TOKEN", fmt.Errorf("must be at least %d characters (or unset, which turns the state-changing endpoints off)", MinAdminTokenLength))

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/app"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 )
 
 func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
@@ -68,8 +68,8 @@ func (o Prune) validate() error {
 	if o.Target == pgretention.Ledger && o.Options.OlderThan < time.Hour {
 		return usagef("--older-than must be at least 1h for the ledger: it must outlast redeliveries")
 	}
-	if o.Target == pgretention.Outbox && o.Options.OlderThan > pgoutbox.MaxPartitionedRetention {
-		return usagef("--older-than must be at most %s for the outbox (its %d weekly partitions); archive it to keep rows longer", pgoutbox.MaxPartitionedRetention, pgoutbox.PartitionSlots)
+	if o.Target == pgretention.Outbox && o.Options.OlderThan > pgweeks.MaxRetention {
+		return usagef("--older-than must be at most %s for the outbox (its %d weekly partitions); archive it to keep rows longer", pgweeks.MaxRetention, pgweeks.Slots)
 	}
 	return nil
 }

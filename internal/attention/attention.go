@@ -11,8 +11,8 @@ import (
 	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -197,7 +197,7 @@ func Items(s State) []Item {
 		}
 	}
 	if s.OutboxRetention > 0 {
-		var late []pgoutbox.Partition
+		var late []pgweeks.Partition
 		for _, p := range rep.OutboxPartitions {
 			if p.PastRetention(rep.At.Add(-s.OutboxRetention - s.PruneInterval - time.Hour)) {
 				late = append(late, p)

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/internal/attention"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -84,23 +84,23 @@ func TestOneOutageIsOneItemWithACount(t *testing.T) {
 // simply not have run yet; an empty or current partition never is.
 func TestOutboxPartitionLateForRetention(t *testing.T) {
 	at := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	week := func(name string, until time.Time, empty bool) pgoutbox.Partition {
-		return pgoutbox.Partition{Name: name, Until: until, Empty: empty}
+	week := func(name string, until time.Time, empty bool) pgweeks.Partition {
+		return pgweeks.Partition{Name: name, Until: until, Empty: empty}
 	}
 	retention := 30 * 24 * time.Hour
-	state := func(parts ...pgoutbox.Partition) attention.State {
+	state := func(parts ...pgweeks.Partition) attention.State {
 		return attention.State{Report: pgstatus.Report{At: at, RelaysAlive: 1, OutboxPartitions: parts}, Unrouted: new(int),
 			OutboxRetention: retention, PruneInterval: time.Hour}
 	}
 	require.Empty(t, attention.List(state(week("outbox_p01", at.Add(-retention-90*time.Minute), false))), "a prune may not have run yet")
 	require.Empty(t, attention.List(state(week("outbox_p01", at.Add(-retention-3*time.Hour), true))), "emptied")
-	require.Empty(t, attention.List(state(pgoutbox.Partition{Name: "outbox_p10", Current: true})))
+	require.Empty(t, attention.List(state(pgweeks.Partition{Name: "outbox_p10", Current: true})))
 	items := attention.Items(state(week("outbox_p01", at.Add(-retention-3*time.Hour), false), week("outbox_p02", at.Add(-retention-30*time.Hour), false)))
 	require.Len(t, items, 1)
 	require.Equal(t, "outbox_retention", items[0].Kind)
 	require.Equal(t, 2, items[0].Count)
 	require.Equal(t, at.Add(-30*time.Hour), *items[0].Since)
 	require.Contains(t, items[0].Hint, "prune outbox")
-	require.Empty(t, attention.List(attention.State{Report: pgstatus.Report{At: at, RelaysAlive: 1, OutboxPartitions: []pgoutbox.Partition{week("outbox_p01", at.Add(-100*24*time.Hour), false)}}, Unrouted: new(int)}),
+	require.Empty(t, attention.List(attention.State{Report: pgstatus.Report{At: at, RelaysAlive: 1, OutboxPartitions: []pgweeks.Partition{week("outbox_p01", at.Add(-100*24*time.Hour), false)}}, Unrouted: new(int)}),
 		"without a retention, not judged")
 }

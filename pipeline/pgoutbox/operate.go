@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgfilter"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 )
 
 // The two kinds of pending rows an operator acts on, each defined once:
@@ -380,7 +381,7 @@ func CountDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string
 	if err != nil {
 		return 0, err
 	}
-	if t, err = legacyRows(ctx, pool, t); err != nil || t == "" {
+	if t, err = pgweeks.LegacyRelation(ctx, pool, t); err != nil || t == "" {
 		return 0, err
 	}
 	var n int64
@@ -403,7 +404,7 @@ func DeleteDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table strin
 	if err != nil {
 		return 0, err
 	}
-	if t, err = legacyRows(ctx, pool, t); err != nil || t == "" {
+	if t, err = pgweeks.LegacyRelation(ctx, pool, t); err != nil || t == "" {
 		return 0, err
 	}
 	stmt := `WITH doomed AS (

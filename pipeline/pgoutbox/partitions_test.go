@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -26,9 +27,9 @@ func TestPartitionOfMatchesTheMigration(t *testing.T) {
 	for _, at := range times {
 		var part int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT ferry_outbox_part($1)`, at).Scan(&part))
-		require.Equal(t, part, pgoutbox.PartitionOf(at), "at %s", at)
+		require.Equal(t, part, pgweeks.Of(at), "at %s", at)
 	}
-	require.NotEqual(t, pgoutbox.PartitionOf(monday), pgoutbox.PartitionOf(monday.Add(-time.Second)), "the slot turns on Monday 00:00 UTC")
+	require.NotEqual(t, pgweeks.Of(monday), pgweeks.Of(monday.Add(-time.Second)), "the slot turns on Monday 00:00 UTC")
 }
 
 // insertAt writes an outbox row as if at time at: its week's partition
@@ -87,7 +88,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	var oldName string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox WHERE id = $1`, delayed).Scan(&oldName))
 
-	cutoff := time.Now().Add(-pgoutbox.MaxPartitionedRetention / 3)
+	cutoff := time.Now().Add(-pgweeks.MaxRetention / 3)
 	dry, err := pgoutbox.ClearPartitions(ctx, pool, "", cutoff, false, true)
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.Cleared{Partitions: []string{oldName}, Rows: sent, Moved: 2}, dry)

@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgtoolcalls"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 )
 
 // Defaults.
@@ -126,9 +127,9 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 			return res, err
 		}
 		if parts != nil {
-			if o.OlderThan > pgoutbox.MaxPartitionedRetention {
+			if o.OlderThan > pgweeks.MaxRetention {
 				return res, fmt.Errorf("pgretention: an outbox retention of %s is longer than its partitions serve (at most %s: %d weekly partitions); archive the outbox to keep it longer",
-					o.OlderThan, pgoutbox.MaxPartitionedRetention, pgoutbox.PartitionSlots)
+					o.OlderThan, pgweeks.MaxRetention, pgweeks.Slots)
 			}
 			cleared, err := pgoutbox.ClearPartitions(ctx, pool, o.Table, cutoff, o.Archive, o.DryRun)
 			res.Partitions = &cleared

@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 )
 
 // Defaults.
@@ -112,7 +113,7 @@ type Report struct {
 	ConsumersAlive     int             `json:"consumers_alive"`
 	// OutboxPartitions are the outbox's weekly partitions (migration
 	// 00025); empty when the table is not partitioned.
-	OutboxPartitions []pgoutbox.Partition `json:"outbox_partitions"`
+	OutboxPartitions []pgweeks.Partition `json:"outbox_partitions"`
 }
 
 // Collect builds the report for the outbox table (see pgoutbox.QuoteTable;
