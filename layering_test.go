@@ -146,6 +146,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"outbox_archive":         {"pipeline/pgoutbox"},
 		"poison_messages":        {"pipeline/pgpoison"},
 		"processed_messages":     {"pipeline/pgledger"},
+		"ferry_ledger_ring":      {"pipeline/pgledger"},
 		"ferry_audit_log":        {"pipeline/pgaudit"},
 		"ferry_tool_calls":       {"pipeline/pgtoolcalls"},
 		"budget_usage":           {"pipeline/pgbudget"},

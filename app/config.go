@@ -590,6 +590,9 @@ func (c Config) Validate() error {
 	if c.Retention.Ledger < time.Hour {
 		add("FERRY_LEDGER_RETENTION", errors.New("must be at least 1h: a shorter ledger forgets messages that may still be redelivered"))
 	}
+	if c.Retention.Ledger > pgweeks.MaxRetention {
+		add("FERRY_LEDGER_RETENTION", fmt.Errorf("must be at most %s: the ledger's %d weekly partitions are cleared whole before each is reused", pgweeks.MaxRetention, pgweeks.Slots))
+	}
 	if c.Retention.Outbox > pgweeks.MaxRetention {
 		add("FERRY_OUTBOX_RETENTION", fmt.Errorf("must be at most %s: the outbox's %d weekly partitions are cleared whole before each is reused; archive (FERRY_OUTBOX_ARCHIVE) to keep rows longer", pgweeks.MaxRetention, pgweeks.Slots))
 	}

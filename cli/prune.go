@@ -68,6 +68,9 @@ func (o Prune) validate() error {
 	if o.Target == pgretention.Ledger && o.Options.OlderThan < time.Hour {
 		return usagef("--older-than must be at least 1h for the ledger: it must outlast redeliveries")
 	}
+	if o.Target == pgretention.Ledger && o.Options.OlderThan > pgweeks.MaxRetention {
+		return usagef("--older-than must be at most %s for the ledger (its %d weekly partitions)", pgweeks.MaxRetention, pgweeks.Slots)
+	}
 	if o.Target == pgretention.Outbox && o.Options.OlderThan > pgweeks.MaxRetention {
 		return usagef("--older-than must be at most %s for the outbox (its %d weekly partitions); archive it to keep rows longer", pgweeks.MaxRetention, pgweeks.Slots)
 	}
@@ -93,7 +96,11 @@ func (o Prune) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
 	}
 	if p := res.Partitions; p != nil && len(p.Partitions)+len(p.Waiting) > 0 {
 		verb := map[bool]string{false: "emptied", true: "would empty"}[res.DryRun]
-		if _, err := fmt.Fprintf(w, "%s: %s %d partition(s) %v whole, moving %d pending row(s) to the current one first\n", res.Target, verb, len(p.Partitions), p.Partitions, p.Moved); err != nil {
+		moving := ""
+		if o.Target == pgretention.Outbox {
+			moving = fmt.Sprintf(", moving %d pending row(s) to the current one first", p.Moved)
+		}
+		if _, err := fmt.Fprintf(w, "%s: %s %d partition(s) %v whole%s\n", res.Target, verb, len(p.Partitions), p.Partitions, moving); err != nil {
 			return err
 		}
 		for _, wt := range p.Waiting {

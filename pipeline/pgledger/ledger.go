@@ -28,6 +28,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 )
 
 // DefaultTable is the ledger table created by Ferry's migrations.
@@ -329,22 +330,130 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 	return results, nil
 }
 
+// Partitions lists the ledger's weekly partitions (migration 00026; see
+// pgweeks), or nil when it is not partitioned. now is the database's
+// clock.
+func Partitions(ctx context.Context, q pgweeks.Reader) ([]pgweeks.Partition, time.Time, error) {
+	// The legacy partition keeps the processed_at index it had as a table.
+	return pgweeks.List(ctx, q, DefaultTable, func(qp string) string {
+		return `SELECT max(processed_at) FROM ` + qp
+	})
+}
+
+// ClearPartitions empties, with TRUNCATE, each partition of the ledger
+// (DefaultTable) whose rows were all processed before cutoff. Nothing in
+// it is still needed: a ledger row only says a message ran, and past
+// retention a redelivery may run again by definition. A partition a lock
+// keeps (a consumer's long transaction: every ledger insert reads all the
+// partitions for the message's key) is reported waiting, not waited for. A
+// table that is not partitioned is left alone.
+//
+// Then it records in RingTable the weeks that still hold rows, so that a
+// consumer's insert looks for its message's key in those partitions only
+// (the trigger of migration 00026).
+func ClearPartitions(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, dryRun bool) (res pgweeks.Cleared, err error) {
+	parts, _, err := Partitions(ctx, pool)
+	if err != nil {
+		return res, err
+	}
+	if !dryRun && parts != nil {
+		defer func() {
+			if err == nil {
+				err = narrowRing(ctx, pool)
+			}
+		}()
+	}
+	for _, p := range parts {
+		if !p.PastRetention(cutoff) {
+			continue
+		}
+		qp := pgweeks.Name(DefaultTable, p.Name)
+		var rows int64
+		// Counted before the lock, which consumers wait behind.
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+qp).Scan(&rows); err != nil {
+			return res, fmt.Errorf("counting ledger partition %s: %w", p.Name, err)
+		}
+		if !dryRun {
+			_, err := pgweeks.Truncate(ctx, pool, qp, nil)
+			if errors.Is(err, pgweeks.ErrLocked) {
+				res.Waiting = append(res.Waiting, p.Name+": "+pgweeks.ErrLocked.Error())
+				continue
+			}
+			if err != nil {
+				return res, fmt.Errorf("clearing ledger partition %s: %w", p.Name, err)
+			}
+		}
+		res.Partitions = append(res.Partitions, p.Name)
+		res.Rows += rows
+	}
+	return res, nil
+}
+
+// RingTable is the one-row table that says which weeks of the ledger may
+// hold rows (migration 00026).
+const RingTable = "ferry_ledger_ring"
+
+// narrowRing records the oldest week a ledger partition holds rows of
+// (the current one when none does) and whether the legacy partition is
+// empty. The ring's row is locked first: an insert into an older week
+// (which widens it) either waits for this and widens it after, or
+// committed before the partitions are read here and is counted.
+func narrowRing(ctx context.Context, pool *pgxpool.Pool) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit a no-op
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+RingTable+` FOR UPDATE`); err != nil {
+		return fmt.Errorf("locking %s: %w", RingTable, err)
+	}
+	parts, now, err := Partitions(ctx, tx)
+	if err != nil {
+		return err
+	}
+	oldest, legacyEmpty := pgweeks.Week(now), true
+	for _, p := range parts {
+		switch {
+		case p.Empty:
+		case p.Part == pgweeks.Legacy:
+			legacyEmpty = false
+		default:
+			oldest = min(oldest, pgweeks.Week(p.From))
+		}
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+RingTable+` SET oldest_week = $1, legacy_empty = $2`, oldest, legacyEmpty); err != nil {
+		return fmt.Errorf("recording the ledger's weeks in %s: %w", RingTable, err)
+	}
+	return tx.Commit(ctx)
+}
+
 // CountBefore counts the ledger rows (DefaultTable) processed before
-// cutoff: what retention would remove.
+// cutoff that DeleteBefore would remove: those of the legacy partition of a
+// partitioned ledger (ClearPartitions has the others), or of the table.
 func CountBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time) (int64, error) {
+	t, err := pgweeks.LegacyRelation(ctx, pool, DefaultTable)
+	if err != nil || t == "" {
+		return 0, err
+	}
 	var n int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+DefaultTable+` WHERE processed_at < $1`, cutoff).Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` WHERE processed_at < $1`, cutoff).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting prunable ledger rows: %w", err)
 	}
 	return n, nil
 }
 
 // DeleteBefore deletes at most n ledger rows processed before cutoff,
-// skipping rows others hold, and says how many went.
+// skipping rows others hold, and says how many went: rows of the legacy
+// partition of a partitioned ledger (its weeks go whole, by
+// ClearPartitions), or of the table.
 func DeleteBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, n int) (int64, error) {
+	t, err := pgweeks.LegacyRelation(ctx, pool, DefaultTable)
+	if err != nil || t == "" {
+		return 0, err
+	}
 	tag, err := pool.Exec(ctx, `WITH doomed AS (
-		SELECT consumer, message_id FROM `+DefaultTable+` WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
-		DELETE FROM `+DefaultTable+` p USING doomed d WHERE p.consumer = d.consumer AND p.message_id = d.message_id`, cutoff, n)
+		SELECT consumer, message_id FROM `+t+` WHERE processed_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+		DELETE FROM `+t+` p USING doomed d WHERE p.consumer = d.consumer AND p.message_id = d.message_id`, cutoff, n)
 	if err != nil {
 		return 0, err
 	}

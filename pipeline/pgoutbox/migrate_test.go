@@ -117,9 +117,8 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	pool := pipelinetest.Pool(t, schema, "migrate-under-load")
 	db := pgdb.SQLDB(pool)
 	t.Cleanup(func() { _ = db.Close() })
-	// The schema as the earlier version left it (before 00025, then 00024).
-	require.NoError(t, migrations.Down(ctx, db))
-	require.NoError(t, migrations.Down(ctx, db))
+	// The schema as the earlier version left it (before 00024).
+	pipelinetest.MigrateDownTo(t, db, 23)
 	var version int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT max(version_id) FROM `+migrations.VersionTable+` WHERE is_applied`).Scan(&version))
 	require.EqualValues(t, 23, version)
@@ -160,7 +159,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	before := produced.Load()
 	n, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, 2, n)
+	require.Equal(t, 3, n)
 	t.Logf("migrated with %d events produced before, %d relayed by the earlier relay", before, earlierSent.Load())
 
 	// This version's relay, as the app starts it.
@@ -210,8 +209,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 
 	// migrate down, relays stopped: the passed rows get their
 	// dispatched_at, and the earlier version finds nothing to send.
-	require.NoError(t, migrations.Down(ctx, db))
-	require.NoError(t, migrations.Down(ctx, db))
+	pipelinetest.MigrateDownTo(t, db, 23)
 	var undispatched int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&undispatched))
 	require.Zero(t, undispatched)
@@ -236,7 +234,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	pool := pipelinetest.Pool(t, schema, "migrate-partitions-under-load")
 	db := pgdb.SQLDB(pool)
 	t.Cleanup(func() { _ = db.Close() })
-	require.NoError(t, migrations.Down(ctx, db))
+	pipelinetest.MigrateDownTo(t, db, 24)
 
 	b := newBroker(t, "orders.placed")
 	var order confirmedOrder
@@ -251,7 +249,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	before := produced.Load()
 	n, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, 2, n)
 	t.Logf("migrated with %d events produced before", before)
 	time.Sleep(700 * time.Millisecond)
 	stopProducers()
@@ -268,7 +266,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	require.Positive(t, current, "new rows go to the current week's partition")
 	require.Equal(t, all, legacy+current)
 
-	require.NoError(t, migrations.Down(ctx, db))
+	pipelinetest.MigrateDownTo(t, db, 24)
 	var kind string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'outbox'::regclass`).Scan(&kind))
 	require.Equal(t, "r", kind)

@@ -44,18 +44,8 @@ func Partitions(ctx context.Context, q Reader, table string) (parts []pgweeks.Pa
 // transaction.
 type Reader = pgweeks.Reader
 
-// Cleared says what ClearPartitions did (with DryRun: would do).
-type Cleared struct {
-	// Partitions are those emptied.
-	Partitions []string `json:"partitions,omitempty"`
-	// Rows is how many dispatched rows they held.
-	Rows int64 `json:"rows"`
-	// Moved is how many pending rows went to the current partition first.
-	Moved int64 `json:"moved_pending"`
-	// Waiting are the partitions past retention a lock kept from being
-	// cleared, each with why; the next prune tries again.
-	Waiting []string `json:"waiting,omitempty"`
-}
+// Cleared says what ClearPartitions did.
+type Cleared = pgweeks.Cleared
 
 // ClearPartitions empties, with TRUNCATE, each partition of the outbox
 // table whose rows are all older than cutoff, after moving its pending

@@ -2,8 +2,9 @@
 // outbox rows (default 30 days, optionally moved to outbox_archive) and the
 // consumers' ledger (default 14 days), agent tool call records and the
 // poison store's archive of discarded messages (default 14 days each).
-// The outbox's weekly partitions go whole (pgoutbox.ClearPartitions: a
-// TRUNCATE leaves no dead tuple behind). The rest it deletes in small
+// The weekly partitions of the outbox and the ledger go whole
+// (pgoutbox.ClearPartitions, pgledger.ClearPartitions: a TRUNCATE leaves
+// no dead tuple behind). The rest it deletes in small
 // batches, each its own short transaction taking row locks with SKIP
 // LOCKED, so pruning millions of rows never holds a long lock nor blocks
 // the relay.
@@ -91,10 +92,11 @@ type Result struct {
 	Batches int  `json:"batches"`
 	DryRun  bool `json:"dry_run"`
 	Archive bool `json:"archived"`
-	// Partitions is what the outbox's partitions took (Removed counts
-	// their rows too): the partitions emptied whole, the pending rows
-	// moved out of them first, those a lock kept.
-	Partitions *pgoutbox.Cleared `json:"partitions,omitempty"`
+	// Partitions is what the weekly partitions of the outbox or the
+	// ledger took (Removed counts their rows too): the partitions emptied
+	// whole, the outbox's pending rows moved out of them first, those a
+	// lock kept.
+	Partitions *pgweeks.Cleared `json:"partitions,omitempty"`
 }
 
 // Prune removes t's rows older than the retention, batch by batch, until
@@ -119,23 +121,34 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 	}
 	res.Cutoff = cutoff
 
-	if t == Outbox {
+	if t == Outbox || t == Ledger {
 		// Whole partitions first; what is left to prune row by row is the
 		// legacy partition's (or an unpartitioned table's).
-		parts, _, err := pgoutbox.Partitions(ctx, pool, o.Table)
+		var parts []pgweeks.Partition
+		var err error
+		if t == Outbox {
+			parts, _, err = pgoutbox.Partitions(ctx, pool, o.Table)
+		} else {
+			parts, _, err = pgledger.Partitions(ctx, pool)
+		}
 		if err != nil {
 			return res, err
 		}
 		if parts != nil {
 			if o.OlderThan > pgweeks.MaxRetention {
-				return res, fmt.Errorf("pgretention: an outbox retention of %s is longer than its partitions serve (at most %s: %d weekly partitions); archive the outbox to keep it longer",
-					o.OlderThan, pgweeks.MaxRetention, pgweeks.Slots)
+				return res, fmt.Errorf("pgretention: a %s retention of %s is longer than its partitions serve (at most %s: %d weekly partitions)",
+					t, o.OlderThan, pgweeks.MaxRetention, pgweeks.Slots)
 			}
-			cleared, err := pgoutbox.ClearPartitions(ctx, pool, o.Table, cutoff, o.Archive, o.DryRun)
+			var cleared pgweeks.Cleared
+			if t == Outbox {
+				cleared, err = pgoutbox.ClearPartitions(ctx, pool, o.Table, cutoff, o.Archive, o.DryRun)
+			} else {
+				cleared, err = pgledger.ClearPartitions(ctx, pool, cutoff, o.DryRun)
+			}
 			res.Partitions = &cleared
 			res.Removed += cleared.Rows
 			if err != nil {
-				return res, fmt.Errorf("pruning outbox partitions: %w", err)
+				return res, fmt.Errorf("pruning %s partitions: %w", t, err)
 			}
 		}
 	}

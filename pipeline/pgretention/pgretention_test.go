@@ -11,24 +11,30 @@ import (
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
+// A week of the ledger past retention goes whole; the legacy partition
+// (the table before the upgrade to partitions) row by row, in batches.
 func TestPruneLedgerRemovesOnlyOldRows(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at)
-		SELECT 'c', 'old-' || g, now() - interval '15 days' FROM generate_series(1, 25) g
-		UNION ALL SELECT 'c', 'new-' || g, now() - interval '13 days' FROM generate_series(1, 5) g`)
+	_, err := pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, part)
+		SELECT 'c', 'old-' || g, now() - interval '22 days', ferry_outbox_part(now() - interval '22 days') FROM generate_series(1, 25) g
+		UNION ALL SELECT 'c', 'new-' || g, now() - interval '13 days', ferry_outbox_part(now() - interval '13 days') FROM generate_series(1, 5) g
+		UNION ALL SELECT 'c', 'legacy-old-' || g, now() - interval '15 days', -1 FROM generate_series(1, 12) g
+		UNION ALL SELECT 'c', 'legacy-new', now() - interval '1 day', -1`)
 	require.NoError(t, err)
 
 	dry, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, DryRun: true, BatchSize: 10})
 	require.NoError(t, err)
-	require.EqualValues(t, 25, dry.Removed)
-	require.Equal(t, 3, dry.Batches, "a dry run says how many batches the real run takes")
+	require.EqualValues(t, 37, dry.Removed)
+	require.Equal(t, 2, dry.Batches, "a dry run says how many batches the real run takes")
+	require.Len(t, dry.Partitions.Partitions, 1)
 
 	res, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, BatchSize: 10})
 	require.NoError(t, err)
-	require.EqualValues(t, 25, res.Removed)
-	require.Equal(t, 3, res.Batches, "10 + 10 + 5")
+	require.EqualValues(t, 37, res.Removed)
+	require.Equal(t, 2, res.Batches, "the legacy partition's 10 + 2")
+	require.Equal(t, dry.Partitions.Partitions, res.Partitions.Partitions, "25 rows in one week, emptied whole")
 	var left []string
 	rows, err := pool.Query(ctx, `SELECT message_id FROM processed_messages ORDER BY message_id`)
 	require.NoError(t, err)
@@ -37,7 +43,7 @@ func TestPruneLedgerRemovesOnlyOldRows(t *testing.T) {
 		require.NoError(t, rows.Scan(&id))
 		left = append(left, id)
 	}
-	require.Equal(t, []string{"new-1", "new-2", "new-3", "new-4", "new-5"}, left)
+	require.Equal(t, []string{"legacy-new", "new-1", "new-2", "new-3", "new-4", "new-5"}, left)
 }
 
 // Rows are written into their week's partition (part, as the column's

@@ -44,7 +44,11 @@ const (
 	MaxRetention = (Slots - 2) * Period
 )
 
-// window is the number of the week t is in.
+// Week is the number of the week t is in, counted from the epoch's first
+// Monday (as the migrations' SQL counts it).
+func Week(t time.Time) int64 { return window(t) }
+
+// window is Week.
 func window(t time.Time) int64 {
 	s := t.Unix() + int64(shift/time.Second)
 	p := int64(Period / time.Second)
@@ -195,6 +199,21 @@ func LegacyRelation(ctx context.Context, q Reader, quoted string) (string, error
 		return "", err
 	}
 	return Name(quoted, *legacy), nil
+}
+
+// Cleared says what a retention's pass over a ring did (with a dry run:
+// would do).
+type Cleared struct {
+	// Partitions are those emptied.
+	Partitions []string `json:"partitions,omitempty"`
+	// Rows is how many rows past retention they held.
+	Rows int64 `json:"rows"`
+	// Moved is how many rows still needed went to the current partition
+	// first (the outbox's pending rows; the ledger has none).
+	Moved int64 `json:"moved_pending"`
+	// Waiting are the partitions past retention a lock kept from being
+	// cleared, each with why; the next prune tries again.
+	Waiting []string `json:"waiting,omitempty"`
 }
 
 // lockTries and lockTimeout bound how long Truncate waits for a

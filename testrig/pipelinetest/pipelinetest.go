@@ -5,12 +5,14 @@ package pipelinetest
 
 import (
 	"context"
+	"database/sql"
 	"net/url"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ferry-dev/ferry/ferrytest"
+	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
@@ -76,4 +78,29 @@ func AMQPURLWithVhost(t testing.TB, vhost string) string {
 	}
 	u.Path, u.RawPath = "/"+vhost, ""
 	return u.String()
+}
+
+// MigrateDownTo takes the schema db is on down to migration version: a
+// schema as an earlier version of Ferry left it, for an upgrade test.
+func MigrateDownTo(t testing.TB, db *sql.DB, version int64) {
+	t.Helper()
+	ctx := context.Background()
+	for {
+		states, err := migrations.Status(ctx, db)
+		if err != nil {
+			t.Fatalf("reading the migrations' status: %v", err)
+		}
+		var applied int64
+		for _, s := range states {
+			if s.Applied {
+				applied = max(applied, s.Version)
+			}
+		}
+		if applied <= version {
+			return
+		}
+		if err := migrations.Down(ctx, db); err != nil {
+			t.Fatalf("migrating down from %d: %v", applied, err)
+		}
+	}
 }
