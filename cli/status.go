@@ -23,6 +23,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -127,7 +128,7 @@ func (o Status) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error 
 	}
 	rep.AttentionItems = attention.Items(attention.State{Report: rep.Report, BrokerError: rep.BrokerError, Unrouted: rep.Unrouted,
 		Queues: rep.Queues, CDC: rep.CDC, Command: binaryName,
-		OutboxRetention: o.Config.Retention.Outbox, PruneInterval: o.Config.Retention.Interval})
+		OutboxRetention: o.Config.Retention.Outbox, LedgerRetention: o.Config.Retention.Ledger, PruneInterval: o.Config.Retention.Interval})
 	for _, it := range rep.AttentionItems {
 		rep.Attention = append(rep.Attention, it.Text)
 	}
@@ -244,9 +245,15 @@ func printStatus(w io.Writer, rep statusReport) error {
 				time.Duration(b.OldestDueAgeS*float64(time.Second)).Round(time.Millisecond), b.MaxAttempts)
 		}
 	}
-	if len(rep.OutboxPartitions) > 0 {
+	for _, t := range []struct {
+		name  string
+		parts []pgweeks.Partition
+	}{{"outbox", rep.OutboxPartitions}, {"ledger", rep.LedgerPartitions}} {
+		if len(t.parts) == 0 {
+			continue
+		}
 		holding, current := 0, ""
-		for _, p := range rep.OutboxPartitions {
+		for _, p := range t.parts {
 			if !p.Empty {
 				holding++
 			}
@@ -254,7 +261,7 @@ func printStatus(w io.Writer, rep statusReport) error {
 				current = fmt.Sprintf("%s (since %s)", p.Name, p.From.UTC().Format(time.DateOnly))
 			}
 		}
-		fmt.Fprintf(tw, "outbox partitions: %d of %d hold rows, current %s\n", holding, len(rep.OutboxPartitions), current)
+		fmt.Fprintf(tw, "%s partitions: %d of %d hold rows, current %s\n", t.name, holding, len(t.parts), current)
 	}
 	fmt.Fprintf(tw, "rows with more than %d attempts: %d\n", rep.AttemptsThreshold, len(rep.Failing))
 	for _, f := range rep.Failing {

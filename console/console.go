@@ -69,9 +69,10 @@ type Config struct {
 	Prefix string
 	// OutboxTable is the outbox ("" for the default).
 	OutboxTable string
-	// OutboxRetention and PruneInterval say when an outbox partition is
-	// late to be cleared (attention.State); zero: not judged.
-	OutboxRetention, PruneInterval time.Duration
+	// OutboxRetention, LedgerRetention and PruneInterval say when a
+	// partition of the outbox or the ledger is late to be cleared
+	// (attention.State); zero: not judged.
+	OutboxRetention, LedgerRetention, PruneInterval time.Duration
 	// IdentityHeader, if set, names the request header in which an
 	// authenticating proxy in front of the console passes who the user is
 	// (X-Forwarded-Email, X-Auth-Request-User): a login records it with the

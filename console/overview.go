@@ -90,7 +90,7 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 		}
 	}
 	for _, it := range attention.Items(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues,
-		OutboxRetention: c.cfg.OutboxRetention, PruneInterval: c.cfg.PruneInterval}) {
+		OutboxRetention: c.cfg.OutboxRetention, LedgerRetention: c.cfg.LedgerRetention, PruneInterval: c.cfg.PruneInterval}) {
 		o.Attention = append(o.Attention, attentionItem{Text: it.Text, Link: c.attentionLink(it, rep)})
 	}
 	return o, nil

@@ -39,11 +39,12 @@ type State struct {
 	CDC *pgcdc.SlotStatus
 	// Command is the binary's name in hints (default "ferry").
 	Command string
-	// OutboxRetention and PruneInterval judge the outbox's partitions: one
-	// still holding rows a prune interval (and an hour's grace) after all
-	// of them passed retention is waiting for a prune that does not come
-	// or cannot lock it. Zero retention: not judged.
-	OutboxRetention, PruneInterval time.Duration
+	// OutboxRetention, LedgerRetention and PruneInterval judge the weekly
+	// partitions of the outbox and the ledger: one still holding rows a
+	// prune interval (and an hour's grace) after all of them passed
+	// retention is waiting for a prune that does not come or cannot lock
+	// it. Zero retention: not judged.
+	OutboxRetention, LedgerRetention, PruneInterval time.Duration
 }
 
 // Item is one thing that needs a human: what kind of thing, which one (a
@@ -196,24 +197,36 @@ func Items(s State) []Item {
 				Text: fmt.Sprintf("replication slot %s is not streamed and retains %d MiB of WAL: start the CDC relay, or remove the slot (%s cdc drop)", c.Name, c.RetainedBytes>>20, cmd)})
 		}
 	}
-	if s.OutboxRetention > 0 {
+	for _, r := range []struct {
+		table     string
+		retention time.Duration
+		parts     []pgweeks.Partition
+		lockedBy  string
+	}{
+		{"outbox", s.OutboxRetention, rep.OutboxPartitions, "pg_dump, a long report"},
+		{"ledger", s.LedgerRetention, rep.LedgerPartitions, "pg_dump, a consumer's long transaction"},
+	} {
+		if r.retention <= 0 {
+			continue
+		}
 		var late []pgweeks.Partition
-		for _, p := range rep.OutboxPartitions {
-			if p.PastRetention(rep.At.Add(-s.OutboxRetention - s.PruneInterval - time.Hour)) {
+		for _, p := range r.parts {
+			if p.PastRetention(rep.At.Add(-r.retention - s.PruneInterval - time.Hour)) {
 				late = append(late, p)
 			}
 		}
-		if len(late) > 0 {
-			since := late[0].Until.Add(s.OutboxRetention)
-			for _, p := range late[1:] {
-				if p.Until.Add(s.OutboxRetention).Before(since) {
-					since = p.Until.Add(s.OutboxRetention)
-				}
-			}
-			add(Item{Kind: "outbox_retention", Count: len(late), Since: &since,
-				Hint: "run " + cmd + " prune outbox and read what it says; a transaction holding a lock on the outbox (pg_dump, a long report: see pg_locks) keeps a partition from being cleared",
-				Text: fmt.Sprintf("%d outbox partition(s) past retention since %s and not cleared: the outbox keeps growing until they are", len(late), stamp(since))})
+		if len(late) == 0 {
+			continue
 		}
+		since := late[0].Until.Add(r.retention)
+		for _, p := range late[1:] {
+			if p.Until.Add(r.retention).Before(since) {
+				since = p.Until.Add(r.retention)
+			}
+		}
+		add(Item{Kind: r.table + "_retention", Count: len(late), Since: &since,
+			Hint: "run " + cmd + " prune " + r.table + " and read what it says; a transaction holding a lock on the " + r.table + " (" + r.lockedBy + ": see pg_locks) keeps a partition from being cleared",
+			Text: fmt.Sprintf("%d %s partition(s) past retention since %s and not cleared: the %s keeps growing until they are", len(late), r.table, stamp(since), r.table)})
 	}
 	if s.Unrouted != nil && *s.Unrouted > 0 {
 		add(Item{Kind: "unrouted", Count: *s.Unrouted, Hint: "publish only to topics a route consumes, or add the route",

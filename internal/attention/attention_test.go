@@ -104,3 +104,18 @@ func TestOutboxPartitionLateForRetention(t *testing.T) {
 	require.Empty(t, attention.List(attention.State{Report: pgstatus.Report{At: at, RelaysAlive: 1, OutboxPartitions: []pgweeks.Partition{week("outbox_p01", at.Add(-100*24*time.Hour), false)}}, Unrouted: new(int)}),
 		"without a retention, not judged")
 }
+
+// The ledger's weeks are judged by the ledger's retention, on their own.
+func TestLedgerPartitionLateForRetention(t *testing.T) {
+	at := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	retention := 14 * 24 * time.Hour
+	late := pgweeks.Partition{Name: "processed_messages_p03", Until: at.Add(-retention - 5*time.Hour)}
+	state := attention.State{Report: pgstatus.Report{At: at, RelaysAlive: 1, LedgerPartitions: []pgweeks.Partition{late},
+		OutboxPartitions: []pgweeks.Partition{{Name: "outbox_p03", Until: late.Until}}}, Unrouted: new(int),
+		OutboxRetention: 30 * 24 * time.Hour, LedgerRetention: retention, PruneInterval: time.Hour}
+	items := attention.Items(state)
+	require.Len(t, items, 1, "the outbox's week is within its own retention")
+	require.Equal(t, "ledger_retention", items[0].Kind)
+	require.Equal(t, at.Add(-5*time.Hour), *items[0].Since)
+	require.Contains(t, items[0].Hint, "prune ledger")
+}

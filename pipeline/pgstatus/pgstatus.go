@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -114,6 +115,8 @@ type Report struct {
 	// OutboxPartitions are the outbox's weekly partitions (migration
 	// 00025); empty when the table is not partitioned.
 	OutboxPartitions []pgweeks.Partition `json:"outbox_partitions"`
+	// LedgerPartitions are the consumers' ledger's (migration 00026).
+	LedgerPartitions []pgweeks.Partition `json:"ledger_partitions"`
 }
 
 // Collect builds the report for the outbox table (see pgoutbox.QuoteTable;
@@ -179,6 +182,9 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		return rep, err
 	}
 	if rep.OutboxPartitions, _, err = pgoutbox.Partitions(ctx, pool, table); err != nil {
+		return rep, err
+	}
+	if rep.LedgerPartitions, _, err = pgledger.Partitions(ctx, pool); err != nil {
 		return rep, err
 	}
 	for _, in := range rep.Instances {
