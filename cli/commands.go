@@ -42,7 +42,7 @@ var (
 	}}
 	cmdPrune = &Command{Name: "prune", Summary: "remove rows past their retention", Sub: []*Command{
 		{Name: "outbox", Summary: "empty (or archive, then empty) the outbox's weekly partitions past their retention, their pending rows moved to the current week first", Flags: pruneFlags(pgretention.Outbox)},
-		{Name: "ledger", Summary: "remove consumer ledger rows past their retention", Flags: pruneFlags(pgretention.Ledger)},
+		{Name: "ledger", Summary: "remove consumer ledger rows past their retention (weeks whole, by TRUNCATE)", Flags: pruneFlags(pgretention.Ledger)},
 		{Name: "tool-calls", Summary: "remove agent tool call records (idempotency) past their retention", Flags: pruneFlags(pgretention.ToolCalls)},
 		{Name: "poison-archive", Summary: "remove discarded poison messages past their retention (they can no longer be undone)", Flags: pruneFlags(pgretention.PoisonArchive)},
 	}}
