@@ -314,7 +314,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_DURABLE_RETRY_INITIAL", "30s", "delay before the first durable retry", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Initial })},
 		{"FERRY_DURABLE_RETRY_MAX", "15m", "cap of the durable retry delay (it doubles, 20% jitter)", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Max })},
 		{"FERRY_OUTBOX_RETENTION", "720h", "keep dispatched outbox rows this long (at most 2352h: rows go with their week's partition, once the whole week is past it)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Outbox })},
-		{"FERRY_LEDGER_RETENTION", "336h", "keep the consumers' ledger this long (must outlast redeliveries)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Ledger })},
+		{"FERRY_LEDGER_RETENTION", "336h", "keep the consumers' ledger this long (must outlast redeliveries; at least 1h, at most 2352h: rows go with their week's partition, once the whole week is past it)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Ledger })},
 		{"FERRY_TOOL_CALL_RETENTION", "336h", "keep agent tool call records (idempotency) this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.ToolCalls })},
 		{"FERRY_POISON_ARCHIVE_RETENTION", "336h", "keep discarded poison messages this long (a discard can be undone until then)", durationVar(func(c *Config) *time.Duration { return &c.Retention.PoisonArchive })},
 		{"FERRY_OUTBOX_ARCHIVE", "false", "move pruned outbox rows to outbox_archive", func(c *Config, v string) error {
