@@ -430,7 +430,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	defer cl.run()
 	srv, err := startServers(ctx, &cfg, run, &cl)
 	if err != nil {
-		return rep, err
+		return rep, fmt.Errorf("starting the run's servers: %w", err)
 	}
 
 	world, err := sandbox.StartWorld()
@@ -441,12 +441,12 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	provider, sink := world.Payments, world.SMTP
 	driver, svc, c, err := startDriver(ctx, cfg, run, schema, vhost, appName, provider, sink, logger, &cl)
 	if err != nil {
-		return rep, err
+		return rep, fmt.Errorf("starting the driver: %w", err)
 	}
 
 	env, childFaults, err := startChildren(ctx, cfg, c, run, schema, appName, provider, sink, driver, logger, &cl)
 	if err != nil {
-		return rep, err
+		return rep, fmt.Errorf("starting the relay and consumer processes: %w", err)
 	}
 	logDir := env.logDir
 
@@ -454,14 +454,14 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	seq, committedKeys, err := placeOrders(ctx, run, rng, driver, svc, faults.retried, &rep)
 	if err != nil {
 		faults.stop()
-		return rep, err
+		return rep, fmt.Errorf("placing orders (%d committed): %w", rep.OrdersCommitted, err)
 	}
 	if err := faults.finish(ctx); err != nil {
 		logger.Warn("some faults could not be injected", "error", err)
 	}
 
 	if err := settleAndCheck(ctx, run, env, driver, provider, sink, seq, committedKeys, childFaults, logDir, &rep); err != nil {
-		return rep, err
+		return rep, fmt.Errorf("waiting for every effect and checking them (logs in %s): %w", logDir, err)
 	}
 	printChaosReport(out, rep, logDir)
 	if rep.OK() {

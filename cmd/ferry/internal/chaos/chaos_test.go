@@ -86,10 +86,14 @@ func runChaos(t *testing.T, run chaos.ChaosRun) (chaos.ChaosReport, string) {
 
 	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), AMQP: rmq}
 	var report strings.Builder
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// A bound, not a target: the HA run starts three RabbitMQ nodes and a
+	// primary with its standby before its first order, which on a loaded
+	// 2-core machine took most of five minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
+	started := time.Now()
 	rep, err := chaos.Chaos(ctx, cfg, run, &report, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
+	require.NoError(t, err, "after %s; the run so far: %+v", time.Since(started).Round(time.Second), rep)
 	t.Log("\n" + report.String())
 	return rep, report.String()
 }
