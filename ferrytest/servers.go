@@ -63,7 +63,10 @@ func SkipShort(t testing.TB) {
 func Schema(t testing.TB, extra ...migrations.Set) string {
 	t.Helper()
 	SkipShort(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// A bound for a stuck server, not a target: CREATE INDEX CONCURRENTLY
+	// (migration 00024) waits for every older transaction of the database,
+	// other tests' included, and a loaded CI machine took more than 30 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	admin, err := pgdb.Open(ctx, pgdb.Config{URL: DatabaseURL(), ApplicationName: "ferry-test-admin"})
 	if err != nil {

@@ -923,7 +923,7 @@ func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, 
 	confirms := make([]atomic.Int64, total)
 	starts := make([]atomic.Int64, total)
 	effects := make([]atomic.Int64, total)
-	var handled, recordedN atomic.Int64
+	var handled, recordedN, confirmedN atomic.Int64
 	seqOf := func(m *message.Message) (int, bool) {
 		i, err := strconv.Atoi(m.Metadata.Get(benchSeqKey))
 		return i, err == nil && i >= 0 && i < total
@@ -939,8 +939,8 @@ func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, 
 	c.AMQP.Namespace = fmt.Sprintf("ferrybench%d.", time.Now().UnixNano())
 	c.Relay.Observer = func(outs []pgoutbox.Outcome) {
 		for _, o := range outs {
-			if i, ok := seqOf(o.Msg); ok && o.Err == nil {
-				confirms[i].CompareAndSwap(0, int64(o.At.Sub(origin)))
+			if i, ok := seqOf(o.Msg); ok && o.Err == nil && confirms[i].CompareAndSwap(0, int64(o.At.Sub(origin))) {
+				confirmedN.Add(1)
 			}
 		}
 	}
@@ -1025,8 +1025,11 @@ func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, 
 	if err, _ := prodErr.Load().(error); err != nil {
 		return benchReport{}, err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for (handled.Load() < int64(total) || recordedN.Load() < int64(total)) && time.Now().Before(deadline) {
+	// Confirms are waited for too: a publish whose confirm timed out on a
+	// loaded machine can still reach the consumer, and the relay sends it
+	// again, confirmed, after its backoff (30 s).
+	deadline := time.Now().Add(90 * time.Second)
+	for (handled.Load() < int64(total) || recordedN.Load() < int64(total) || confirmedN.Load() < int64(total)) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err := stop(); err != nil {

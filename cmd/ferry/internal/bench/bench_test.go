@@ -135,7 +135,9 @@ func TestBenchSmoke(t *testing.T) {
 	require.EqualValues(t, 500, ret["delete_dead_tuples"], "a held horizon keeps each row DELETE removed")
 
 	hs := got[bench.ScenarioHeldXminSteady]
-	require.Equal(t, true, hs["kept_up"], "every event confirmed, with and without a long transaction")
+	require.Equal(t, true, hs["kept_up"], "every event confirmed, with and without a long transaction: confirmed/handled %v/%v without, %v/%v with",
+		hs["without_long_tx"].(map[string]any)["commit_to_confirm"].(map[string]any)["count"], hs["without_long_tx"].(map[string]any)["handled"],
+		hs["with_long_tx"].(map[string]any)["commit_to_confirm"].(map[string]any)["count"], hs["with_long_tx"].(map[string]any)["handled"])
 	require.Positive(t, hs["commit_to_confirm_p99_ratio"].(float64))
 
 	up := got[bench.ScenarioUpcast]

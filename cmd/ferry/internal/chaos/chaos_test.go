@@ -86,9 +86,9 @@ func runChaos(t *testing.T, run chaos.ChaosRun) (chaos.ChaosReport, string) {
 
 	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), AMQP: rmq}
 	var report strings.Builder
-	// A bound, not a target: the HA run starts three RabbitMQ nodes and a
-	// primary with its standby before its first order, which on a loaded
-	// 2-core machine took most of five minutes.
+	// A bound for a stuck run, not a target: the HA run starts three
+	// RabbitMQ nodes and a primary with its standby before its first order,
+	// and ran out of five minutes on two CI runs of this 2-core machine.
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	started := time.Now()
