@@ -31,8 +31,9 @@ type fastLane struct {
 	// (xipSQL and rangeSQL are, when the relay has a MinAge) that are
 	// old enough for the relay, and reads them again: $1 the ids; when
 	// ordered, $2 the ordered topics, $3 the position and $4 the range's
-	// snapshot (unordered, the query has no use for them). A row dispatched or made slow since the page was read
-	// is not returned: its writer has it.
+	// snapshot (unordered, the query has no use for them). A row
+	// dispatched or made slow since the page was read is not returned:
+	// its writer has it.
 	lockKeptSQL string
 }
 

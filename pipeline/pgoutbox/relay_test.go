@@ -454,7 +454,16 @@ func TestRelayWakesAfterTheCommit(t *testing.T) {
 	// before), and on a loaded machine that wake can come after the first
 	// claim; the second claim is the one it makes for it.
 	require.Eventually(t, func() bool { return relay.Stats().Claims >= 2 }, 10*time.Second, time.Millisecond)
-	time.Sleep(50 * time.Millisecond)
+	// And quiet: no claim for half a second (a start-up wake-up late on a
+	// loaded machine once came after the second claim, and relayed the
+	// row below).
+	last, quietSince := relay.Stats().Claims, time.Now()
+	require.Eventually(t, func() bool {
+		if c := relay.Stats().Claims; c != last {
+			last, quietSince = c, time.Now()
+		}
+		return time.Since(quietSince) >= 500*time.Millisecond
+	}, 10*time.Second, 5*time.Millisecond)
 
 	// Unannounced: the row waits for the poll.
 	publish(t, pool, "mail.send", event(t, "u", "silent"))
