@@ -46,10 +46,7 @@ const (
 
 // Week is the number of the week t is in, counted from the epoch's first
 // Monday (as the migrations' SQL counts it).
-func Week(t time.Time) int64 { return window(t) }
-
-// window is Week.
-func window(t time.Time) int64 {
+func Week(t time.Time) int64 {
 	s := t.Unix() + int64(shift/time.Second)
 	p := int64(Period / time.Second)
 	w := s / p
@@ -61,7 +58,7 @@ func window(t time.Time) int64 {
 
 // Of is the slot a row written at t goes to.
 func Of(t time.Time) int {
-	return int(((window(t) % Slots) + Slots) % Slots)
+	return int(((Week(t) % Slots) + Slots) % Slots)
 }
 
 // windowStart is when week w began.
@@ -148,7 +145,7 @@ func List(ctx context.Context, q Reader, quoted string, newest func(partition st
 	if err := q.QueryRow(ctx, `SELECT `+strings.Join(probes, ", ")).Scan(dest...); err != nil {
 		return nil, now, fmt.Errorf("reading the partitions of %s: %w", quoted, err)
 	}
-	wNow := window(now)
+	wNow := Week(now)
 	for i := range parts {
 		p := &parts[i]
 		p.Empty = vals[i] == nil
