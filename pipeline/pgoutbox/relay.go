@@ -220,8 +220,8 @@ type Relay struct {
 	logger  *slog.Logger
 	ordered []string
 
-	claimSQL, lockSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL, probeSQL string
-	fast                                                                         fastLane
+	claimSQL, headsSQL, lockSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL, probeSQL string
+	fast                                                                                   fastLane
 	// table is the outbox table's name as configured, quoted as quoted;
 	// key is its row in PositionTable; timelineTable is where
 	// CheckFailover records the timeline.
@@ -255,15 +255,46 @@ func ClaimSQL(table string, ordered bool) (string, error) {
 // row (NULL at the head): runsFromHeads keeps a row only when prev was
 // claimed by this batch too, so a run whose head another relay holds, or
 // which LIMIT cut, stops there, and two relays never hold rows of one
-// ordered aggregate at once.
+// ordered aggregate at once. When it leaves rows out, headsSQL claims
+// the runs of their aggregates from their heads (see slowBatch).
 //
 // minAge > 0 leaves younger rows alone: the CDC relay's safety net polls
 // with it, so that it takes what the stream left, not what the stream is
 // about to send.
 func claimSQL(table, key string, ordered bool, minAge time.Duration) string {
+	return claimColumns(table, ordered) + `
+		WHERE ` + dueSQL(table, key, ordered, minAge, "$2", true) + `
+		ORDER BY o.available_at
+		LIMIT $1
+		FOR UPDATE OF o SKIP LOCKED`
+}
+
+// headsSQL claims, as claimSQL, the due rows of ordered topics of the
+// aggregates $3, in id order: each aggregate's run from its head. Rows
+// held behind a failing head keep the due time they were written with,
+// earlier than the head's backoff, so claimSQL's page, in due time order,
+// can hold only rows behind heads it did not reach: with more such rows
+// than a batch, every claim took the same page and published none of it,
+// and the ordered topics stalled for good (after a broker outage, or a
+// failover replay that makes every row due at once). Every row of that
+// page is due, so each of its aggregates' earlier rows is due too: its
+// head is due, unless another relay holds it. Index probes of the slow
+// lane's (aggregate_id, id) index, per aggregate: a scan of the whole lane
+// for its heads took seconds per claim with 50,000 rows waiting.
+func headsSQL(table, key string, minAge time.Duration) string {
+	return claimColumns(table, true) + `
+		WHERE o.aggregate_id = ANY($3::text[]) AND o.topic = ANY($2::text[])
+		  AND ` + dueSQL(table, key, true, minAge, "$2", true) + `
+		ORDER BY o.aggregate_id, o.id
+		LIMIT $1
+		FOR UPDATE OF o SKIP LOCKED`
+}
+
+// claimColumns is the SELECT of the slow lane's claims, with prev.
+func claimColumns(table string, ordered bool) string {
 	prev := `NULL::bigint`
 	if ordered {
-		// Every earlier pending row is a slow one (the condition below):
+		// Every earlier pending row is a slow one (the claims' condition):
 		// the previous is the nearest by the slow lane's (aggregate_id,
 		// id) index.
 		prev = `CASE WHEN o.topic = ANY($2::text[]) THEN (SELECT max(p.id) FROM ` + table + ` p
@@ -273,11 +304,7 @@ func claimSQL(table, key string, ordered bool, minAge time.Duration) string {
 	return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false), ` + prev + `
-		FROM ` + table + ` o
-		WHERE ` + dueSQL(table, key, ordered, minAge, "$2", true) + `
-		ORDER BY o.available_at
-		LIMIT $1
-		FOR UPDATE OF o SKIP LOCKED`
+		FROM ` + table + ` o`
 }
 
 // probeSQL asks whether a batch would find a row, without claiming
@@ -408,6 +435,7 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 		key:           key,
 		fast:          newFastLane(t, len(ordered) > 0, cfg.MinAge > 0),
 		claimSQL:      claimSQL(t, key, len(ordered) > 0, cfg.MinAge),
+		headsSQL:      headsSQL(t, key, cfg.MinAge),
 		probeSQL:      probeSQL(t, key, len(ordered) > 0, cfg.MinAge),
 		lockSQL:       lockSQL(t, key, len(ordered) > 0),
 		dispatchedSQL: `UPDATE ` + t + ` SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
@@ -739,19 +767,32 @@ func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
 	if len(r.ordered) > 0 {
 		args = append(args, r.ordered)
 	}
-	rows, err := tx.Query(ctx, r.claimSQL, args...)
+	claimed, err := collectClaimed(ctx, tx, r.claimSQL, args...)
 	if err != nil {
-		return res, fmt.Errorf("claiming outbox rows: %w", err)
+		return res, err
 	}
-	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
-		var c claimedRow
-		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.dueAt, &c.shadowMarked, &c.prev)
-		return c, err
-	})
-	if err != nil {
-		return res, fmt.Errorf("reading claimed outbox rows: %w", err)
+	if kept := runsFromHeads(slices.Clone(claimed)); len(kept) < len(claimed) {
+		// Rows behind heads the page did not reach: take their aggregates'
+		// runs from the heads (headsSQL). Rows this batch holds already
+		// come again; the others wait for the next claim.
+		var aggregates []string
+		for _, c := range claimed {
+			if c.prev != nil && !slices.Contains(aggregates, c.aggregateID) {
+				aggregates = append(aggregates, c.aggregateID)
+			}
+		}
+		runs, err := collectClaimed(ctx, tx, r.headsSQL, append(args, aggregates)...)
+		if err != nil {
+			return res, err
+		}
+		claimed = append(kept, runs...)
+		slices.SortFunc(claimed, func(a, b claimedRow) int { return cmp.Compare(a.id, b.id) })
+		claimed = slices.CompactFunc(claimed, func(a, b claimedRow) bool { return a.id == b.id })
 	}
 	claimed = runsFromHeads(claimed)
+	// Each aggregate's rows are a run from its head, in id order: cutting
+	// the list in id order keeps a run of each.
+	claimed = claimed[:min(len(claimed), r.cfg.BatchSize)]
 	res.Claimed = len(claimed)
 	r.claims.Add(1)
 	if len(claimed) == 0 {
@@ -763,6 +804,23 @@ func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
 		}
 	}
 	return r.relayClaimed(ctx, tx, claimed, res, false, nil)
+}
+
+// collectClaimed runs a slow lane claim (claimSQL, headsSQL).
+func collectClaimed(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]claimedRow, error) {
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("claiming outbox rows: %w", err)
+	}
+	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimedRow, error) {
+		var c claimedRow
+		err := row.Scan(&c.id, &c.uuid, &c.aggregateID, &c.topic, &c.payload, &c.headers, &c.attempts, &c.createdAt, &c.dueAt, &c.shadowMarked, &c.prev)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading claimed outbox rows: %w", err)
+	}
+	return claimed, nil
 }
 
 // runsFromHeads keeps, of the claimed rows, those of unordered topics and,

@@ -679,3 +679,71 @@ func TestHeldOrderedAggregateDrainsInRunsAfterAFailure(t *testing.T) {
 	requireEachOnceInOrder(t, rec, 2*behind+1, &order)
 	pipelinetest.RequireDrained(t, pool, 5*time.Second)
 }
+
+// The slow lane claims the heads of held ordered aggregates before the
+// rows behind them, whatever their due times. Rows held behind a failing
+// head keep the due time they were written with, earlier than the head's
+// backoff; claimed by due time alone, a page of them (more than a batch,
+// across aggregates) held no head, so nothing in it could go, and the next
+// claim took the same page: the ordered topics stalled for good after a
+// broker outage, or after a failover replay (every row due at once, in
+// the order their new versions lie in the table).
+func TestHeldOrderedAggregatesDrainWhenTheirRowsOutnumberABatch(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	b := newBroker(t, "o")
+	var order confirmedOrder
+	var failing atomic.Bool
+	failing.Store(true)
+	rec := &recorder{Publisher: b.pub, after: order.record, before: func(m *message.Message) error {
+		if failing.Load() {
+			return errors.New("the broker is away")
+		}
+		return nil
+	}}
+	const aggregates, behind, batch = 10, 3, 5
+	relay := newRelay(t, pool, orderedRecorder{rec, []string{"o"}}, pgoutbox.RelayConfig{
+		BatchSize: batch, FailoverReplay: -1,
+		Backoff: pipeline.Backoff{Initial: 300 * time.Millisecond, Max: 300 * time.Millisecond, Jitter: -1},
+	})
+	var heads []*message.Message
+	for a := range aggregates {
+		heads = append(heads, event(t, fmt.Sprintf("A%d", a), map[string]int{"seq": 0}))
+	}
+	publish(t, pool, "o", heads...)
+	for range aggregates / batch {
+		res, err := relay.RelayBatch(ctx)
+		require.NoError(t, err)
+		require.Equal(t, batch, res.Failed)
+	}
+	var msgs []*message.Message
+	for i := 1; i <= behind; i++ {
+		for a := range aggregates {
+			msgs = append(msgs, event(t, fmt.Sprintf("A%d", a), map[string]int{"seq": i}))
+		}
+	}
+	publish(t, pool, "o", msgs...)
+	var held int
+	for range 2 * aggregates * behind / batch {
+		res, err := relay.RelayBatch(ctx)
+		require.NoError(t, err)
+		require.Zero(t, res.Dispatched, "held behind their heads")
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE slow AND dispatched_at IS NULL AND attempts = 0
+			AND available_at < (SELECT min(available_at) FROM outbox WHERE attempts > 0)`).Scan(&held))
+		if held == aggregates*behind {
+			break
+		}
+	}
+	require.Equal(t, aggregates*behind, held, "the rows behind are held, due before their heads")
+
+	failing.Store(false)
+	time.Sleep(350 * time.Millisecond)
+	for i := 0; i < 4*aggregates*(behind+1)/batch; i++ {
+		if _, err := relay.RelayBatch(ctx); err != nil {
+			require.NoError(t, err)
+		}
+	}
+	requireEachOnceInOrder(t, rec, aggregates*(behind+1), &order)
+	pipelinetest.RequireDrained(t, pool, 5*time.Second)
+}
