@@ -90,7 +90,9 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 	for p := range producers {
 		prod.Go(func() {
 			late := fmt.Sprintf("late-%d", p)
-			publish(t, pool, "orders.placed", pipeline.WithDelay(event(t, late, map[string]int{"seq": 0}), 5*time.Second))
+			// 15 s: with 5, a CI run of the full suite relayed the two
+			// behind it after the delay had run out.
+			publish(t, pool, "orders.placed", pipeline.WithDelay(event(t, late, map[string]int{"seq": 0}), 15*time.Second))
 			delayed.Add(1)
 			// Its next two at once: written later in the run, on a loaded
 			// machine they came after the delay had run out, and went
