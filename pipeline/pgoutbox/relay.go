@@ -771,25 +771,27 @@ func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
 	if err != nil {
 		return res, err
 	}
-	if kept := runsFromHeads(slices.Clone(claimed)); len(kept) < len(claimed) {
+	n := len(claimed)
+	// The aggregates of the rows with a previous row, read before
+	// runsFromHeads reuses the slice.
+	var aggregates []string
+	for _, c := range claimed {
+		if c.prev != nil && !slices.Contains(aggregates, c.aggregateID) {
+			aggregates = append(aggregates, c.aggregateID)
+		}
+	}
+	if claimed = runsFromHeads(claimed); len(claimed) < n {
 		// Rows behind heads the page did not reach: take their aggregates'
 		// runs from the heads (headsSQL). Rows this batch holds already
 		// come again; the others wait for the next claim.
-		var aggregates []string
-		for _, c := range claimed {
-			if c.prev != nil && !slices.Contains(aggregates, c.aggregateID) {
-				aggregates = append(aggregates, c.aggregateID)
-			}
-		}
 		runs, err := collectClaimed(ctx, tx, r.headsSQL, append(args, aggregates)...)
 		if err != nil {
 			return res, err
 		}
-		claimed = append(kept, runs...)
+		claimed = append(claimed, runs...)
 		slices.SortFunc(claimed, func(a, b claimedRow) int { return cmp.Compare(a.id, b.id) })
-		claimed = slices.CompactFunc(claimed, func(a, b claimedRow) bool { return a.id == b.id })
+		claimed = runsFromHeads(slices.CompactFunc(claimed, func(a, b claimedRow) bool { return a.id == b.id }))
 	}
-	claimed = runsFromHeads(claimed)
 	// Each aggregate's rows are a run from its head, in id order: cutting
 	// the list in id order keeps a run of each.
 	claimed = claimed[:min(len(claimed), r.cfg.BatchSize)]
