@@ -297,3 +297,65 @@ func TestPositionLockIsPerOutboxTable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Passed)
 }
+
+// The position's old rows are removed every thousandth move, looking only
+// at the few thousand rows below the newest: while a long transaction
+// holds the horizon, the rows removed before stay in the index as dead
+// entries, and a removal from the first row walked them all, longer with
+// every hour of the hold. Rows the narrow removal misses (a move's number
+// taken by another outbox table's relay or by a rolled-back batch) go
+// with every hundred-thousandth move's removal, which looks at them all.
+func TestPositionRowsAreRemovedInANarrowWindow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "orders.placed")
+	rec := &recorder{Publisher: b.pub}
+	relay := newRelay(t, pool, rec, pgoutbox.RelayConfig{FailoverReplay: -1})
+	move := func(agg string) {
+		t.Helper()
+		publish(t, pool, "orders.placed", event(t, agg, 1))
+		res, err := relay.RelayBatch(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, res.Passed, "the batch passes the new row and moves the position")
+	}
+	move("first")
+	// Copies of the position under chosen numbers: stragglers far below,
+	// and a run of moves up to 9,998; the next move is number 10,000.
+	copies := func(from, to int) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, seq, snap, cur, last_tx, last_id, moved_at)
+			OVERRIDING SYSTEM VALUE
+			SELECT p.outbox_table, g, p.snap, p.cur, p.last_tx, p.last_id, p.moved_at
+			FROM (SELECT * FROM `+pgoutbox.PositionTable+` ORDER BY seq DESC LIMIT 1) p, generate_series($1::bigint, $2::bigint) g`, from, to)
+		require.NoError(t, err)
+	}
+	copies(10, 20)
+	copies(6000, 9998)
+	restart := func(at int) {
+		t.Helper()
+		_, err := pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ALTER COLUMN seq RESTART WITH %d`, pgoutbox.PositionTable, at))
+		require.NoError(t, err)
+	}
+	count := func(from, to int) (n int) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PositionTable+` WHERE seq BETWEEN $1 AND $2`, from, to).Scan(&n))
+		return n
+	}
+	restart(10_000)
+	move("thousandth")
+	require.Zero(t, count(6998, 8999), "the rows a thousand moves behind, from 3,000 below the newest read")
+	require.Equal(t, 9998-9000+1, count(9000, 9998), "the last thousand stay")
+	require.Equal(t, 1+11+998, count(1, 6997), "below the window nothing is looked at")
+	require.Equal(t, 1, count(10_000, 10_000))
+
+	restart(100_000)
+	move("hundred-thousandth")
+	require.Zero(t, count(1, 98_999), "the hundred-thousandth move's removal looks from the first row")
+	require.Equal(t, 1, count(1, 100_000), "the newest move")
+
+	rec.mu.Lock()
+	require.Len(t, rec.published, 3, "each row relayed once")
+	rec.mu.Unlock()
+	move("after")
+}
