@@ -87,9 +87,9 @@ type BenchConfig struct {
 	History []int
 	// ClaimRounds is how many claims each history size times. Default 200.
 	ClaimRounds int
-	// RelayModes adds relay modes to relay_throughput and
-	// end_to_end_latency: "cdc" runs the CDC relay next to the notify
-	// relay, which always runs as the reference. Default: notify only.
+	// RelayModes adds relay modes to relay_throughput, end_to_end_latency
+	// and held_xmin: "cdc" runs the CDC relay next to the notify relay,
+	// which always runs as the reference. Default: notify only.
 	RelayModes []string
 	// Writers are producer_concurrency's concurrent writer counts. Default 4 and 32.
 	Writers []int
@@ -111,6 +111,11 @@ type BenchConfig struct {
 	// inserted and drained, without and with a long transaction. Default
 	// 50,000 and 6.
 	HeldXminEvents, HeldXminRounds int
+	// HeldXminRelayOnly runs held_xmin_steady without the app's consumer:
+	// the relay's messages go to a queue drained by an auto-ack consumer,
+	// so that the run measures the dispatch path (commit → broker
+	// confirm) on a machine too small to carry the whole app at the rate.
+	HeldXminRelayOnly bool
 	// UpcastIterations are the decodes of each upcast round. Default 2,000.
 	UpcastIterations int
 	// Binary is the ferry binary the memory scenario starts its relay and
@@ -905,6 +910,9 @@ func endToEndOnce(ctx context.Context, cfg app.Config, bc BenchConfig, mode stri
 type e2eHooks struct {
 	publish    publishFunc
 	afterStart func(ctx context.Context) (release func(), err error)
+	// relayOnly starts the relay without the consumers; an auto-ack
+	// consumer on a queue of its own drains what it publishes.
+	relayOnly bool
 }
 
 func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, batch bool, logger *slog.Logger, h e2eHooks) (benchReport, error) {
@@ -971,6 +979,11 @@ func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, 
 		}
 	}}
 	a, err := app.New(ctx, c, app.Options{Logger: logger, Routes: func(app.Deps) ([]handlers.Route, error) {
+		if h.relayOnly {
+			// No route: its queue, declared at start, would keep every
+			// message with no consumer on it.
+			return nil, nil
+		}
 		return []handlers.Route{route}, nil
 	}, Chain: func(ch middleware.Chain) (middleware.Chain, error) {
 		return ch.InsertAfter(middleware.LinkRecoverer, recorded)
@@ -980,7 +993,14 @@ func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, 
 	}
 	defer a.Close()
 	defer func() { _ = a.Topology().Teardown(a.Broker()) }()
-	stop, err := a.Start(ctx, app.Components{Relay: true, Consumers: true})
+	if h.relayOnly {
+		drained, err := drainAutoAck(a, "bench.e2e")
+		if err != nil {
+			return benchReport{}, err
+		}
+		defer drained()
+	}
+	stop, err := a.Start(ctx, app.Components{Relay: true, Consumers: !h.relayOnly})
 	if err != nil {
 		return benchReport{}, err
 	}
@@ -1029,7 +1049,7 @@ func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, 
 	// loaded machine can still reach the consumer, and the relay sends it
 	// again, confirmed, after its backoff (30 s).
 	deadline := time.Now().Add(90 * time.Second)
-	for (handled.Load() < int64(total) || recordedN.Load() < int64(total) || confirmedN.Load() < int64(total)) && time.Now().Before(deadline) {
+	for (!h.relayOnly && (handled.Load() < int64(total) || recordedN.Load() < int64(total)) || confirmedN.Load() < int64(total)) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err := stop(); err != nil {
@@ -1058,16 +1078,22 @@ func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, 
 	}
 	cs, hs, es := toConfirm.summary(), toHandler.summary(), toEffect.summary()
 	var tb strings.Builder
-	fmt.Fprintf(&tb, "%d events at %d/s for %s (achieved %.0f/s), %d handled, machine CPU %.0f%% busy; CPU per event: PostgreSQL %.0f µs, RabbitMQ %.0f µs, this process (producers, relay, consumer) %.0f µs, machine %.0f µs\n",
-		total, bc.Rate, bc.Duration, float64(total)/produced.Seconds(), handled.Load(), 100*cpuBusy,
-		perEvent["postgresql"], perEvent["rabbitmq"], perEvent["ferry_process"], perEvent["all"])
+	who, got := "producers, relay, consumer", fmt.Sprintf("%d handled", handled.Load())
+	if h.relayOnly {
+		who, got = "producers, relay, an auto-ack drain", fmt.Sprintf("%d confirmed (relay only)", len(toConfirm))
+	}
+	fmt.Fprintf(&tb, "%d events at %d/s for %s (achieved %.0f/s), %s, machine CPU %.0f%% busy; CPU per event: PostgreSQL %.0f µs, RabbitMQ %.0f µs, this process (%s) %.0f µs, machine %.0f µs\n",
+		total, bc.Rate, bc.Duration, float64(total)/produced.Seconds(), got, 100*cpuBusy,
+		perEvent["postgresql"], perEvent["rabbitmq"], who, perEvent["ferry_process"], perEvent["all"])
 	fmt.Fprintf(&tb, "%-22s %8s %8s %8s %8s\n", "", "p50 ms", "p95 ms", "p99 ms", "max ms")
 	fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→broker confirm", cs["p50_ms"], cs["p95_ms"], cs["p99_ms"], cs["max_ms"])
-	fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→handler start", hs["p50_ms"], hs["p95_ms"], hs["p99_ms"], hs["max_ms"])
-	fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→effect recorded", es["p50_ms"], es["p95_ms"], es["p99_ms"], es["max_ms"])
+	if !h.relayOnly {
+		fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→handler start", hs["p50_ms"], hs["p95_ms"], hs["p99_ms"], hs["max_ms"])
+		fmt.Fprintf(&tb, "%-22s %8.2f %8.2f %8.2f %8.2f\n", "commit→effect recorded", es["p50_ms"], es["p95_ms"], es["p99_ms"], es["max_ms"])
+	}
 	return benchReport{
 		JSON: map[string]any{
-			"params":                map[string]any{"rate_per_sec": bc.Rate, "duration_sec": bc.Duration.Seconds(), "events": total, "relays": 1, "poll_interval_ms": ms(c.WithDefaults().Relay.PollInterval), "relay_mode": mode, "batch_route": batch, "probe_interval_ms": ms(c.WithDefaults().Relay.ProbeInterval)},
+			"params":                map[string]any{"rate_per_sec": bc.Rate, "duration_sec": bc.Duration.Seconds(), "events": total, "relays": 1, "poll_interval_ms": ms(c.WithDefaults().Relay.PollInterval), "relay_mode": mode, "batch_route": batch, "probe_interval_ms": ms(c.WithDefaults().Relay.ProbeInterval), "relay_only": h.relayOnly},
 			"achieved_rate_per_sec": float64(total) / produced.Seconds(),
 			"handled":               handled.Load(),
 			"cdc_streamer":          cdcStats,
@@ -1086,6 +1112,32 @@ func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, 
 		},
 		Table: tb.String(),
 	}, nil
+}
+
+// drainAutoAck binds a queue of its own to topic in a's topology and
+// consumes it with auto-ack, so that a relay-only run's messages leave the
+// broker as fast as they come, at the least cost to the machine.
+func drainAutoAck(a *app.App, topic string) (stop func(), err error) {
+	const queue = "bench.drain"
+	if err := a.Topology().Declare(a.Broker(), rabbit.Binding{Topic: topic, Queue: queue}); err != nil {
+		return nil, err
+	}
+	ch, err := a.Broker().Channel()
+	if err != nil {
+		return nil, err
+	}
+	deliveries, err := ch.Consume(a.Topology().QueueName(queue), "ferry-bench-drain", true, false, false, false, nil)
+	if err != nil {
+		_ = ch.Close()
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range deliveries {
+		}
+	}()
+	return func() { _ = ch.Close(); <-done }, nil
 }
 
 // publishAsTheREADME publishes as the README's "Your own service" does:

@@ -38,6 +38,7 @@ func TestBenchSmoke(t *testing.T) {
 		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
 		CPUProfile: profile, Writers: []int{2}, Rounds: 1, ProducerDuration: 300 * time.Millisecond,
 		ConsumerEvents: 300, DrainEvents: 300, UpcastIterations: 50, HeldXminEvents: 500, HeldXminRounds: 2,
+		HeldXminRelayOnly: true, // end_to_end_latency runs the whole app
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -133,12 +134,19 @@ func TestBenchSmoke(t *testing.T) {
 	require.EqualValues(t, 500, ret["rows_each"])
 	require.Zero(t, ret["truncate_dead_tuples"].(float64))
 	require.EqualValues(t, 500, ret["delete_dead_tuples"], "a held horizon keeps each row DELETE removed")
+	// The CDC relay's rounds (--relay-mode cdc): it still marks each row
+	// it sends, so a held horizon keeps a dead version per event.
+	hc := hx["cdc"].(map[string]any)
+	require.Len(t, hc["with_long_tx"].([]any), 2)
+	require.Len(t, hc["without_long_tx"].([]any), 2)
+	require.InDelta(t, 1.0, hc["dead_tuples_per_event"].(float64), 0.01, "the CDC relay's UPDATE per row, kept by the held horizon")
 
 	hs := got[bench.ScenarioHeldXminSteady]
 	require.Equal(t, true, hs["kept_up"], "every event confirmed, with and without a long transaction: confirmed/handled %v/%v without, %v/%v with",
 		hs["without_long_tx"].(map[string]any)["commit_to_confirm"].(map[string]any)["count"], hs["without_long_tx"].(map[string]any)["handled"],
 		hs["with_long_tx"].(map[string]any)["commit_to_confirm"].(map[string]any)["count"], hs["with_long_tx"].(map[string]any)["handled"])
 	require.Positive(t, hs["commit_to_confirm_p99_ratio"].(float64))
+	require.Equal(t, true, hs["relay_only"])
 
 	up := got[bench.ScenarioUpcast]
 	require.GreaterOrEqual(t, up["payload_bytes"].(float64), 1024.0)

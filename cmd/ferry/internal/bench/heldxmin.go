@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -30,6 +33,12 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	// autovacuum on with a short naptime: what a busy production server
 	// would do for the outbox within a round.
 	settings := []string{"autovacuum=on", "autovacuum_naptime=1s"}
+	// --relay-mode cdc adds the CDC relay's rounds, after the polling
+	// relay's, in the same run: it still marks each row it sends.
+	withCDC := slices.Contains(bc.RelayModes, app.RelayModeCDC)
+	if withCDC {
+		settings = append(settings, "wal_level=logical")
+	}
 	srv, err := pipelinetest.StartPostgres(ctx, settings...)
 	if err != nil {
 		return benchReport{}, fmt.Errorf("starting a PostgreSQL server of the scenario's own: %w", err)
@@ -126,7 +135,51 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		ret.Rows = n
 		return pool.QueryRow(ctx, `SELECT (pgstattuple($1)).dead_tuple_count, (pgstattuple('outbox_legacy')).dead_tuple_count`, week).Scan(&ret.TruncateDeadTuples, &ret.DeleteDeadTuples)
 	}
-	runMode := func(held bool) ([]round, error) {
+	// The CDC rounds' slot, made before any long transaction is opened
+	// (creating a logical slot waits for the transactions in progress).
+	slot := fmt.Sprintf("ferry_bench_%d", time.Now().UnixNano())
+	cdcCfg := pgcdc.Config{Slot: slot, BatchSize: max(bc.BatchSize, pgcdc.DefaultBatchSize)}
+	cdcRelay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, FailoverReplay: -1}, logger)
+	if err != nil {
+		return benchReport{}, err
+	}
+	// drainCDC streams the round's rows with a streamer of its own (the
+	// slot stays between rounds) until n are dispatched.
+	drainCDC := func(n int) (time.Duration, error) {
+		st, err := pgcdc.NewStreamer(pool, cdcRelay, "", cdcCfg, logger)
+		if err != nil {
+			return 0, err
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		start := time.Now()
+		go func() { defer close(done); _ = st.Run(sctx) }()
+		defer func() { cancel(); <-done }()
+		for !st.Stats().Active {
+			if ctx.Err() != nil || time.Since(start) > 30*time.Second {
+				return 0, errors.New("the CDC streamer did not start streaming within 30s")
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		for st.Stats().Dispatched < int64(n) {
+			if ctx.Err() != nil || time.Since(start) > 10*time.Minute {
+				return 0, fmt.Errorf("the CDC relay dispatched %d of %d events", st.Stats().Dispatched, n)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return time.Since(start), nil
+	}
+	if withCDC {
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			_, _, _ = pgcdc.DropWhenInactive(dctx, pool, slot, slot)
+		}()
+		if _, err := drainCDC(0); err != nil { // creates the slot
+			return benchReport{}, err
+		}
+	}
+	runMode := func(held, cdc bool) ([]round, error) {
 		if _, err := pool.Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
 			return nil, err
 		}
@@ -151,6 +204,21 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		for r := 1; r <= bc.HeldXminRounds; r++ {
 			if _, err := pool.Exec(ctx, insertEventsSQL, benchTopic, bc.HeldXminEvents); err != nil {
 				return nil, err
+			}
+			if cdc {
+				took, err := drainCDC(bc.HeldXminEvents)
+				if err != nil {
+					return nil, fmt.Errorf("round %d: %w", r, err)
+				}
+				var dead int64
+				if err := pool.QueryRow(ctx, `SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = 'outbox'::regclass`).Scan(&dead); err != nil {
+					return nil, err
+				}
+				rounds = append(rounds, round{Round: r, EventsPerSec: float64(bc.HeldXminEvents) / took.Seconds(), DeadTuples: dead})
+				if err := br.purge(); err != nil {
+					return nil, err
+				}
+				continue
 			}
 			relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{BatchSize: bc.BatchSize, PollInterval: 20 * time.Millisecond, PollOnly: true, FailoverReplay: -1}, logger)
 			if err != nil {
@@ -178,20 +246,29 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 				return nil, err
 			}
 		}
-		if held {
+		if held && !cdc {
 			if err := measureRetention(); err != nil {
 				return nil, err
 			}
 		}
 		return rounds, nil
 	}
-	free, err := runMode(false)
+	free, err := runMode(false, false)
 	if err != nil {
 		return benchReport{}, fmt.Errorf("rounds without a long transaction: %w", err)
 	}
-	held, err := runMode(true)
+	held, err := runMode(true, false)
 	if err != nil {
 		return benchReport{}, fmt.Errorf("rounds with a long transaction: %w", err)
+	}
+	var cdcFree, cdcHeld []round
+	if withCDC {
+		if cdcFree, err = runMode(false, true); err != nil {
+			return benchReport{}, fmt.Errorf("CDC rounds without a long transaction: %w", err)
+		}
+		if cdcHeld, err = runMode(true, true); err != nil {
+			return benchReport{}, fmt.Errorf("CDC rounds with a long transaction: %w", err)
+		}
 	}
 	ratio := func(rs []round) float64 { return rs[len(rs)-1].EventsPerSec / rs[0].EventsPerSec }
 	deadPerEvent := float64(held[len(held)-1].DeadTuples) / float64(bc.HeldXminEvents*bc.HeldXminRounds)
@@ -209,6 +286,15 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		"goal_met":              ratio(held) >= 0.9 && deadPerEvent == 0,
 		"retention_held":        ret,
 	}}
+	if withCDC {
+		rep.JSON["cdc"] = map[string]any{
+			"without_long_tx":       cdcFree,
+			"with_long_tx":          cdcHeld,
+			"last_over_first_free":  ratio(cdcFree),
+			"last_over_first_held":  ratio(cdcHeld),
+			"dead_tuples_per_event": float64(cdcHeld[len(cdcHeld)-1].DeadTuples) / float64(bc.HeldXminEvents*bc.HeldXminRounds),
+		}
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d rounds of %d events, own server (autovacuum on, naptime 1s, fsync off):\n  round   free ev/s   dead     held ev/s   dead (outbox)   dead (position row)\n", bc.HeldXminRounds, bc.HeldXminEvents)
 	for i := range free {
@@ -217,6 +303,14 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	fmt.Fprintf(&b, "  last/first: %.2f free, %.2f with the horizon held (goal ≥ 0.9); %.2f dead outbox tuples per event left behind (goal: none)\n", ratio(free), ratio(held), deadPerEvent)
 	fmt.Fprintf(&b, "  retention of %d rows past it, horizon held: a week's partition by TRUNCATE %.3f s, %d dead tuples; the legacy partition by DELETE %.3f s, %d dead tuples\n",
 		ret.Rows, ret.TruncateSeconds, ret.TruncateDeadTuples, ret.DeleteSeconds, ret.DeleteDeadTuples)
+	if withCDC {
+		fmt.Fprintf(&b, "the CDC relay (no safety net running), same rounds:\n  round   free ev/s   dead     held ev/s   dead (outbox)\n")
+		for i := range cdcFree {
+			fmt.Fprintf(&b, "  %5d   %9.0f   %7d  %9.0f   %7d\n", i+1, cdcFree[i].EventsPerSec, cdcFree[i].DeadTuples, cdcHeld[i].EventsPerSec, cdcHeld[i].DeadTuples)
+		}
+		fmt.Fprintf(&b, "  last/first: %.2f free, %.2f held; %.2f dead outbox tuples per event left behind (it marks each row it sends)\n",
+			ratio(cdcFree), ratio(cdcHeld), float64(cdcHeld[len(cdcHeld)-1].DeadTuples)/float64(bc.HeldXminEvents*bc.HeldXminRounds))
+	}
 	rep.Table = b.String()
 	return rep, nil
 }
@@ -258,7 +352,7 @@ func benchHeldXminSteady(ctx context.Context, cfg app.Config, bc BenchConfig, lo
 		return release, nil
 	}
 	run := func(held bool) (benchReport, error) {
-		h := e2eHooks{publish: benchPublishOne}
+		h := e2eHooks{publish: benchPublishOne, relayOnly: bc.HeldXminRelayOnly}
 		if held {
 			h.afterStart = hold
 		}
@@ -286,6 +380,7 @@ func benchHeldXminSteady(ctx context.Context, cfg app.Config, bc BenchConfig, lo
 	keptUp := confirmed(held) == total && confirmed(free) == total
 	rep := benchReport{JSON: map[string]any{
 		"server_settings":             append([]string{"fsync=off"}, settings...),
+		"relay_only":                  bc.HeldXminRelayOnly,
 		"without_long_tx":             free.JSON,
 		"with_long_tx":                held.JSON,
 		"commit_to_confirm_p99_ratio": ratio,
@@ -293,7 +388,11 @@ func benchHeldXminSteady(ctx context.Context, cfg app.Config, bc BenchConfig, lo
 		"goal_p99_ratio_max":          2.0,
 		"goal_met":                    keptUp && ratio <= 2,
 	}}
-	rep.Table = fmt.Sprintf("own server (autovacuum on, naptime 1s, fsync off), %d/s for %s:\nwithout a long transaction: %swith one open the whole run: %scommit→confirm p99 %.2f ms with it, %.2f ms without: %.2f× (goal ≤ 2); every event confirmed: %v\n",
-		bc.Rate, bc.Duration, free.Table, held.Table, p99(held), p99(free), ratio, keptUp)
+	what := "the whole app"
+	if bc.HeldXminRelayOnly {
+		what = "relay only, an auto-ack drain"
+	}
+	rep.Table = fmt.Sprintf("own server (autovacuum on, naptime 1s, fsync off), %s, %d/s for %s:\nwithout a long transaction: %swith one open the whole run: %scommit→confirm p99 %.2f ms with it, %.2f ms without: %.2f× (goal ≤ 2); every event confirmed: %v\n",
+		what, bc.Rate, bc.Duration, free.Table, held.Table, p99(held), p99(free), ratio, keptUp)
 	return rep, nil
 }
