@@ -164,7 +164,14 @@ func apiServer(t *testing.T, h *harness) *httptest.Server {
 // runs on two cores, under the race detector).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
+	eventuallyWithin(t, what, 2*time.Minute, cond)
+}
+
+// eventuallyWithin is eventually with a bound of the caller's: a bound for
+// a stuck run, not a target.
+func eventuallyWithin(t *testing.T, what string, bound time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
