@@ -582,25 +582,7 @@ func runCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, bc B
 		defer cancel()
 		_, _, _ = pgcdc.DropWhenInactive(dctx, pool, slot, slot) // .ci/leftovers would name a slot left behind
 	}()
-	run := func() (*pgcdc.Streamer, func(), error) {
-		s, err := pgcdc.NewStreamer(pool, relay, "", cfg, logger)
-		if err != nil {
-			return nil, nil, err
-		}
-		sctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = s.Run(sctx) }()
-		stop := func() { cancel(); <-done }
-		deadline := time.Now().Add(30 * time.Second)
-		for !s.Stats().Active {
-			if time.Now().After(deadline) {
-				stop()
-				return nil, nil, errors.New("the CDC streamer did not start streaming within 30s")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		return s, stop, nil
-	}
+	run := func() (*pgcdc.Streamer, func(), error) { return startStreamer(ctx, pool, relay, cfg, logger) }
 	_, stop, err := run() // creates the slot
 	if err != nil {
 		return 0, err
@@ -623,6 +605,28 @@ func runCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, bc B
 		time.Sleep(2 * time.Millisecond)
 	}
 	return time.Since(start).Seconds(), nil
+}
+
+// startStreamer runs a CDC streamer of relay until the returned stop is
+// called, once it streams (bound: 30 s).
+func startStreamer(ctx context.Context, pool *pgxpool.Pool, relay *pgoutbox.Relay, cfg pgcdc.Config, logger *slog.Logger) (*pgcdc.Streamer, func(), error) {
+	s, err := pgcdc.NewStreamer(pool, relay, "", cfg, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(sctx) }()
+	stop := func() { cancel(); <-done }
+	deadline := time.Now().Add(30 * time.Second)
+	for !s.Stats().Active {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			stop()
+			return nil, nil, errors.New("the CDC streamer did not start streaming within 30s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return s, stop, nil
 }
 
 func waitDepth(br *benchBroker, want int, timeout time.Duration) (int, error) {

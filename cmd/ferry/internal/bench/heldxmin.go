@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -146,21 +145,12 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	// drainCDC streams the round's rows with a streamer of its own (the
 	// slot stays between rounds) until n are dispatched.
 	drainCDC := func(n int) (time.Duration, error) {
-		st, err := pgcdc.NewStreamer(pool, cdcRelay, "", cdcCfg, logger)
+		start := time.Now()
+		st, stop, err := startStreamer(ctx, pool, cdcRelay, cdcCfg, logger)
 		if err != nil {
 			return 0, err
 		}
-		sctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		start := time.Now()
-		go func() { defer close(done); _ = st.Run(sctx) }()
-		defer func() { cancel(); <-done }()
-		for !st.Stats().Active {
-			if ctx.Err() != nil || time.Since(start) > 30*time.Second {
-				return 0, errors.New("the CDC streamer did not start streaming within 30s")
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+		defer stop()
 		for st.Stats().Dispatched < int64(n) {
 			if ctx.Err() != nil || time.Since(start) > 10*time.Minute {
 				return 0, fmt.Errorf("the CDC relay dispatched %d of %d events", st.Stats().Dispatched, n)
