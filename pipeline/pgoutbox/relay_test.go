@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -330,6 +331,72 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	require.Contains(t, plan, part+"_slow_available_at_idx", plan)
 	require.NotContains(t, plan, "Seq Scan on "+part+" ", "the head check must use the slow lane's partial indexes:\n%s", plan)
 	require.Contains(t, plan, part+"_aggregate_tx_idx", "the head check of rows not passed yet must use the (aggregate_id, tx) index:\n%s", plan)
+}
+
+// The readers of what is pending (status, the console, the metrics'
+// gauges, ferrytest) read the rows the relay has not passed by the tx
+// index, whatever they filter on, however many passed rows the outbox
+// keeps (30 days by default): a retry gauge's "topic = 'ferry.retry'"
+// made the planner scan every passed row, every 15 s. The rows the
+// caller's own transaction wrote count as pending to it.
+func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	for range 20 {
+		_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload)
+			SELECT 'a' || (g % 100), 't', '{}' FROM generate_series(1, 2000) g`)
+		require.NoError(t, err)
+	}
+	// The relay's position past them, as a move writes it.
+	_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('outbox', pg_current_snapshot())`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('r', $1, '{}'), ('r', $1, '{}'), ('n', 't', '{}')`, pipeline.RetryTopic)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE outbox`)
+	require.NoError(t, err)
+	var part string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox LIMIT 1`).Scan(&part))
+
+	for _, q := range []string{
+		`SELECT count(*) FROM ` + pgoutbox.PendingOutbox + ` o WHERE topic = '` + pipeline.RetryTopic + `'`,
+		`SELECT topic, count(*) FROM ` + pgoutbox.PendingOutbox + ` o GROUP BY topic`,
+		`SELECT count(*) FROM ` + pgoutbox.PendingOutbox + ` o`,
+	} {
+		rows, err := pool.Query(ctx, "EXPLAIN "+q)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		plan := strings.Join(lines, "\n")
+		require.False(t, strings.Contains(plan, "Seq Scan on "+part+" "), "%s\nreads every passed row:\n%s", q, plan)
+	}
+
+	count := func(q pgx.Tx) (retries, all int) {
+		var db interface {
+			QueryRow(context.Context, string, ...any) pgx.Row
+		} = pool
+		if q != nil {
+			db = q
+		}
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE topic = $1), count(*) FROM `+pgoutbox.PendingOutbox+` o`, pipeline.RetryTopic).Scan(&retries, &all))
+		return retries, all
+	}
+	retries, all := count(nil)
+	require.Equal(t, [2]int{2, 3}, [2]int{retries, all})
+	// Another transaction is in progress (its id below the caller's), so
+	// the caller's own id is above its snapshot's xmax.
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx)
+	_, err = other.Exec(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+	own, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer own.Rollback(ctx)
+	_, err = own.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('r', $1, '{}')`, pipeline.RetryTopic)
+	require.NoError(t, err)
+	retries, all = count(own)
+	require.Equal(t, [2]int{3, 4}, [2]int{retries, all}, "the caller's own rows are pending to it")
 }
 
 func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {
