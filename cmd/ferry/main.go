@@ -194,6 +194,11 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.HeldXminEvents, "held-xmin-events", 50_000, "held_xmin: events inserted and drained per round")
 		fs.IntVar(&bc.HeldXminRounds, "held-xmin-rounds", 6, "held_xmin: rounds without, then with, a long transaction holding the horizon")
 		fs.BoolVar(&bc.HeldXminRelayOnly, "held-xmin-relay-only", false, "held_xmin_steady: run the relay without the app's consumer (an auto-ack drain empties the queue), to measure dispatch on a machine too small for the whole app at --rate")
+		fs.Func("server-setting", "held_xmin and held_xmin_steady: a PostgreSQL setting (name=value) for the server the scenario starts of its own, after the scenario's (repeat the flag for more), e.g. log_autovacuum_min_duration=0", func(v string) error {
+			bc.ServerSettings = append(bc.ServerSettings, v)
+			return nil
+		})
+		fs.StringVar(&bc.ServerLog, "server-log", "", "held_xmin and held_xmin_steady: append the log of the server the scenario starts to this file when it ends (the server's files are removed)")
 		fs.IntVar(&bc.DrainEvents, "drain-events", 20_000, "end_to_end_drain: business transactions committed")
 		fs.IntVar(&bc.DrainWriters, "drain-writers", 8, "end_to_end_drain: goroutines committing them")
 		fs.IntVar(&bc.ConsumerConns, "consumer-conns", 4, "consumer_throughput, end_to_end_drain and memory: database pool of the child processes")

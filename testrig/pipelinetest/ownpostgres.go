@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -85,8 +86,11 @@ func (s *PostgresServer) start(ctx context.Context, settings ...string) error {
 	s.Port = ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_connections=200", s.Port, s.dir)
+	// pg_ctl hands -o to a shell: each setting goes quoted, so that a value
+	// with a space or a shell character ("log_line_prefix=%m|%p ") reaches
+	// the server whole instead of piping its log away.
 	for _, set := range settings {
-		opts += " -c " + set
+		opts += " -c '" + strings.ReplaceAll(set, "'", `'\''`) + "'"
 	}
 	if out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-l", filepath.Join(s.dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
 		logs, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
@@ -121,6 +125,11 @@ func (s *PostgresServer) Exec(ctx context.Context, database, sql string, args ..
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, sql, args...)
 	return err
+}
+
+// Log is what the server has written to its log so far.
+func (s *PostgresServer) Log() ([]byte, error) {
+	return os.ReadFile(filepath.Join(s.dir, "server.log"))
 }
 
 // Stop stops the server at once, if it runs, and removes its files.

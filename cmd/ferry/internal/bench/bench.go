@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -116,6 +117,15 @@ type BenchConfig struct {
 	// so that the run measures the dispatch path (commit → broker
 	// confirm) on a machine too small to carry the whole app at the rate.
 	HeldXminRelayOnly bool
+	// ServerSettings are PostgreSQL settings ("name=value") for the
+	// servers held_xmin and held_xmin_steady start of their own, added
+	// after theirs (so they win): log_autovacuum_min_duration=0, to see
+	// what a run's tail was.
+	ServerSettings []string
+	// ServerLog is a file that receives the log of each server held_xmin
+	// and held_xmin_steady start, when the scenario ends (the server's
+	// directory is removed then). Default: none kept.
+	ServerLog string
 	// UpcastIterations are the decodes of each upcast round. Default 2,000.
 	UpcastIterations int
 	// Binary is the ferry binary the memory scenario starts its relay and
@@ -157,6 +167,10 @@ func (b BenchConfig) withDefaults() BenchConfig {
 	return b
 }
 
+// serverSettingName is a PostgreSQL setting's name (an extension's has a
+// dot).
+var serverSettingName = regexp.MustCompile(`^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$`)
+
 func (b BenchConfig) validate() error {
 	var errs []error
 	for _, s := range b.Scenarios {
@@ -189,6 +203,11 @@ func (b BenchConfig) validate() error {
 	for _, m := range b.RelayModes {
 		if m != app.RelayModeNotify && m != app.RelayModeCDC {
 			errs = append(errs, fmt.Errorf("relay mode %q: want %s or %s", m, app.RelayModeNotify, app.RelayModeCDC))
+		}
+	}
+	for _, set := range b.ServerSettings {
+		if name, _, ok := strings.Cut(set, "="); !ok || !serverSettingName.MatchString(name) {
+			errs = append(errs, fmt.Errorf("server setting %q: want name=value (log_autovacuum_min_duration=0)", set))
 		}
 	}
 	for _, h := range b.History {

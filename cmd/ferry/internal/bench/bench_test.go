@@ -33,12 +33,15 @@ func TestBenchSmoke(t *testing.T) {
 	require.NoError(t, err, "building ferry: %s", build)
 	var out, human strings.Builder
 	profile := filepath.Join(t.TempDir(), "cpu")
+	serverLog := filepath.Join(t.TempDir(), "server.log")
 	err = bench.Bench(context.Background(), cfg, bench.BenchConfig{
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
 		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
 		CPUProfile: profile, Writers: []int{2}, Rounds: 1, ProducerDuration: 300 * time.Millisecond,
 		ConsumerEvents: 300, DrainEvents: 300, UpcastIterations: 50, HeldXminEvents: 500, HeldXminRounds: 2,
 		HeldXminRelayOnly: true, // end_to_end_latency runs the whole app
+		// A prefix with spaces and shell characters must reach the server whole.
+		ServerSettings: []string{"log_line_prefix=%m [%p] |x| ", "log_autovacuum_min_duration=0"}, ServerLog: serverLog,
 	}, &out, &human, slog.New(slog.DiscardHandler))
 	require.NoError(t, err, human.String())
 
@@ -147,6 +150,13 @@ func TestBenchSmoke(t *testing.T) {
 		hs["with_long_tx"].(map[string]any)["commit_to_confirm"].(map[string]any)["count"], hs["with_long_tx"].(map[string]any)["handled"])
 	require.Positive(t, hs["commit_to_confirm_p99_ratio"].(float64))
 	require.Equal(t, true, hs["relay_only"])
+	require.Contains(t, hs["server_settings"], "log_autovacuum_min_duration=0")
+	kept, err := os.ReadFile(serverLog)
+	require.NoError(t, err)
+	for _, sc := range []string{bench.ScenarioHeldXmin, bench.ScenarioHeldXminSteady} {
+		require.Contains(t, string(kept), "== "+sc+": PostgreSQL server log, settings ", "each own server's log kept")
+	}
+	require.Regexp(t, `(?m)^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] \|x\| LOG: `, string(kept), "the servers logged with the prefix given")
 
 	up := got[bench.ScenarioUpcast]
 	require.GreaterOrEqual(t, up["payload_bytes"].(float64), 1024.0)

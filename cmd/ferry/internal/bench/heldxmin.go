@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -41,11 +43,12 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	if withCDC {
 		settings = append(settings, "wal_level=logical")
 	}
-	srv, err := pipelinetest.StartPostgres(ctx, settings...)
+	settings = append(settings, bc.ServerSettings...)
+	srv, stop, err := startOwnServer(ctx, bc, ScenarioHeldXmin, settings, logger)
 	if err != nil {
-		return benchReport{}, fmt.Errorf("starting a PostgreSQL server of the scenario's own: %w", err)
+		return benchReport{}, err
 	}
-	defer func() { _ = srv.Stop() }()
+	defer stop()
 	url := srv.URL("postgres")
 	pool, err := pgdb.Open(ctx, pgdb.Config{URL: url, ApplicationName: "ferry-bench", MaxConns: 8})
 	if err != nil {
@@ -312,6 +315,41 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 	return rep, nil
 }
 
+// startOwnServer starts the PostgreSQL server of scenario with settings
+// (bc.ServerSettings among them). stop stops and removes it, first
+// appending its log to bc.ServerLog when that is set: the server's
+// directory goes with it.
+func startOwnServer(ctx context.Context, bc BenchConfig, scenario string, settings []string, logger *slog.Logger) (*pipelinetest.PostgresServer, func(), error) {
+	srv, err := pipelinetest.StartPostgres(ctx, settings...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting a PostgreSQL server of the scenario's own: %w", err)
+	}
+	stop := func() {
+		if bc.ServerLog != "" {
+			if err := keepServerLog(srv, bc.ServerLog, scenario, settings); err != nil {
+				logger.Error("keeping the scenario's server log", "scenario", scenario, "file", bc.ServerLog, "error", err)
+			}
+		}
+		_ = srv.Stop()
+	}
+	return srv, stop, nil
+}
+
+// keepServerLog appends srv's log to file, under a line naming the
+// scenario and the server's settings.
+func keepServerLog(srv *pipelinetest.PostgresServer, file, scenario string, settings []string) error {
+	log, err := srv.Log()
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(f, "== %s: PostgreSQL server log, settings %s\n%s", scenario, strings.Join(settings, " "), log)
+	return errors.Join(err, f.Close())
+}
+
 // ScenarioHeldXminSteady is the ordinary day beside a long transaction: a
 // steady producer (--rate, for --duration) through the whole app (relay,
 // consumer) on a PostgreSQL server of its own with autovacuum on, first
@@ -321,12 +359,12 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 const ScenarioHeldXminSteady = "held_xmin_steady"
 
 func benchHeldXminSteady(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
-	settings := []string{"autovacuum=on", "autovacuum_naptime=1s"}
-	srv, err := pipelinetest.StartPostgres(ctx, settings...)
+	settings := append([]string{"autovacuum=on", "autovacuum_naptime=1s"}, bc.ServerSettings...)
+	srv, stop, err := startOwnServer(ctx, bc, ScenarioHeldXminSteady, settings, logger)
 	if err != nil {
-		return benchReport{}, fmt.Errorf("starting a PostgreSQL server of the scenario's own: %w", err)
+		return benchReport{}, err
 	}
-	defer func() { _ = srv.Stop() }()
+	defer stop()
 	c := cfg
 	c.DatabaseURL = srv.URL("postgres")
 	// The long transaction opens once the app runs (its migrations build
