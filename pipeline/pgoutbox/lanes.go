@@ -100,11 +100,13 @@ func passedCond(o, quotedOutbox, key string) string {
 // 'ferry.retry', as the retry gauges read) made it scan every partition
 // whole instead: 100 ms for 300,000 passed rows, every 15 s, growing with
 // the 30 days the outbox keeps. The newer rows' range is closed above by
-// an expression too (the statement's snapshot's xmax, or the caller's own
-// transaction id, whose rows it sees and which may be above it), which
-// makes the planner take the range for a small one (its default for a
-// range of two run-time bounds) and read it by the index, however many
-// rows the partitions keep.
+// a run-time value too, the table's highest tx (one index probe per
+// partition), which makes the planner take the range for a small one (its
+// default for a range of two run-time bounds) and read it by the index,
+// however many rows the partitions keep. Not the snapshot's xmax: the
+// caller's own transaction id may be above it (its rows count as pending
+// to it), and so may the rows of a database restored into a cluster whose
+// ids are behind its dump's.
 func unpassedRows(cols, quotedOutbox, key string) string {
 	pos := positionSnap(quotedOutbox, key)
 	rest := `
@@ -112,7 +114,7 @@ func unpassedRows(cols, quotedOutbox, key string) string {
 		  AND NOT ` + passedCond("o", quotedOutbox, key)
 	return `SELECT ` + cols + ` FROM ` + quotedOutbox + ` o
 		WHERE o.tx >= pg_snapshot_xmax(` + pos + `)
-		  AND o.tx <= greatest(pg_snapshot_xmax(pg_current_snapshot()), pg_current_xact_id_if_assigned())` + rest + `
+		  AND o.tx <= (SELECT max(m.tx) FROM ` + quotedOutbox + ` m)` + rest + `
 		UNION ALL
 		SELECT ` + cols + ` FROM ` + quotedOutbox + ` o
 		WHERE o.tx = ANY(ARRAY(SELECT pg_snapshot_xip(` + pos + `)))` + rest

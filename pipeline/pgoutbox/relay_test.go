@@ -338,7 +338,8 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 // index, whatever they filter on, however many passed rows the outbox
 // keeps (30 days by default): a retry gauge's "topic = 'ferry.retry'"
 // made the planner scan every passed row, every 15 s. The rows the
-// caller's own transaction wrote count as pending to it.
+// caller's own transaction wrote count as pending to it, and so does a row
+// restored with a tx above every id the cluster has given.
 func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
@@ -397,6 +398,15 @@ func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 	require.NoError(t, err)
 	retries, all = count(own)
 	require.Equal(t, [2]int{3, 4}, [2]int{retries, all}, "the caller's own rows are pending to it")
+	require.NoError(t, own.Rollback(ctx))
+
+	// A row restored from a dump of a cluster whose ids were ahead of
+	// this one's: its tx is above every id this cluster has given.
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, tx)
+		VALUES ('restored', 't', '{}', (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000000)::text::xid8)`)
+	require.NoError(t, err)
+	retries, all = count(nil)
+	require.Equal(t, [2]int{2, 4}, [2]int{retries, all}, "a restored row with a tx ahead of the cluster's is pending")
 }
 
 func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {
