@@ -93,7 +93,7 @@ func (s *PostgresServer) start(ctx context.Context, settings ...string) error {
 		opts += " -c '" + strings.ReplaceAll(set, "'", `'\''`) + "'"
 	}
 	if out, err := s.run(ctx, "pg_ctl", "-D", s.data(), "-l", filepath.Join(s.dir, "server.log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
-		logs, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+		logs, _ := s.Log()
 		return fmt.Errorf("%w\n%s\n%s", err, out, logs)
 	}
 	return nil
