@@ -271,7 +271,8 @@ func EnvVars() []EnvVar {
 			return err
 		}},
 		{"FERRY_RELAY_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayBatchSize), "rows per relay claim", intVar(func(c *Config) *int { return &c.Relay.BatchSize }, 1, pgoutbox.MaxRelayBatchSize)},
-		{"FERRY_RELAY_IN_FLIGHT", strconv.Itoa(pgoutbox.DefaultRelayInFlight), "batches one relay has in flight at once (claim the next while the last awaits its confirms)", intVar(func(c *Config) *int { return &c.Relay.InFlight }, 1, pgoutbox.MaxRelayInFlight)},
+		{"FERRY_RELAY_CATCH_UP_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayCatchUpBatchSize) + " (FERRY_RELAY_BATCH_SIZE when larger)", "rows per page of new rows while the relay is behind (after a full page; fewer when payloads are large)", intVar(func(c *Config) *int { return &c.Relay.CatchUpBatchSize }, 1, pgoutbox.MaxRelayBatchSize)},
+		{"FERRY_RELAY_IN_FLIGHT", strconv.Itoa(pgoutbox.DefaultRelayInFlight), "batches one relay has in flight at once: one of all relays moves the position, the others work the slow lane (failed, delayed, held rows)", intVar(func(c *Config) *int { return &c.Relay.InFlight }, 1, pgoutbox.MaxRelayInFlight)},
 		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},
 		{"FERRY_RELAY_PROBE_INTERVAL", pgoutbox.DefaultRelayProbeInterval.String(), "idle relay: how often it probes the pending index for commits nobody announced (a PublishTx without Committed, another program's INSERT); off: wake-ups and the poll only", func(c *Config, v string) error {
 			if v == "off" {
@@ -556,6 +557,9 @@ func (c Config) Validate() error {
 		if max < min {
 			add(hi, fmt.Errorf("must be at least %s (%s), got %s", lo, min, max))
 		}
+	}
+	if c.Relay.CatchUpBatchSize < c.Relay.BatchSize {
+		add("FERRY_RELAY_CATCH_UP_BATCH_SIZE", fmt.Errorf("must be at least FERRY_RELAY_BATCH_SIZE (%d), got %d", c.Relay.BatchSize, c.Relay.CatchUpBatchSize))
 	}
 	atLeast("FERRY_RETRY_MAX_INTERVAL", "FERRY_RETRY_INITIAL_INTERVAL", c.Retry.MaxInterval, c.Retry.InitialInterval)
 	atLeast("FERRY_RELAY_BACKOFF_MAX", "FERRY_RELAY_BACKOFF_INITIAL", c.Relay.Backoff.Max, c.Relay.Backoff.Initial)

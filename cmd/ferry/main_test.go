@@ -214,6 +214,16 @@ func TestMigrateIntoTheSchemaNamedOnly(t *testing.T) {
 	require.Contains(t, errOut.String(), "FERRY_DATABASE_SCHEMA")
 }
 
+// A catch-up page smaller than a claim is refused, by the variables' names.
+func TestCatchUpBatchSizeBelowBatchSizeIsRefused(t *testing.T) {
+	t.Setenv("FERRY_RELAY_BATCH_SIZE", "500")
+	t.Setenv("FERRY_RELAY_CATCH_UP_BATCH_SIZE", "200")
+	var out, errOut strings.Builder
+	require.Equal(t, 1, run([]string{"relay"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "FERRY_RELAY_CATCH_UP_BATCH_SIZE: must be at least FERRY_RELAY_BATCH_SIZE (500), got 200")
+	require.NotContains(t, errOut.String(), "RelayConfig")
+}
+
 // What a newcomer gets wrong in the environment is named by its variable;
 // a set 0 is refused, not silently the default; a misspelt variable is
 // warned about with the nearest name.

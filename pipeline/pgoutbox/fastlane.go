@@ -205,10 +205,15 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 			return res, took, r.restart(ctx, tx, pos.snap, cur)
 		}
 	}
-	page, err := r.fastPage(ctx, tx, pos)
+	size := r.cfg.BatchSize
+	if n := r.pageSize.Load(); n > 0 {
+		size = int(n)
+	}
+	page, err := r.fastPage(ctx, tx, pos, size)
 	if err != nil {
 		return res, took, err
 	}
+	r.pageSize.Store(int64(r.nextPageSize(page, size)))
 	r.claims.Add(1)
 	// Up to the first row too young for the lane (RelayConfig.MinAge):
 	// the range is not done, and the position stays before it.
@@ -254,7 +259,7 @@ func (r *Relay) fastBatch(ctx context.Context) (res BatchResult, took bool, err 
 	case len(rows) > 0:
 		last := rows[len(rows)-1]
 		pos.lastTx, pos.lastID, pos.changed = &last.tx, &last.id, true
-		if len(page) < r.cfg.BatchSize && !young {
+		if len(page) < size && !young {
 			pos.snap, pos.cur, pos.lastTx, pos.lastID = *pos.cur, nil, nil, nil
 		}
 	case !young:
@@ -350,7 +355,7 @@ func (r *Relay) restart(ctx context.Context, tx pgx.Tx, position, cur string) er
 
 // fastPage reads the next page of the range: rows of transactions that
 // were in progress when the position was taken first, then newer ones.
-func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRow, error) {
+func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position, size int) ([]fastRow, error) {
 	snap, err := parseSnapshot(pos.snap)
 	if err != nil {
 		return nil, err
@@ -381,8 +386,8 @@ func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRo
 	// older), then the newer ones.
 	var page []fastRow
 	if len(xip) > 0 && lastTx < snap.xmax {
-		rows, err := read(r.fast.xipSQL, lastTx, *pos.lastID, r.cfg.BatchSize)
-		if err != nil || len(rows) == r.cfg.BatchSize {
+		rows, err := read(r.fast.xipSQL, lastTx, *pos.lastID, size)
+		if err != nil || len(rows) == size {
 			return rows, err
 		}
 		page = rows
@@ -391,8 +396,25 @@ func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position) ([]fastRo
 	if fromTx < snap.xmax {
 		fromTx, afterID = snap.xmax, 0
 	}
-	more, err := read(r.fast.rangeSQL, fromTx, afterID, r.cfg.BatchSize-len(page))
+	more, err := read(r.fast.rangeSQL, fromTx, afterID, size-len(page))
 	return append(page, more...), err
+}
+
+// nextPageSize is the size of the fast lane's page after page, read with
+// limit size: BatchSize unless page came back full (the relay is behind),
+// then CatchUpBatchSize, less when page's rows are large, so that a page
+// holds about catchUpPageBytes (never fewer than BatchSize rows). See
+// RelayConfig.CatchUpBatchSize for why.
+func (r *Relay) nextPageSize(page []fastRow, size int) int {
+	if len(page) < size || len(page) == 0 {
+		return r.cfg.BatchSize
+	}
+	var bytes int
+	for _, c := range page {
+		bytes += len(c.payload)
+	}
+	perRow := max(bytes/len(page), 1)
+	return max(r.cfg.BatchSize, min(r.cfg.CatchUpBatchSize, catchUpPageBytes/perRow))
 }
 
 func scanFastRow(row pgx.CollectableRow) (fastRow, error) {

@@ -159,8 +159,8 @@ func TestTwoRelaysDispatchEachRowExactlyOnce(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	relays := []*pgoutbox.Relay{
-		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, PollInterval: 10 * time.Millisecond}),
-		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, PollInterval: 10 * time.Millisecond, InFlight: 3}),
+		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, CatchUpBatchSize: 25, PollInterval: 10 * time.Millisecond}),
+		newRelay(t, pool, rec, pgoutbox.RelayConfig{BatchSize: 25, CatchUpBatchSize: 25, PollInterval: 10 * time.Millisecond, InFlight: 3}),
 	}
 	for _, r := range relays {
 		wg.Go(func() { _ = r.Run(ctx) })
@@ -825,4 +825,61 @@ func TestHeldOrderedAggregatesDrainWhenTheirRowsOutnumberABatch(t *testing.T) {
 	}
 	requireEachOnceInOrder(t, rec, aggregates*(behind+1), &order)
 	pipelinetest.RequireDrained(t, pool, 5*time.Second)
+}
+
+// A relay that is behind reads the rows committed since its position in
+// pages of CatchUpBatchSize after a full page, back to BatchSize once a page
+// is not full; large payloads keep a catch-up page near 8 MiB.
+func TestFastLaneCatchesUpInLargerPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "orders.placed")
+	relay := newRelay(t, pool, &recorder{Publisher: b.pub}, pgoutbox.RelayConfig{BatchSize: 100, CatchUpBatchSize: 1000})
+	pages := func() []int {
+		t.Helper()
+		var got []int
+		for {
+			res, err := relay.RelayBatch(ctx)
+			require.NoError(t, err)
+			if res.Passed == 0 {
+				return got
+			}
+			got = append(got, res.Passed)
+		}
+	}
+
+	seed(t, pool, "orders.placed", 2300, 50)
+	require.Equal(t, []int{100, 1000, 1000, 200}, pages(), "behind: full pages grow to CatchUpBatchSize")
+	seed(t, pool, "orders.placed", 150, 50)
+	require.Equal(t, []int{100, 50}, pages(), "a page that was not full brought the size back to BatchSize")
+
+	// 40 kB payloads: a catch-up page of about 8 MiB.
+	var msgs []*message.Message
+	for i := range 500 {
+		msgs = append(msgs, event(t, "big", map[string]string{"seq": fmt.Sprintf("%05d", i), "pad": strings.Repeat("x", 40_000)}))
+	}
+	publish(t, pool, "orders.placed", msgs...)
+	var size int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT max(octet_length(COALESCE(payload_raw, convert_to(payload::text, 'UTF8')))) FROM outbox WHERE aggregate_id = 'big'`).Scan(&size))
+	catchUp := (8 << 20) / size
+	require.Greater(t, catchUp, 100)
+	require.Less(t, catchUp, 400)
+	require.Equal(t, []int{100, catchUp, 500 - 100 - catchUp}, pages())
+
+	// Nothing lost, nothing twice.
+	atBroker := b.drain(t)
+	require.Len(t, atBroker, 2300+150+500)
+	for id, n := range atBroker {
+		require.Equal(t, 1, n, "message %s reached the broker %d times", id, n)
+	}
+}
+
+func TestRelayConfigCatchUpBatchSize(t *testing.T) {
+	t.Parallel()
+	c := pgoutbox.RelayConfig{}.WithDefaults()
+	require.Equal(t, pgoutbox.DefaultRelayCatchUpBatchSize, c.CatchUpBatchSize)
+	require.Equal(t, 5000, pgoutbox.RelayConfig{BatchSize: 5000}.WithDefaults().CatchUpBatchSize, "never below BatchSize by default")
+	c.CatchUpBatchSize = 50
+	require.ErrorContains(t, c.Validate(), "RelayConfig.CatchUpBatchSize must be in [BatchSize (100), 10000], got 50")
 }
