@@ -181,7 +181,7 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.Events, "events", 50_000, "relay_throughput: events preloaded per run")
 		fs.IntVar(&bc.BaselineEvents, "baseline-events", 5_000, "relay_throughput: events pushed through Watermill's stock forwarder")
 		relays := fs.String("relays", "1,2,4", "relay_throughput: relay counts to run")
-		fs.IntVar(&bc.BatchSize, "batch-size", 100, "relay and raw-loop batch size")
+		fs.IntVar(&bc.BatchSize, "batch-size", 100, "relay and raw-loop batch size (relay_throughput: the relay's catch-up pages too, to compare with the raw loops)")
 		fs.IntVar(&bc.InFlight, "in-flight", 0, "relay_throughput: batches each relay has in flight (0: the relay's default, 1)")
 		relayModes := fs.String("relay-mode", "notify", "relay_throughput, end_to_end_latency and held_xmin: relay modes to run; cdc adds the CDC relay's rows next to the notify relay's (which always run), in the same run")
 		fs.IntVar(&bc.Rate, "rate", 1000, "end_to_end_latency and held_xmin_steady: producer events/s")

@@ -71,6 +71,10 @@ type BenchConfig struct {
 	// Relays are the relay counts relay_throughput runs. Default 1, 2, 4.
 	Relays []int
 	// BatchSize of the relay and of the raw loops. Default 100.
+	// relay_throughput's relays read every page at this size (their
+	// CatchUpBatchSize too), so that they compare with the raw loops'
+	// batches; the other scenarios run the relay's catch-up pages as
+	// configured.
 	BatchSize int
 	// InFlight is the relays' batches in flight (pgoutbox.RelayConfig.InFlight).
 	// Default: the relay's default.
@@ -542,7 +546,7 @@ func cmpFloat(a, b float64) int {
 func runRelays(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, n int, bc BenchConfig, logger *slog.Logger) (float64, error) {
 	relays := make([]*pgoutbox.Relay, n)
 	for i := range relays {
-		r, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{OrderedTopics: orderedOf(pub), BatchSize: bc.BatchSize, InFlight: bc.InFlight, PollInterval: 20 * time.Millisecond, PollOnly: true}, logger)
+		r, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{OrderedTopics: orderedOf(pub), BatchSize: bc.BatchSize, CatchUpBatchSize: bc.BatchSize, InFlight: bc.InFlight, PollInterval: 20 * time.Millisecond, PollOnly: true}, logger)
 		if err != nil {
 			return 0, err
 		}
