@@ -406,7 +406,7 @@ func (r *Relay) fastPage(ctx context.Context, tx pgx.Tx, pos position, size int)
 // holds about catchUpPageBytes (never fewer than BatchSize rows). See
 // RelayConfig.CatchUpBatchSize for why.
 func (r *Relay) nextPageSize(page []fastRow, size int) int {
-	if len(page) < size || len(page) == 0 {
+	if len(page) < size { // size >= 1, so a full page has rows to divide by
 		return r.cfg.BatchSize
 	}
 	var bytes int

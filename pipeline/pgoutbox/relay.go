@@ -70,8 +70,8 @@ type RelayConfig struct {
 	// that wait, not the rows, sets the rate, and a relay that fell behind
 	// (a broker's pause, a deploy) drained a page of 100 at little more
 	// than the rate it was fed: measured at 2,000 events/s on two cores, a
-	// backlog of 40,000 took 63 s to clear with pages of 100, 12 s with
-	// pages of 1,000. Default 1000 (BatchSize when larger), at most 10000.
+	// backlog of 40,000 took 63–100 s to clear with pages of 100, 13–21 s
+	// with pages of 1,000. Default 1000 (BatchSize when larger), at most 10000.
 	CatchUpBatchSize int
 	// PollInterval is how long the relay sleeps when the outbox has nothing
 	// due before it claims again whatever the probes and wake-ups said.
