@@ -107,11 +107,22 @@ func passedCond(o, quotedOutbox, key string) string {
 // caller's own transaction id may be above it (its rows count as pending
 // to it), and so may the rows of a database restored into a cluster whose
 // ids are behind its dump's.
+//
+// Neither branch's rows are visible in the position's snapshot, so what
+// may have passed them is the batch in progress: its range's snapshot
+// (cur) and the last row it passed, read once for the statement (scalar
+// subqueries of no row: the planner runs each once, an InitPlan). Not
+// passedCond, which the planner joins to every row (an anti-join over the
+// position's subquery): 16 ms against 11 ms for 40,000 rows not passed,
+// on every metrics scrape while a relay is behind.
 func unpassedRows(cols, quotedOutbox, key string) string {
 	pos := positionSnap(quotedOutbox, key)
+	latest := latestPosition(quotedOutbox, key)
+	field := func(c string) string { return `(SELECT rp.` + c + ` FROM ` + latest + ` rp)` }
 	rest := `
 		  AND o.dispatched_at IS NULL AND NOT o.slow
-		  AND NOT ` + passedCond("o", quotedOutbox, key)
+		  AND NOT coalesce(pg_visible_in_snapshot(o.tx, ` + field("cur") + `)
+		       AND (o.tx, o.id) <= (` + field("last_tx") + `, ` + field("last_id") + `), false)`
 	return `SELECT ` + cols + ` FROM ` + quotedOutbox + ` o
 		WHERE o.tx >= pg_snapshot_xmax(` + pos + `)
 		  AND o.tx <= (SELECT max(m.tx) FROM ` + quotedOutbox + ` m)` + rest + `

@@ -15,6 +15,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -407,6 +408,76 @@ func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 	require.NoError(t, err)
 	retries, all = count(nil)
 	require.Equal(t, [2]int{2, 4}, [2]int{retries, all}, "a restored row with a tx ahead of the cluster's is pending")
+}
+
+// A batch in progress passed part of its range: the pending reads count
+// what it passed by the range's snapshot and its last row, read once for
+// the statement, not joined to every row, and agree row for
+// row with DispatchedCond, which does look it up per row: a transaction
+// in progress at the position that committed into the range, one in
+// progress at the range's snapshot that committed after it (its rows
+// below the last one passed, and still pending), the rows past the last
+// one, and newer rows.
+func TestPendingReadsCountABatchInProgress(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	insert := func(db interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, n int) {
+		_, err := db.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a' || g, 't', '{}' FROM generate_series(1, $1::int) g`, n)
+		require.NoError(t, err)
+	}
+	begin := func() pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		return tx
+	}
+	commit := func(tx pgx.Tx) { require.NoError(t, tx.Commit(ctx)) }
+
+	atPosition := begin() // in progress when the position is taken
+	insert(atPosition, 5)
+	_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('outbox', pg_current_snapshot())`)
+	require.NoError(t, err)
+	commit(atPosition)
+	atRange := begin() // in progress when the range's snapshot is taken
+	insert(atRange, 3)
+	for range 20 {
+		insert(pool, 100)
+	}
+	// The batch passed the first 950 rows of those 20 transactions (the
+	// rows of the one still in progress are not visible here).
+	var lastTx string
+	var lastID int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tx::text, id FROM outbox
+		ORDER BY tx, id OFFSET 5 + 949 LIMIT 1`).Scan(&lastTx, &lastID))
+	_, err = pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap, cur, last_tx, last_id)
+		SELECT 'outbox', snap, pg_current_snapshot(), $1::xid8, $2 FROM `+pgoutbox.PositionTable+` ORDER BY seq DESC LIMIT 1`, lastTx, lastID)
+	require.NoError(t, err)
+	commit(atRange)
+	insert(pool, 7)
+	_, err = pool.Exec(ctx, `ANALYZE outbox`)
+	require.NoError(t, err)
+
+	n, err := pgoutbox.PendingCount(ctx, pool, "")
+	require.NoError(t, err)
+	require.EqualValues(t, 3+1050+7, n)
+	var perRow int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE NOT `+pgoutbox.DispatchedOutbox).Scan(&perRow))
+	require.Equal(t, perRow, n)
+	var mismatched int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE (NOT `+pgoutbox.DispatchedOutbox+`)
+		IS DISTINCT FROM (o.id IN (SELECT p.id FROM `+pgoutbox.PendingOutbox+` p))`).Scan(&mismatched))
+	require.Zero(t, mismatched, "the pending reads and DispatchedCond disagree on some rows")
+
+	rows, err := pool.Query(ctx, `EXPLAIN SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.NotContains(t, plan, "SubPlan", "the position is read per row:\n%s", plan)
+	require.NotContains(t, plan, "Anti Join", "the position is joined to every row:\n%s", plan)
 }
 
 func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {
