@@ -202,6 +202,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	a := &App{cfg: cfg, opts: opts, logger: opts.Logger, metrics: metrics.New(), tracer: tracing.New(opts.TracerProvider), shutdownTracing: shutdownTracing}
 	a.metrics.OutboxTable = cfg.Relay.Table
+	a.metrics.OutboxRetention, a.metrics.LedgerRetention, a.metrics.PruneInterval = cfg.Retention.Outbox, cfg.Retention.Ledger, cfg.Retention.Interval
 	switch cfg.RelayMode {
 	case RelayModePoll:
 		cfg.Relay.PollOnly = true

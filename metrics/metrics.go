@@ -28,9 +28,11 @@ import (
 	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -58,36 +60,44 @@ type Metrics struct {
 	// CDC, if set, returns the in-process CDC streamer's state, for
 	// ferry_cdc_slot_lag_seconds and ferry_cdc_streaming.
 	CDC func() pgcdc.Stats
+	// OutboxRetention, LedgerRetention and PruneInterval judge the weekly
+	// partitions of the outbox and the ledger for the
+	// ferry_retention_overdue_* gauges, as `ferry status` does
+	// (pgweeks.Overdue). Zero retention: that table is not judged (its
+	// gauges read 0).
+	OutboxRetention, LedgerRetention, PruneInterval time.Duration
 
-	cdcLagBytes      prometheus.Gauge
-	cdcLagSeconds    prometheus.Gauge
-	cdcRetained      prometheus.Gauge
-	cdcConfirmed     prometheus.Gauge
-	cdcSlotActive    prometheus.Gauge
-	cdcStreaming     prometheus.Gauge
-	pending          *prometheus.GaugeVec
-	retrying         *prometheus.GaugeVec
-	versions         *prometheus.GaugeVec
-	shownVersions    map[[3]string]bool
-	instances        *prometheus.GaugeVec
-	held             *prometheus.GaugeVec
-	queueReady       *prometheus.GaugeVec
-	queueConsumers   *prometheus.GaugeVec
-	pendingDue       *prometheus.GaugeVec
-	oldestPendingAge prometheus.Gauge
-	maxAttempts      prometheus.Gauge
-	poison           *prometheus.GaugeVec
-	unrouted         prometheus.Gauge
-	legacyEffects    *prometheus.GaugeVec
-	dispatchLatency  *prometheus.HistogramVec
-	attempts         prometheus.Histogram
-	dispatched       *prometheus.CounterVec
-	publishErrors    *prometheus.CounterVec
-	shadowEvents     *prometheus.CounterVec
-	consumer         *prometheus.CounterVec
-	batchSize        *prometheus.HistogramVec
-	batches          *prometheus.CounterVec
-	refreshErrors    prometheus.Counter
+	overduePartitions *prometheus.GaugeVec
+	overdueSeconds    *prometheus.GaugeVec
+	cdcLagBytes       prometheus.Gauge
+	cdcLagSeconds     prometheus.Gauge
+	cdcRetained       prometheus.Gauge
+	cdcConfirmed      prometheus.Gauge
+	cdcSlotActive     prometheus.Gauge
+	cdcStreaming      prometheus.Gauge
+	pending           *prometheus.GaugeVec
+	retrying          *prometheus.GaugeVec
+	versions          *prometheus.GaugeVec
+	shownVersions     map[[3]string]bool
+	instances         *prometheus.GaugeVec
+	held              *prometheus.GaugeVec
+	queueReady        *prometheus.GaugeVec
+	queueConsumers    *prometheus.GaugeVec
+	pendingDue        *prometheus.GaugeVec
+	oldestPendingAge  prometheus.Gauge
+	maxAttempts       prometheus.Gauge
+	poison            *prometheus.GaugeVec
+	unrouted          prometheus.Gauge
+	legacyEffects     *prometheus.GaugeVec
+	dispatchLatency   *prometheus.HistogramVec
+	attempts          prometheus.Histogram
+	dispatched        *prometheus.CounterVec
+	publishErrors     *prometheus.CounterVec
+	shadowEvents      *prometheus.CounterVec
+	consumer          *prometheus.CounterVec
+	batchSize         *prometheus.HistogramVec
+	batches           *prometheus.CounterVec
+	refreshErrors     prometheus.Counter
 	// refreshed: the outbox gauges hold a reading (Counters reports no
 	// depth before the first).
 	refreshed atomic.Bool
@@ -190,13 +200,20 @@ func New() *Metrics {
 		cdcStreaming: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ferry_cdc_streaming", Help: "1 when this process streams the slot, 0 when it stands by or reconnects.",
 		}),
+		overduePartitions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_retention_overdue_partitions", Help: "Weekly partitions (table: outbox, ledger) still holding rows a prune interval and an hour after they all passed retention: a prune that does not run, or a lock (pg_dump, a long transaction) that keeps it from clearing them.",
+		}, []string{"table"}),
+		overdueSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_retention_overdue_seconds", Help: "How long the oldest overdue partition (ferry_retention_overdue_partitions) has been past retention, by table (0 when none is overdue).",
+		}, []string{"table"}),
 		refreshErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
 	m.own = []prometheus.Collector{m.held, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.versions, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.batchSize, m.batches, m.refreshErrors,
-		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming}
+		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming,
+		m.overduePartitions, m.overdueSeconds}
 	m.Registry.MustRegister(m.own...)
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -500,6 +517,9 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 			}
 		}
 	}
+	if err := m.refreshRetention(ctx, pool); err != nil {
+		return err
+	}
 	legacy, err := pgstatus.LegacyEffects(ctx, pool, shadow.Table)
 	if err != nil {
 		return err
@@ -547,6 +567,34 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 			}
 		}
 		m.cdcConfirmed.Set(lsn)
+	}
+	return nil
+}
+
+// refreshRetention sets the ferry_retention_overdue_* gauges of both
+// tables (a table not judged, or not partitioned, reads 0: an alert sees
+// it clear).
+func (m *Metrics) refreshRetention(ctx context.Context, pool *pgxpool.Pool) error {
+	outbox, now, err := pgoutbox.Partitions(ctx, pool, m.OutboxTable)
+	if err != nil {
+		return err
+	}
+	ledger, _, err := pgledger.Partitions(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, t := range []struct {
+		name      string
+		parts     []pgweeks.Partition
+		retention time.Duration
+	}{{"outbox", outbox, m.OutboxRetention}, {"ledger", ledger, m.LedgerRetention}} {
+		late, since := pgweeks.Overdue(t.parts, now, t.retention, m.PruneInterval)
+		var age float64
+		if len(late) > 0 {
+			age = max(0, now.Sub(since).Seconds())
+		}
+		m.overduePartitions.WithLabelValues(t.name).Set(float64(len(late)))
+		m.overdueSeconds.WithLabelValues(t.name).Set(age)
 	}
 	return nil
 }

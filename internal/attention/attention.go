@@ -206,23 +206,9 @@ func Items(s State) []Item {
 		{"outbox", s.OutboxRetention, rep.OutboxPartitions, "pg_dump, a long report"},
 		{"ledger", s.LedgerRetention, rep.LedgerPartitions, "pg_dump, a consumer's long transaction"},
 	} {
-		if r.retention <= 0 {
-			continue
-		}
-		var late []pgweeks.Partition
-		for _, p := range r.parts {
-			if p.PastRetention(rep.At.Add(-r.retention - s.PruneInterval - time.Hour)) {
-				late = append(late, p)
-			}
-		}
+		late, since := pgweeks.Overdue(r.parts, rep.At, r.retention, s.PruneInterval)
 		if len(late) == 0 {
 			continue
-		}
-		since := late[0].Until.Add(r.retention)
-		for _, p := range late[1:] {
-			if p.Until.Add(r.retention).Before(since) {
-				since = p.Until.Add(r.retention)
-			}
 		}
 		add(Item{Kind: r.table + "_retention", Count: len(late), Since: &since,
 			Hint: "run " + cmd + " prune " + r.table + " and read what it says; a transaction holding a lock on the " + r.table + " (" + r.lockedBy + ": see pg_locks) keeps a partition from being cleared",

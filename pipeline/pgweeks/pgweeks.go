@@ -91,6 +91,33 @@ func (p Partition) PastRetention(cutoff time.Time) bool {
 	return !p.Current && !p.Empty && !p.Until.IsZero() && !p.Until.After(cutoff)
 }
 
+// OverdueGrace is how long past the first prune that should have cleared
+// a partition it may still hold rows before Overdue reports it: the prune
+// in progress, one waiting out a lock for a while.
+const OverdueGrace = time.Hour
+
+// Overdue returns the partitions of parts (listed at now) that a prune with
+// this retention should have cleared a prune interval and OverdueGrace
+// ago, and since when the oldest of them has been past retention: a prune
+// that does not run, or that a lock keeps from clearing them (pg_dump, a
+// long transaction). The status's attention list and the metrics' gauges
+// judge by it. Zero retention judges nothing.
+func Overdue(parts []Partition, now time.Time, retention, pruneInterval time.Duration) (late []Partition, since time.Time) {
+	if retention <= 0 {
+		return nil, since
+	}
+	for _, p := range parts {
+		if !p.PastRetention(now.Add(-retention - pruneInterval - OverdueGrace)) {
+			continue
+		}
+		late = append(late, p)
+		if at := p.Until.Add(retention); since.IsZero() || at.Before(since) {
+			since = at
+		}
+	}
+	return late, since
+}
+
 // Reader is what List reads with: a pool, a connection or a transaction.
 type Reader interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +51,12 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
 		VALUES ('stuck', 'stripe.charge', '{}', 7, 'broker said no', now() + interval '1 hour')`)
 	require.NoError(t, err)
+	// A week 40 days old still holding a row: past retention (30 days)
+	// and the prune that should have cleared it, as a lock or a stopped
+	// prune leaves it.
+	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload, created_at, dispatched_at, part)
+		VALUES ('old', 'stripe.charge', '{}', now() - interval '40 days', now() - interval '40 days', ferry_outbox_part(now() - interval '40 days'))`)
+	require.NoError(t, err)
 	require.NoError(t, h.app.Metrics().Refresh(context.Background(), h.app.Pool()))
 
 	admin := h.app.AdminHandler()
@@ -69,6 +77,9 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 		`outbox_pending_total{topic="stripe.charge"} 1`,
 		`outbox_pending_due_total{topic="stripe.charge"} 0`,
 		`outbox_pending_max_attempts 7`,
+		`ferry_retention_overdue_partitions{table="outbox"} 1`,
+		`ferry_retention_overdue_partitions{table="ledger"} 0`,
+		`ferry_retention_overdue_seconds{table="ledger"} 0`,
 		`ferry_consumer_messages_total{handler="payments.charge",outcome="handled"} 1`,
 		`ferry_consumer_messages_total{handler="notifications.mail",outcome="handled"} 1`,
 		`handler_execution_time_seconds`, // Watermill's router metrics
@@ -98,6 +109,16 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	require.Equal(t, 401, code)
 	_, body = get(t, admin, "GET", "/metrics", "")
 	require.Contains(t, body, "ferry_unrouted_messages ", "the unrouted queue's depth is a metric")
+	overdue := regexp.MustCompile(`(?m)^ferry_retention_overdue_seconds\{table="outbox"\} (\S+)$`).FindStringSubmatch(body)
+	require.NotNil(t, overdue, body)
+	age, err := strconv.ParseFloat(overdue[1], 64)
+	require.NoError(t, err)
+	require.Greater(t, age, 24*3600.0, "the old week has been past retention for more than a day")
+	// The prune above cleared the old week.
+	require.NoError(t, h.app.Metrics().Refresh(context.Background(), h.app.Pool()))
+	_, body = get(t, admin, "GET", "/metrics", "")
+	require.Contains(t, body, `ferry_retention_overdue_partitions{table="outbox"} 0`)
+	require.Contains(t, body, `ferry_retention_overdue_seconds{table="outbox"} 0`)
 
 	rep, err := pgstatus.Collect(context.Background(), h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
 	require.NoError(t, err)
