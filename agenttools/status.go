@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/pgtoolcalls"
 )
@@ -74,7 +75,7 @@ type StatusOutput struct {
 	Truncated bool `json:"truncated"`
 }
 
-func intentStatusTool(outboxTable string) Tool {
+func intentStatusTool(outboxTable pgoutbox.Table) Tool {
 	t, err := New(Def{
 		Name: IntentStatusName, Title: "Intent status", ReadOnly: true,
 		Description: "Shows every intent (queued side effect) of an aggregate, or of one earlier tool call, and what became of it: " +
@@ -91,7 +92,7 @@ func intentStatusTool(outboxTable string) Tool {
 
 // IntentStatus answers intent_status on q (a transaction or pool) for the
 // outbox table ("" for the default).
-func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable string, in StatusInput) (StatusOutput, error) {
+func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable pgoutbox.Table, in StatusInput) (StatusOutput, error) {
 	out := StatusOutput{Intents: []IntentState{}}
 	var ids []string
 	if in.AggregateID == "" {

@@ -321,7 +321,7 @@ func TestRunnerCallRoundTrips(t *testing.T) {
 func TestRunnerIntentFailingAtCommitRollsBackTheCall(t *testing.T) {
 	t.Parallel()
 	_, pool := setup(t)
-	broken, err := pgoutbox.New(pgoutbox.Config{Table: "no_such_outbox"}, nil)
+	broken, err := pgoutbox.New(pgoutbox.Config{Table: noSuchOutbox(t)}, nil)
 	require.NoError(t, err)
 	r, err := agenttools.NewRunner(pool, broken, []agenttools.Tool{note(t, 0)}, nil)
 	require.NoError(t, err)
@@ -351,7 +351,7 @@ func TestIntentStatusShowsNoPersonalData(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	out, err := agenttools.IntentStatus(ctx, tx, "", agenttools.StatusInput{AggregateID: "o-1"})
+	out, err := agenttools.IntentStatus(ctx, tx, pgoutbox.Table{}, agenttools.StatusInput{AggregateID: "o-1"})
 	require.NoError(t, err)
 	require.Len(t, out.Intents, 1)
 	in := out.Intents[0]
@@ -365,3 +365,10 @@ func TestIntentStatusShowsNoPersonalData(t *testing.T) {
 }
 
 func pipelineClean(s string) string { return strings.ToValidUTF8(s, "?") }
+
+func noSuchOutbox(t testing.TB) pgoutbox.Table {
+	t.Helper()
+	tbl, err := pgoutbox.ParseTable("no_such_outbox")
+	require.NoError(t, err)
+	return tbl
+}

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -249,9 +248,13 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	// The producer writes in the service's own transactions, on the
 	// service's own pool, whose search_path does not hold
 	// FERRY_DATABASE_SCHEMA: the table is named with its schema.
-	adapter := pgoutbox.Config{Table: qualifiedTable(cfg.Relay.Table, cfg.DatabaseSchema), Ordered: func(topic string) bool { return a.topology.Ordered(topic) }, MaxDelay: cfg.MaxDelay}
+	table, err := cfg.Relay.Table.InSchema(cfg.DatabaseSchema)
+	if err != nil {
+		return nil, fmt.Errorf("FERRY_OUTBOX_TABLE: %w", err)
+	}
+	adapter := pgoutbox.Config{Table: table, Ordered: func(topic string) bool { return a.topology.Ordered(topic) }, MaxDelay: cfg.MaxDelay}
 	if a.outbox, err = pgoutbox.New(adapter, a.logger); err != nil {
-		return nil, fmt.Errorf("RelayConfig.Table: %w", err)
+		return nil, fmt.Errorf("FERRY_OUTBOX_TABLE: %w", err)
 	}
 	if !cfg.Relay.PollOnly {
 		// Wake-ups after the commit, from this process: see pgoutbox.Waker.
@@ -422,16 +425,4 @@ func declareTopology(ctx context.Context, conn *wamqp.ConnectionWrapper, topo *r
 		case <-time.After(10 * time.Second):
 		}
 	}
-}
-
-// qualifiedTable names the outbox table with the schema it lives in when
-// FERRY_DATABASE_SCHEMA is set and the table has none.
-func qualifiedTable(table, schema string) string {
-	if table == "" {
-		table = pgoutbox.DefaultTable
-	}
-	if schema == "" || strings.Contains(table, ".") {
-		return table
-	}
-	return schema + "." + table
 }

@@ -314,6 +314,11 @@ func EnvVars() []EnvVar {
 		{"FERRY_DURABLE_RETRY_MAX_ATTEMPTS", strconv.Itoa(middleware.DefaultDurableRetryMaxAttempts), "deliveries of a failing message (first included) before the poison store", intVar(func(c *Config) *int { return &c.DurableRetry.MaxAttempts }, 1, 1000)},
 		{"FERRY_DURABLE_RETRY_INITIAL", "30s", "delay before the first durable retry", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Initial })},
 		{"FERRY_DURABLE_RETRY_MAX", "15m", "cap of the durable retry delay (it doubles, 20% jitter)", durationVar(func(c *Config) *time.Duration { return &c.DurableRetry.Backoff.Max })},
+		{"FERRY_OUTBOX_TABLE", pgoutbox.DefaultTable, "the outbox table (table or schema.table) that the publisher writes and the relay, status, the console and every command read; a table of another name is yours to create (docs/operations.md)", func(c *Config, v string) error {
+			t, err := pgoutbox.ParseTable(v)
+			c.Relay.Table = t
+			return err
+		}},
 		{"FERRY_OUTBOX_RETENTION", "720h", "keep dispatched outbox rows this long (at most 2352h: rows go with their week's partition, once the whole week is past it)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Outbox })},
 		{"FERRY_LEDGER_RETENTION", "336h", "keep the consumers' ledger this long (must outlast redeliveries; at least 1h, at most 2352h: rows go with their week's partition, once the whole week is past it)", durationVar(func(c *Config) *time.Duration { return &c.Retention.Ledger })},
 		{"FERRY_TOOL_CALL_RETENTION", "336h", "keep agent tool call records (idempotency) this long", durationVar(func(c *Config) *time.Duration { return &c.Retention.ToolCalls })},

@@ -63,12 +63,12 @@ func backfillFlags(fs *flag.FlagSet, env *Env) RunFunc {
 				}
 			}
 		}
-		pool, err := OpenPool(ctx, "backfill")
+		cfg, pool, err := openMigrated(ctx, "backfill")
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		b := Backfill{Options: o, JSON: asJSON}
+		b := Backfill{Options: o, JSON: asJSON, Outbox: outboxConfig(cfg)}
 		if f, ok := env.Stderr.(*os.File); ok && isTerminal(f) {
 			b.Progress = f
 		}
@@ -83,12 +83,14 @@ type Backfill struct {
 	JSON    bool
 	// Progress, if set, gets a progress line as intents are written.
 	Progress io.Writer
+	// Outbox is where the intents go (the configured outbox table).
+	Outbox pgoutbox.Config
 }
 
 // Run backfills (or, dry, counts) and prints the summary.
 func (o Backfill) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
 	opts := o.Options
-	outbox, err := pgoutbox.New(pgoutbox.Config{}, nil)
+	outbox, err := pgoutbox.New(o.Outbox, nil)
 	if err != nil {
 		return err
 	}

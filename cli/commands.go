@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 )
 
@@ -97,7 +99,7 @@ func openMigrated(ctx context.Context, name string) (app.Config, *pgxpool.Pool, 
 	if err != nil {
 		return cfg, pool, err
 	}
-	missing, err := migrations.MissingTables(ctx, pool, migrations.ReadTables)
+	missing, err := missingTables(ctx, pool, cfg.Relay.Table)
 	if err == nil && len(missing) == 0 {
 		return cfg, pool, nil
 	}
@@ -113,6 +115,24 @@ func openMigrated(ctx context.Context, name string) (app.Config, *pgxpool.Pool, 
 		ErrNotMigrated, schema, strings.Join(missing, ", "), binaryName)
 }
 
+// missingTables are the tables of migrations.ReadTables the schema lacks,
+// the outbox by its configured name (FERRY_OUTBOX_TABLE).
+func missingTables(ctx context.Context, pool *pgxpool.Pool, outbox pgoutbox.Table) ([]string, error) {
+	others := slices.DeleteFunc(slices.Clone(migrations.ReadTables), func(t string) bool { return t == pgoutbox.DefaultTable })
+	missing, err := migrations.MissingTables(ctx, pool, others)
+	if err != nil {
+		return nil, err
+	}
+	var found bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, outbox.Quoted()).Scan(&found); err != nil {
+		return nil, err
+	}
+	if !found {
+		missing = append([]string{outbox.Name()}, missing...)
+	}
+	return missing, nil
+}
+
 // openConfigured loads the configuration and connects with it, for the
 // commands that need both.
 func openConfigured(ctx context.Context, name string) (app.Config, *pgxpool.Pool, error) {
@@ -122,6 +142,14 @@ func openConfigured(ctx context.Context, name string) (app.Config, *pgxpool.Pool
 	}
 	pool, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: "ferry-" + name, MaxConns: 2})
 	return cfg, pool, err
+}
+
+// outboxConfig is the outbox a command writes through (a requeue, a
+// backfill): the configured table and bound on delays. Its ordered topics
+// are the application's, which a command does not load: the relay keeps
+// their order when it sends the rows.
+func outboxConfig(cfg app.Config) pgoutbox.Config {
+	return pgoutbox.Config{Table: cfg.Relay.Table, MaxDelay: cfg.MaxDelay}
 }
 
 // WriteJSON writes v indented, for --json output.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
@@ -38,7 +39,8 @@ func findFlags(fs *flag.FlagSet, env *Env) RunFunc {
 // Find is `find`: the console's "Find a message" (pgstatus.Find).
 type Find struct {
 	Query string
-	Table string
+	// Table is the outbox (FERRY_OUTBOX_TABLE).
+	Table pgoutbox.Table
 	// Routes are the app's route names (the ledger's keys); empty, the
 	// ledger is scanned for the message.
 	Routes []string

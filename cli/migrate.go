@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 func migrateFlags(verb string) func(*flag.FlagSet, *Env) RunFunc {
@@ -28,7 +29,7 @@ func migrateFlags(verb string) func(*flag.FlagSet, *Env) RunFunc {
 				return err
 			}
 			defer pool.Close()
-			return Migrate{Verb: verb, Sets: sets, Schema: cfg.DatabaseSchema}.Run(ctx, pool, env.Stdout)
+			return Migrate{Verb: verb, Sets: sets, Schema: cfg.DatabaseSchema, Outbox: cfg.Relay.Table}.Run(ctx, pool, env.Stdout)
 		}
 	}
 }
@@ -39,6 +40,10 @@ type Migrate struct {
 	Verb   string
 	Sets   []migrations.Set
 	Schema string
+	// Outbox is the configured outbox table (FERRY_OUTBOX_TABLE): up gives
+	// a table of another name than the default the operator views the
+	// migrations give the default one (pgoutbox.Table.EnsureViews).
+	Outbox pgoutbox.Table
 }
 
 // Run applies, rolls back (the newest set with something applied: the
@@ -60,6 +65,9 @@ func (o Migrate) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error
 				return err
 			}
 			fmt.Fprintf(w, "%s: applied %d migration(s)\n", s.Name, n)
+		}
+		if err := o.outboxViews(ctx, pool, w); err != nil {
+			return err
 		}
 	case "down":
 		for i := len(sets) - 1; i >= 0; i-- {
@@ -98,5 +106,27 @@ func (o Migrate) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error
 	default:
 		return usagef("migrate: want up, down or status, got %q", o.Verb)
 	}
+	return nil
+}
+
+// outboxViews creates the operator views of a configured outbox table of
+// another name than the default (whose views the migrations create); a
+// table not created yet is said, not an error: the service creates it.
+func (o Migrate) outboxViews(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error {
+	if o.Outbox.Name() == pgoutbox.DefaultTable {
+		return nil
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, o.Outbox.Quoted()).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		fmt.Fprintf(w, "outbox table %s (FERRY_OUTBOX_TABLE) does not exist: create it, then run migrate up again for its views\n", o.Outbox)
+		return nil
+	}
+	if err := o.Outbox.EnsureViews(ctx, pool); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%s: operator views %s\n", o.Outbox, o.Outbox.View(pgoutbox.StatePending))
 	return nil
 }

@@ -185,12 +185,14 @@ func outboxActionFlags(action string) func(*flag.FlagSet, *Env) RunFunc {
 	}
 }
 
+// openOperator opens the operator over the configured outbox table
+// (FERRY_OUTBOX_TABLE).
 func openOperator(ctx context.Context) (*pgoutbox.Operator, func(), error) {
-	pool, err := OpenPool(ctx, "outbox")
+	cfg, pool, err := openMigrated(ctx, "outbox")
 	if err != nil {
 		return nil, nil, err
 	}
-	ops, err := pgoutbox.NewOperator(pool, "")
+	ops, err := pgoutbox.NewOperator(pool, cfg.Relay.Table)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

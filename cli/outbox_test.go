@@ -22,7 +22,7 @@ func TestOutboxActionRefusesMoreThanMaxAndActsOnTheGroup(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, attempts, last_error, available_at, message_uuid)
 		SELECT 'orders.placed', 'a' || g, '{}', '{}', 2, 'exchange not found', now() + interval '1 hour', gen_random_uuid()::text FROM generate_series(1, 4) g`)
 	require.NoError(t, err)
-	ops, err := pgoutbox.NewOperator(pool, "")
+	ops, err := pgoutbox.NewOperator(pool, pgoutbox.Table{})
 	require.NoError(t, err)
 	var fp string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT ferry_fingerprint('exchange not found')`).Scan(&fp))

@@ -229,11 +229,11 @@ func flagNames(err error) error {
 }
 
 func openPoisonStore(ctx context.Context) (*pgpoison.Store, func(), error) {
-	pool, err := OpenPool(ctx, "poison")
+	cfg, pool, err := openMigrated(ctx, "poison")
 	if err != nil {
 		return nil, nil, err
 	}
-	outbox, err := pgoutbox.New(pgoutbox.Config{}, nil)
+	outbox, err := pgoutbox.New(outboxConfig(cfg), nil)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

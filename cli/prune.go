@@ -36,9 +36,11 @@ func pruneFlags(target pgretention.Target) func(*flag.FlagSet, *Env) RunFunc {
 		fs.BoolVar(&o.DryRun, "dry-run", false, "count, delete nothing")
 		asJSON := fs.Bool("json", false, "print JSON")
 		return func(ctx context.Context, _ []string) error {
-			if _, err := LoadConfig(); err != nil {
+			cfg, err := LoadConfig()
+			if err != nil {
 				return err
 			}
+			o.Table = cfg.Relay.Table
 			prune := Prune{Target: target, Options: o, JSON: *asJSON}
 			// Refuse bad flags before connecting.
 			if err := prune.validate(); err != nil {

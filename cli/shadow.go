@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/adoption/shadow"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 func shadowReportFlags(fs *flag.FlagSet, env *Env) RunFunc {
@@ -40,7 +41,7 @@ type ShadowReport struct {
 	Since        time.Duration
 	Topic        string
 	ShadowTopics []string
-	OutboxTable  string
+	OutboxTable  pgoutbox.Table
 	JSON         bool
 }
 

@@ -21,7 +21,6 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -117,7 +116,7 @@ func (o Status) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error 
 		}
 	}
 	rep := statusReport{Attention: []string{}}
-	if rep.Report, err = pgstatus.Collect(ctx, pool, pgoutbox.DefaultTable, o.Attempts); err != nil {
+	if rep.Report, err = pgstatus.Collect(ctx, pool, o.Config.Relay.Table, o.Attempts); err != nil {
 		return err
 	}
 	if err := inspectBroker(ctx, o.Config, env, &rep); err != nil {

@@ -67,8 +67,8 @@ type Config struct {
 	OpenReads bool
 	// Prefix is the path the console is mounted at. Default "/console".
 	Prefix string
-	// OutboxTable is the outbox ("" for the default).
-	OutboxTable string
+	// OutboxTable is the outbox (the zero Table is the default).
+	OutboxTable pgoutbox.Table
 	// OutboxRetention, LedgerRetention and PruneInterval say when a
 	// partition of the outbox or the ledger is late to be cleared
 	// (attention.State); zero: not judged.

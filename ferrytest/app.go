@@ -31,7 +31,7 @@ func AppConfig(schema string, rmq rabbit.Config) app.Config {
 		AMQP:           rmq,
 		HTTPAddr:       "127.0.0.1:0",
 		AdminAddr:      "off",
-		Relay:          pgoutbox.RelayConfig{Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}},
+		Relay:          pgoutbox.RelayConfig{Table: outboxTable(), Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: time.Second}},
 		Retry:          middleware.RetryConfig{MaxRetries: 2, InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond},
 		DurableRetry: middleware.DurableRetryConfig{MaxAttempts: 3,
 			Backoff: pipeline.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond}},

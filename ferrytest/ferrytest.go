@@ -45,11 +45,13 @@ type Published struct {
 	AvailableAt time.Time
 }
 
-// publishedSQL reads what a transaction can see of the outbox: its own
-// uncommitted rows included.
-var publishedSQL = `SELECT id, coalesce(message_uuid, id::text), topic, aggregate_id,
+// publishedSQL reads what a transaction can see of the outbox's pending
+// rows (its view): its own uncommitted rows included.
+func publishedSQL() string {
+	return `SELECT id, coalesce(message_uuid, id::text), topic, aggregate_id,
 	COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers, available_at
-	FROM ` + pgoutbox.PendingOutbox + ` o WHERE ($1 = '' OR topic = $1) ORDER BY id`
+	FROM ` + outboxTable().View(pgoutbox.StatePending) + ` o WHERE ($1 = '' OR topic = $1) ORDER BY id`
+}
 
 // PublishedTx returns the pending outbox rows of topic ("" for every
 // topic) that tx sees, its own uncommitted ones included. tx is a *sql.Tx,
@@ -94,7 +96,7 @@ func PublishedTx(t testing.TB, tx any, topic string) []Published {
 		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
 	}:
 		var rows *sql.Rows
-		if rows, err = q.QueryContext(ctx, publishedSQL, topic); err == nil {
+		if rows, err = q.QueryContext(ctx, publishedSQL(), topic); err == nil {
 			for rows.Next() && err == nil {
 				if err = rows.Scan(dest...); err == nil {
 					err = add()
@@ -106,7 +108,7 @@ func PublishedTx(t testing.TB, tx any, topic string) []Published {
 		Query(context.Context, string, ...any) (pgx.Rows, error)
 	}:
 		var rows pgx.Rows
-		if rows, err = q.Query(ctx, publishedSQL, topic); err == nil {
+		if rows, err = q.Query(ctx, publishedSQL(), topic); err == nil {
 			_, err = pgx.ForEachRow(rows, dest, add)
 		}
 	default:
@@ -197,19 +199,19 @@ func RequireHandled(t testing.TB, pool *pgxpool.Pool, routes []handlers.Route, t
 func unhandled(pool *pgxpool.Pool, routes []handlers.Route) ([]string, error) {
 	ctx := context.Background()
 	var missing []string
-	var due int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o WHERE available_at <= now()`).Scan(&due); err != nil {
-		return nil, fmt.Errorf("counting due outbox rows: %w", err)
+	due, err := outboxTable().CountPending(ctx, pool, pgoutbox.PendingFilter{Due: true})
+	if err != nil {
+		return nil, err
 	}
 	if due > 0 {
-		missing = append(missing, strconv.Itoa(due)+" outbox row(s) still due")
+		missing = append(missing, strconv.FormatInt(due, 10)+" outbox row(s) still due")
 	}
 	for _, r := range routes {
 		// The message id is the one the consumers key their ledger by:
 		// a retry's or requeue's ferry_message_id, else the row's UUID.
 		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox o
-			WHERE o.topic = $1 AND `+pgoutbox.DispatchedOutbox+`
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxTable().View(pgoutbox.StateDispatched)+` o
+			WHERE o.topic = $1
 			  AND NOT EXISTS (SELECT 1 FROM processed_messages p WHERE p.consumer = $2
 			        AND p.message_id = coalesce(o.headers->>'ferry_message_id', o.message_uuid, o.id::text))
 			  AND NOT EXISTS (SELECT 1 FROM poison_messages x WHERE x.handler = $2

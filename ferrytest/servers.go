@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -39,6 +41,25 @@ func AMQPURL() string {
 		return u
 	}
 	return DefaultAMQPURL
+}
+
+// OutboxTable is the outbox table the helpers read, Schema creates and
+// AppConfig configures: FERRY_TEST_OUTBOX_TABLE, or the default. CI runs
+// the suites that read or write the outbox once with another name, so
+// that a read of "outbox" by name anywhere fails a test.
+func OutboxTable() (pgoutbox.Table, error) {
+	t, err := pgoutbox.ParseTable(os.Getenv("FERRY_TEST_OUTBOX_TABLE"))
+	if err != nil {
+		return t, fmt.Errorf("FERRY_TEST_OUTBOX_TABLE: %w", err)
+	}
+	return t, nil
+}
+
+// outboxTable is OutboxTable; Schema, which every test that has a schema
+// called first, reported its error.
+func outboxTable() pgoutbox.Table {
+	t, _ := OutboxTable()
+	return t
 }
 
 // UniqueName returns prefix followed by random hex, safe as a schema or
@@ -73,6 +94,10 @@ func Schema(t testing.TB, extra ...migrations.Set) string {
 		t.Fatalf("PostgreSQL is needed for this test: %v (start it: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", err)
 	}
 	defer admin.Close()
+	tbl, err := OutboxTable()
+	if err != nil {
+		t.Fatal(err)
+	}
 	schema := UniqueName("ferry_test_")
 	if err := pgdb.CreateSchema(ctx, admin, schema); err != nil {
 		t.Fatal(err)
@@ -94,9 +119,15 @@ func Schema(t testing.TB, extra ...migrations.Set) string {
 	defer pool.Close()
 	db := pgdb.SQLDB(pool)
 	defer db.Close()
-	for _, set := range append([]migrations.Set{migrations.Library}, extra...) {
+	for i, set := range append([]migrations.Set{migrations.Library}, extra...) {
 		if _, err := set.Up(ctx, db); err != nil {
 			t.Fatalf("migrating test schema %s (%s): %v", schema, set.Name, err)
+		}
+		if i == 0 {
+			// Before the application's sets: they may read the outbox.
+			if err := renameOutbox(ctx, pool, tbl); err != nil {
+				t.Fatalf("test schema %s: %v", schema, err)
+			}
 		}
 	}
 	return schema
@@ -171,7 +202,7 @@ func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 	var pending int
 	for {
 		err := pool.QueryRow(context.Background(),
-			`SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o WHERE (available_at <= now() OR attempts > 0 OR topic = $1)`, pipeline.RetryTopic).Scan(&pending)
+			`SELECT count(*) FROM `+outboxTable().View(pgoutbox.StatePending)+` o WHERE (available_at <= now() OR attempts > 0 OR topic = $1)`, pipeline.RetryTopic).Scan(&pending)
 		if err != nil {
 			t.Fatalf("counting pending outbox rows: %v", err)
 		}
@@ -183,4 +214,31 @@ func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// renameOutbox gives the migrated outbox, its archive and its partitions
+// the name tbl says, with tbl's views in place of the default table's,
+// which go: a read of the outbox by its default name fails.
+func renameOutbox(ctx context.Context, pool *pgxpool.Pool, tbl pgoutbox.Table) error {
+	def := pgoutbox.Table{}
+	if tbl.BaseName() == def.BaseName() {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, s := range pgoutbox.RowStates {
+			if _, err := tx.Exec(ctx, `DROP VIEW `+def.View(s)); err != nil {
+				return fmt.Errorf("dropping %s: %w", def.View(s), err)
+			}
+		}
+		stmts := []string{
+			`ALTER TABLE ` + def.Quoted() + ` RENAME TO ` + pgx.Identifier{tbl.BaseName()}.Sanitize(),
+			`ALTER TABLE ` + def.Archive() + ` RENAME TO ` + pgx.Identifier{tbl.BaseName() + "_archive"}.Sanitize(),
+		}
+		for _, stmt := range stmts {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("renaming the outbox to %s: %w", tbl, err)
+			}
+		}
+		return tbl.EnsureViews(ctx, tx)
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/evolve"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
@@ -25,8 +26,8 @@ import (
 // matched by topic) to the current type. Run it against a copy of
 // production, or a staging database, before deploying a change to an
 // event type. Events of a topic no chain names are reported in the log,
-// not checked. table is the outbox table ("" for "outbox").
-func RequireStoredEventsDecode(t testing.TB, pool *pgxpool.Pool, table string, events ...evolve.Schema) {
+// not checked. table is the outbox table (the zero Table for "outbox").
+func RequireStoredEventsDecode(t testing.TB, pool *pgxpool.Pool, table pgoutbox.Table, events ...evolve.Schema) {
 	t.Helper()
 	samples, err := pgstatus.VersionSamples(context.Background(), pool, table, 100)
 	if err != nil {

@@ -45,9 +45,9 @@ const DefaultRefreshInterval = 15 * time.Second
 type Metrics struct {
 	Registry *prometheus.Registry
 	own      []prometheus.Collector
-	// OutboxTable is the outbox table the gauges read (see
-	// pgoutbox.QuoteTable). Default "outbox".
-	OutboxTable string
+	// OutboxTable is the outbox table the gauges read. Default: the zero
+	// Table, "outbox".
+	OutboxTable pgoutbox.Table
 	// Unrouted, if set, returns the depth of the broker's unrouted queue
 	// (messages no binding took), for the ferry_unrouted_messages gauge.
 	Unrouted func(context.Context) (int, error)
@@ -430,7 +430,7 @@ func (m *Metrics) RecordBatch(handler string, size int, committed bool) {
 // Refresh recomputes the outbox and poison gauges from the database (the
 // same reads as `ferry status`).
 func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
-	backlog, err := pgstatus.Backlog(ctx, pool, m.OutboxTable)
+	backlog, err := m.OutboxTable.Backlog(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -458,7 +458,7 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		byTopic[topic] = float64(n)
 	}
 	m.setGauges(m.poison, byTopic)
-	retrying, _, err := pgstatus.Retrying(ctx, pool, m.OutboxTable, 1000)
+	retrying, _, err := m.OutboxTable.RetryGroups(ctx, pool, 1000)
 	if err != nil {
 		return err
 	}
@@ -575,7 +575,7 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 // tables (a table not judged, or not partitioned, reads 0: an alert sees
 // it clear).
 func (m *Metrics) refreshRetention(ctx context.Context, pool *pgxpool.Pool) error {
-	outbox, now, err := pgoutbox.Partitions(ctx, pool, m.OutboxTable)
+	outbox, now, err := m.OutboxTable.Partitions(ctx, pool)
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
@@ -52,8 +53,8 @@ type Options struct {
 	// ShadowTopics are the topics in shadow mode by configuration
 	// (FERRY_SHADOW_TOPICS): all their intents count as shadow ones.
 	ShadowTopics []string
-	// OutboxTable is the outbox ("" for the default).
-	OutboxTable string
+	// OutboxTable is the outbox (the zero Table is the default).
+	OutboxTable pgoutbox.Table
 }
 
 // TopicReport compares one topic's two sides.

@@ -84,9 +84,8 @@ func TestRelayModeCDCCommands(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a-1', 'cdc.cli', '{"n":1}') RETURNING id`).Scan(&id))
 	require.Eventually(t, func() bool {
-		var done bool
-		_ = pool.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+` FROM outbox o WHERE id = $1`, id).Scan(&done)
-		return done
+		rows, _ := pgoutbox.Table{}.Rows(context.Background(), pool, pgoutbox.RowFilter{IDs: []int64{id}})
+		return len(rows) == 1 && rows[0].Dispatched
 	}, 20*time.Second, 20*time.Millisecond, "the streamed row was never dispatched: %s", relayErr.String())
 
 	code, out, errOut := cmd("status", "--json", "--exit-code=false")

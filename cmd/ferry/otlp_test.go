@@ -268,8 +268,8 @@ func TestServeTakesOrdersWithTheBrokerDown(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the API never answered: %s", logs.String())
 	require.Less(t, status, 300, logs.String())
 	pool := pipelinetest.Pool(t, schema, "ferry-test-serve")
-	var pending int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
+	pending, err := pgoutbox.Table{}.PendingCount(context.Background(), pool)
+	require.NoError(t, err)
 	require.Positive(t, pending, "the order's events wait in the outbox for a relay")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), logs.String())

@@ -14,6 +14,7 @@ import (
 	"github.com/ferry-dev/ferry/ferrytest"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 // snippet:begin ferrytest
@@ -42,7 +43,7 @@ func TestStoredEventsStillDecode(t *testing.T) {
 		pool, err := pgxpool.New(t.Context(), url)
 		require.NoError(t, err)
 		defer pool.Close()
-		ferrytest.RequireStoredEventsDecode(t, pool, "outbox", snippets.OrderPlacedEvents)
+		ferrytest.RequireStoredEventsDecode(t, pool, pgoutbox.Table{}, snippets.OrderPlacedEvents)
 	}
 }
 

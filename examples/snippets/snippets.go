@@ -188,7 +188,7 @@ func RunCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, orde
 	if err != nil {
 		return err
 	}
-	cdc, err := pgcdc.NewStreamer(pool, relay, pgoutbox.DefaultTable, pgcdc.Config{}, logger)
+	cdc, err := pgcdc.NewStreamer(pool, relay, pgoutbox.Table{}, pgcdc.Config{}, logger)
 	if err != nil {
 		return err
 	}

@@ -108,7 +108,7 @@ func (r *rig) relay(t *testing.T, pool *pgxpool.Pool, amqpURL string, cfg pgoutb
 // start runs a streamer until the test ends (or stop is called).
 func (r *rig) start(t *testing.T, pool *pgxpool.Pool, relay pgcdc.IDRelay, cfg pgcdc.Config) (s *pgcdc.Streamer, stop func()) {
 	t.Helper()
-	s, err := pgcdc.NewStreamer(pool, relay, "", cfg, testLogger(t))
+	s, err := pgcdc.NewStreamer(pool, relay, pgoutbox.Table{}, cfg, testLogger(t))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -234,9 +234,9 @@ func requireInOrder(t *testing.T, got []delivery, first, n int) (duplicates int)
 
 func (r *rig) pending(t *testing.T) int {
 	t.Helper()
-	var n int
-	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&n))
-	return n
+	n, err := pgoutbox.Table{}.PendingCount(context.Background(), r.pool)
+	require.NoError(t, err)
+	return int(n)
 }
 
 func (r *rig) awaitPending(t *testing.T, want int, timeout time.Duration) {

@@ -85,7 +85,7 @@ type Stats struct {
 type Streamer struct {
 	pool   *pgxpool.Pool
 	relay  IDRelay
-	table  string
+	table  pgoutbox.Table
 	cfg    Config
 	logger *slog.Logger
 	// Wake, if set, is called when a slot was (re)created, to have the
@@ -108,9 +108,9 @@ type Streamer struct {
 	prepared                         bool
 }
 
-// NewStreamer returns a streamer of pool's outbox table (the name as in
+// NewStreamer returns a streamer of pool's outbox table (the relay's,
 // pgoutbox.RelayConfig.Table) relaying through relay.
-func NewStreamer(pool *pgxpool.Pool, relay IDRelay, table string, cfg Config, logger *slog.Logger) (*Streamer, error) {
+func NewStreamer(pool *pgxpool.Pool, relay IDRelay, table pgoutbox.Table, cfg Config, logger *slog.Logger) (*Streamer, error) {
 	if pool == nil {
 		return nil, errors.New("pgcdc: NewStreamer needs a pool")
 	}
@@ -120,9 +120,6 @@ func NewStreamer(pool *pgxpool.Pool, relay IDRelay, table string, cfg Config, lo
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid CDC config: %w", err)
-	}
-	if _, err := pgoutbox.QuoteTable(table); err != nil {
-		return nil, err
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -191,22 +188,18 @@ func (s *Streamer) Prepare(ctx context.Context) error {
 	if err := s.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&s.database); err != nil {
 		return fmt.Errorf("reading the database's name: %w", err)
 	}
-	quoted, err := pgoutbox.QuoteTable(s.table)
-	if err != nil {
-		return err
-	}
-	err = s.pool.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, quoted).
+	err := s.pool.QueryRow(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`, s.table.Quoted()).
 		Scan(&s.nspname, &s.relname)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("outbox table %s does not exist (run the migrate up command)", quoted)
+		return fmt.Errorf("outbox table %s does not exist (run the migrate up command)", s.table.Quoted())
 	}
 	if err != nil {
-		return fmt.Errorf("resolving outbox table %s: %w", quoted, err)
+		return fmt.Errorf("resolving outbox table %s: %w", s.table.Quoted(), err)
 	}
 	if s.slot, s.publication, err = Names(ctx, s.pool, s.cfg); err != nil {
 		return err
 	}
-	if err := s.ensurePublication(ctx, quoted); err != nil {
+	if err := s.ensurePublication(ctx, s.table.Quoted()); err != nil {
 		return err
 	}
 	// The slot is created here, not when streaming starts: a row committed
@@ -384,7 +377,7 @@ func (s *Streamer) ensureSlot(ctx context.Context, conn *pgconn.PgConn) (pglogre
 		return 0, fmt.Errorf("replication slot %s's start %q: %w", s.slot, res.ConsistentPoint, err)
 	}
 	// Only for the log line: a count that fails leaves it at 0.
-	pending, _ := pgoutbox.PendingCount(ctx, s.pool, s.table)
+	pending, _ := s.table.PendingCount(ctx, s.pool)
 	log := s.logger.Info
 	if pending > 0 {
 		log = s.logger.Warn

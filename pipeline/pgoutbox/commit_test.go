@@ -63,7 +63,7 @@ func TestInTxWritesEventsWithTheCommitAtomically(t *testing.T) {
 	n, e = count()
 	require.Equal(t, [2]int{1, 2}, [2]int{n, e}, "a failed business write leaves no outbox row")
 
-	missing, err := pgoutbox.New(pgoutbox.Config{Table: "no_such_outbox"}, nil)
+	missing, err := pgoutbox.New(pgoutbox.Config{Table: mustTable(t, "no_such_outbox")}, nil)
 	require.NoError(t, err)
 	require.Error(t, write(missing, "c", nil), "the event INSERT fails in the commit's round trip")
 	n, e = count()
@@ -281,4 +281,13 @@ func TestInTxFirstStatementOfEveryKindIsAtomic(t *testing.T) {
 		require.Equal(t, 1, events, "%s: a failed first statement writes no event", kind)
 		idle()
 	}
+}
+
+func mustTable(t testing.TB, name string) pgoutbox.Table {
+	t.Helper()
+	tbl, err := pgoutbox.ParseTable(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tbl
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,16 +52,6 @@ type Replay struct {
 	Rows int64
 }
 
-// timelineTable is TimelineTable beside the outbox table: in the schema
-// the outbox table names, if it names one.
-func timelineTable(quotedOutbox string) string {
-	t := pgx.Identifier{TimelineTable}.Sanitize()
-	if i := strings.LastIndex(quotedOutbox, `"."`); i >= 0 {
-		return quotedOutbox[:i+1] + "." + t
-	}
-	return t
-}
-
 // CheckFailover compares the server's timeline with the one recorded for
 // this outbox table and, when the server's is newer (a standby was promoted
 // since), makes the events dispatched within RelayConfig.FailoverReplay of
@@ -80,7 +69,7 @@ func (r *Relay) CheckFailover(ctx context.Context) (Replay, error) {
 	// transaction that locks the row and replays.
 	var current int64
 	var recorded *int64
-	if err := r.pool.QueryRow(ctx, `SELECT (`+timelineSQL+`), (SELECT timeline FROM `+r.timelineTable+` WHERE outbox_table = $1)`, r.table).Scan(&current, &recorded); err != nil {
+	if err := r.pool.QueryRow(ctx, `SELECT (`+timelineSQL+`), (SELECT timeline FROM `+r.t.Timelines()+` WHERE outbox_table = $1)`, r.t.Key()).Scan(&current, &recorded); err != nil {
 		return res, fmt.Errorf("reading the server's timeline and %s: %w", TimelineTable, err)
 	}
 	if recorded != nil && *recorded == current {
@@ -91,11 +80,11 @@ func (r *Relay) CheckFailover(ctx context.Context) (Replay, error) {
 			return fmt.Errorf("reading the server's timeline: %w", err)
 		}
 		recorded = nil
-		err := tx.QueryRow(ctx, `SELECT timeline FROM `+r.timelineTable+` WHERE outbox_table = $1 FOR UPDATE`, r.table).Scan(&recorded)
+		err := tx.QueryRow(ctx, `SELECT timeline FROM `+r.t.Timelines()+` WHERE outbox_table = $1 FOR UPDATE`, r.t.Key()).Scan(&recorded)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// First sight of this outbox table: nothing to compare with.
-			_, err = tx.Exec(ctx, `INSERT INTO `+r.timelineTable+` (outbox_table, timeline) VALUES ($1, $2) ON CONFLICT (outbox_table) DO NOTHING`, r.table, current)
+			_, err = tx.Exec(ctx, `INSERT INTO `+r.t.Timelines()+` (outbox_table, timeline) VALUES ($1, $2) ON CONFLICT (outbox_table) DO NOTHING`, r.t.Key(), current)
 			return err
 		case err != nil:
 			return fmt.Errorf("reading %s: %w", TimelineTable, err)
@@ -104,7 +93,7 @@ func (r *Relay) CheckFailover(ctx context.Context) (Replay, error) {
 		case *recorded > current:
 			// A server restored from a backup older than the last
 			// promotion: there is nothing to replay onto it.
-			_, err = tx.Exec(ctx, `UPDATE `+r.timelineTable+` SET timeline = $2, recorded_at = now() WHERE outbox_table = $1`, r.table, current)
+			_, err = tx.Exec(ctx, `UPDATE `+r.t.Timelines()+` SET timeline = $2, recorded_at = now() WHERE outbox_table = $1`, r.t.Key(), current)
 			return err
 		}
 		res.From, res.To = *recorded, current
@@ -116,22 +105,22 @@ func (r *Relay) CheckFailover(ctx context.Context) (Replay, error) {
 		// moments after their commit unless a backlog waited). One
 		// sequential scan, once per failover.
 		var newest *time.Time
-		if err := tx.QueryRow(ctx, `SELECT greatest((SELECT max(dispatched_at) FROM `+r.quoted+` WHERE NOT shadowed),
-			(SELECT moved_at FROM `+latestPosition(r.quoted, r.key)+` rp))`).Scan(&newest); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT greatest((SELECT max(dispatched_at) FROM `+r.t.Quoted()+` WHERE NOT shadowed),
+			(SELECT moved_at FROM `+r.t.latestPosition()+` rp))`).Scan(&newest); err != nil {
 			return fmt.Errorf("finding the last dispatch before the failover: %w", err)
 		}
 		if newest != nil {
 			res.Since = newest.Add(-r.cfg.FailoverReplay)
-			tag, err := tx.Exec(ctx, `UPDATE `+r.quoted+` o SET dispatched_at = NULL, available_at = now(), slow = true
+			tag, err := tx.Exec(ctx, `UPDATE `+r.t.Quoted()+` o SET dispatched_at = NULL, available_at = now(), slow = true
 				WHERE NOT o.shadowed AND (o.dispatched_at >= $1
-				   OR (o.dispatched_at IS NULL AND NOT o.slow AND o.tx IS NOT NULL AND o.created_at >= $1 AND `+passedCond("o", r.quoted, r.key)+`))`, res.Since)
+				   OR `+r.t.passedUnmarked("o", "o.created_at >= $1")+`)`, res.Since)
 			if err != nil {
 				return fmt.Errorf("making the events dispatched before the failover pending again: %w", err)
 			}
 			res.Rows = tag.RowsAffected()
 		}
-		if _, err := tx.Exec(ctx, `UPDATE `+r.timelineTable+` SET timeline = $2, recorded_at = now(), replayed_at = now(), replayed_rows = $3, replayed_from = $4 WHERE outbox_table = $1`,
-			r.table, current, res.Rows, res.From); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE `+r.t.Timelines()+` SET timeline = $2, recorded_at = now(), replayed_at = now(), replayed_rows = $3, replayed_from = $4 WHERE outbox_table = $1`,
+			r.t.Key(), current, res.Rows, res.From); err != nil {
 			return fmt.Errorf("recording the timeline in %s: %w", TimelineTable, err)
 		}
 		return nil

@@ -77,7 +77,7 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 	require.Equal(t, timeline, replays[0].To)
 	require.EqualValues(t, 15, replays[0].Rows, "the dispatches in the window, shadow intents left")
 	var pending, shadowPending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE shadowed) FROM `+pgoutbox.PendingRows("o.shadowed", `"outbox"`, "")+` p`).Scan(&pending, &shadowPending))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE shadowed) FROM `+pgoutbox.PendingRows(pgoutbox.Table{}, "o.shadowed")+` p`).Scan(&pending, &shadowPending))
 	require.Equal(t, 15, pending)
 	require.Zero(t, shadowPending)
 	var replayedRows int64

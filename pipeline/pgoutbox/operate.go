@@ -41,19 +41,17 @@ var failingColumns = pgfilter.Columns{Topic: "topic", AggregateID: "aggregate_id
 // share it, so they cannot disagree about what a failing row is.
 type Operator struct {
 	pool    *pgxpool.Pool
-	table   string // quoted
-	key     string // as configured
-	pending string // PendingRows, every column
+	t       Table
+	table   string // t, quoted
+	pending string // pendingRows, every column
 }
 
-// NewOperator returns the operator over the outbox table ("" for the
-// default; see QuoteTable).
-func NewOperator(pool *pgxpool.Pool, table string) (*Operator, error) {
-	t, err := QuoteTable(table)
-	if err != nil {
-		return nil, err
+// NewOperator returns the operator over the outbox table t.
+func NewOperator(pool *pgxpool.Pool, t Table) (*Operator, error) {
+	if pool == nil {
+		return nil, errors.New("pgoutbox: NewOperator needs a pool")
 	}
-	return &Operator{pool: pool, table: t, key: tableKey(table), pending: PendingRows("o.*", t, table)}, nil
+	return &Operator{pool: pool, t: t, table: t.Quoted(), pending: t.pendingRows("o.*")}, nil
 }
 
 // FailingCount counts the rows the relay keeps failing to publish.
@@ -118,41 +116,21 @@ func (o *Operator) FailingRows(ctx context.Context, f pgfilter.Filter, limit int
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[FailingRow])
 }
 
-// Row is one outbox row whole.
-type Row struct {
-	ID          int64
-	MessageID   string
-	Topic       string
-	AggregateID string
-	LastError   string
-	// Payload is the bytes as published (payload_raw, or the jsonb as text).
-	Payload     []byte
-	Headers     map[string]string
-	Attempts    int
-	CreatedAt   time.Time
-	AvailableAt time.Time
-	Dispatched  bool
-}
-
 // ErrNoRow is returned by Operator.Row for an id the outbox does not hold.
 var ErrNoRow = errors.New("no such outbox row")
 
-// Row reads one row.
+// Row reads one row whole, its payload too.
 func (o *Operator) Row(ctx context.Context, id int64) (Row, error) {
-	var row Row
-	var uuid *string
-	err := o.pool.QueryRow(ctx, `SELECT id, message_uuid, topic, aggregate_id, coalesce(last_error, ''),
-		COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers, attempts, created_at, available_at, `+DispatchedCond("o", o.table, o.key)+`
-		FROM `+o.table+` o WHERE id = $1`, id).Scan(&row.ID, &uuid, &row.Topic, &row.AggregateID, &row.LastError, &row.Payload, &row.Headers,
-		&row.Attempts, &row.CreatedAt, &row.AvailableAt, &row.Dispatched)
+	rows, err := o.pool.Query(ctx, `SELECT `+rowColumns(o.t.dispatchedCond("o"), true)+` FROM `+o.table+` o WHERE o.id = $1`, id)
+	if err != nil {
+		return Row{}, fmt.Errorf("reading outbox row %d: %w", id, err)
+	}
+	row, err := pgx.CollectExactlyOneRow(rows, scanRowPayload)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row, ErrNoRow
 	}
 	if err != nil {
 		return row, fmt.Errorf("reading outbox row %d: %w", id, err)
-	}
-	if uuid != nil {
-		row.MessageID = *uuid
 	}
 	return row, nil
 }
@@ -350,15 +328,10 @@ func (o *Operator) act(ctx context.Context, p Stuck, by By, action, stmt string)
 	return res, nil
 }
 
-// PendingCount counts the rows of the outbox table ("" for the default)
-// not dispatched yet.
-func PendingCount(ctx context.Context, pool *pgxpool.Pool, table string) (int64, error) {
-	t, err := QuoteTable(table)
-	if err != nil {
-		return 0, err
-	}
+// PendingCount counts the rows of the outbox table t not dispatched yet.
+func (t Table) PendingCount(ctx context.Context, q Reader) (int64, error) {
 	var n int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+PendingRows("1", t, table)+` p`).Scan(&n); err != nil {
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM `+t.pendingRows("1")+` p`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting pending outbox rows: %w", err)
 	}
 	return n, nil
@@ -367,25 +340,21 @@ func PendingCount(ctx context.Context, pool *pgxpool.Pool, table string) (int64,
 // dispatchedBefore is true of row o when it was dispatched before $1:
 // marked so, or passed by the relay and written before $1 (the relay
 // passes a row moments after its commit and records no time per row).
-func dispatchedBefore(quoted, table string) string {
-	return `(o.dispatched_at < $1 OR (o.dispatched_at IS NULL AND NOT o.slow AND o.tx IS NOT NULL AND o.created_at < $1 AND ` +
-		passedCond("o", quoted, tableKey(table)) + `))`
+func (t Table) dispatchedBefore() string {
+	return `(o.dispatched_at < $1 OR ` + t.passedUnmarked("o", "o.created_at < $1") + `)`
 }
 
-// CountDispatchedBefore counts the rows of the outbox table ("" for the
-// default) dispatched before cutoff that retention removes row by row:
-// those of its legacy partition when it is partitioned (ClearPartitions
-// empties the others whole).
-func CountDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string, cutoff time.Time) (int64, error) {
-	t, err := QuoteTable(table)
-	if err != nil {
-		return 0, err
-	}
-	if t, err = pgweeks.LegacyRelation(ctx, pool, t); err != nil || t == "" {
+// CountDispatchedBefore counts the rows of the outbox table t dispatched
+// before cutoff that retention removes row by row: those of its legacy
+// partition when it is partitioned (ClearPartitions empties the others
+// whole).
+func (t Table) CountDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time) (int64, error) {
+	rel, err := pgweeks.LegacyRelation(ctx, pool, t.Quoted())
+	if err != nil || rel == "" {
 		return 0, err
 	}
 	var n int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+t+` o WHERE `+dispatchedBefore(t, table), cutoff).Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+rel+` o WHERE `+t.dispatchedBefore(), cutoff).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting prunable outbox rows: %w", err)
 	}
 	return n, nil
@@ -396,29 +365,19 @@ func CountDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string
 // oldest first, skipping rows others hold; with archive it moves them into
 // the archive table (the outbox's name with "_archive") in the same
 // statement. It says how many went.
-func DeleteDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, table string, cutoff time.Time, n int, archive bool) (int64, error) {
-	if table == "" {
-		table = DefaultTable
-	}
-	t, err := QuoteTable(table)
-	if err != nil {
-		return 0, err
-	}
-	if t, err = pgweeks.LegacyRelation(ctx, pool, t); err != nil || t == "" {
+func (t Table) DeleteDispatchedBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, n int, archive bool) (int64, error) {
+	rel, err := pgweeks.LegacyRelation(ctx, pool, t.Quoted())
+	if err != nil || rel == "" {
 		return 0, err
 	}
 	stmt := `WITH doomed AS (
-		SELECT id FROM ` + t + ` o WHERE ` + dispatchedBefore(t, table) + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
-		DELETE FROM ` + t + ` o USING doomed d WHERE o.id = d.id`
+		SELECT id FROM ` + rel + ` o WHERE ` + t.dispatchedBefore() + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)
+		DELETE FROM ` + rel + ` o USING doomed d WHERE o.id = d.id`
 	if archive {
-		a, err := QuoteTable(table + "_archive")
-		if err != nil {
-			return 0, err
-		}
 		stmt = `WITH doomed AS (
-			SELECT id FROM ` + t + ` o WHERE ` + dispatchedBefore(t, table) + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
-			moved AS (DELETE FROM ` + t + ` o USING doomed d WHERE o.id = d.id RETURNING o.*)
-			INSERT INTO ` + a + ` SELECT * FROM moved ON CONFLICT (id) DO NOTHING`
+			SELECT id FROM ` + rel + ` o WHERE ` + t.dispatchedBefore() + ` ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED),
+			moved AS (DELETE FROM ` + rel + ` o USING doomed d WHERE o.id = d.id RETURNING o.*)
+			INSERT INTO ` + t.Archive() + ` SELECT * FROM moved ON CONFLICT (id) DO NOTHING`
 	}
 	tag, err := pool.Exec(ctx, stmt, cutoff, n)
 	if err != nil {

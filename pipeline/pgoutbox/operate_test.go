@@ -29,7 +29,7 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers) VALUES ('orders.placed', 'ok', '{}', '{}')`)
 	require.NoError(t, err)
 
-	ops, err := pgoutbox.NewOperator(pool, "")
+	ops, err := pgoutbox.NewOperator(pool, pgoutbox.Table{})
 	require.NoError(t, err)
 	n, err := ops.FailingCount(ctx)
 	require.NoError(t, err)

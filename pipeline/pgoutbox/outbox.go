@@ -40,20 +40,16 @@ func (o *Outbox) Committed() {
 }
 
 // New returns an Outbox configured by cfg. A nil logger discards logs.
-// The table name is checked here (see QuoteTable).
 func New(cfg Config, logger *slog.Logger) (*Outbox, error) {
-	adapter := schemaAdapter{Config: cfg}
-	if _, err := QuoteTable(adapter.Table); err != nil {
-		return nil, err
-	}
+	adapter := schemaAdapter{Config: cfg, quoted: cfg.Table.Quoted()}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &Outbox{adapter: adapter, logger: watermill.NewSlogLogger(logger)}, nil
 }
 
-// Table is the outbox table's name as configured ("" for the default).
-func (o *Outbox) Table() string { return o.adapter.Table }
+// Table is the outbox table the Outbox writes.
+func (o *Outbox) Table() Table { return o.adapter.Table }
 
 // PublishTx writes msgs for topic into the outbox as part of tx. Nothing is
 // visible to the relay until tx commits, and nothing remains if it rolls

@@ -27,15 +27,11 @@ import (
 // Partitions lists the outbox table's partitions (see pgweeks), or nil
 // when it is not partitioned (an outbox table Ferry's migrations did not
 // create). now is the database's clock.
-func Partitions(ctx context.Context, q Reader, table string) (parts []pgweeks.Partition, now time.Time, err error) {
-	quoted, err := QuoteTable(table)
-	if err != nil {
-		return nil, now, err
-	}
+func (t Table) Partitions(ctx context.Context, q Reader) (parts []pgweeks.Partition, now time.Time, err error) {
 	// The legacy partition, written before the upgrade and pruned row by
 	// row since: its newest row (the highest id) says when it was last
 	// written.
-	return pgweeks.List(ctx, q, quoted, func(qp string) string {
+	return pgweeks.List(ctx, q, t.Quoted(), func(qp string) string {
 		return `SELECT created_at FROM ` + qp + ` ORDER BY id DESC LIMIT 1`
 	})
 }
@@ -54,13 +50,9 @@ type Cleared = pgweeks.Cleared
 // archive table. A partition a lock keeps (pg_dump, a long transaction that
 // read the outbox) is reported waiting, not waited for. A table that is not
 // partitioned is left alone.
-func ClearPartitions(ctx context.Context, pool *pgxpool.Pool, table string, cutoff time.Time, archive, dryRun bool) (Cleared, error) {
+func (t Table) ClearPartitions(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, archive, dryRun bool) (Cleared, error) {
 	var res Cleared
-	quoted, err := QuoteTable(table)
-	if err != nil {
-		return res, err
-	}
-	parts, _, err := Partitions(ctx, pool, table)
+	parts, _, err := t.Partitions(ctx, pool)
 	if err != nil {
 		return res, err
 	}
@@ -68,11 +60,11 @@ func ClearPartitions(ctx context.Context, pool *pgxpool.Pool, table string, cuto
 		if !p.PastRetention(cutoff) {
 			continue
 		}
-		qp := pgweeks.Name(quoted, p.Name)
+		qp := pgweeks.Name(t.Quoted(), p.Name)
 		var rows, pending int64
 		// Counted before the lock: a scan of rows nobody writes any more,
 		// not to be done while the relays wait.
-		if err := pool.QueryRow(ctx, `SELECT count(*), (SELECT count(*) FROM `+PendingRows("o.id", qp, table)+` pr) FROM `+qp).Scan(&rows, &pending); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*), (SELECT count(*) FROM `+t.pendingRowsOf("o.id", qp)+` pr) FROM `+qp).Scan(&rows, &pending); err != nil {
 			return res, fmt.Errorf("counting partition %s: %w", p.Name, err)
 		}
 		if dryRun {
@@ -82,7 +74,7 @@ func ClearPartitions(ctx context.Context, pool *pgxpool.Pool, table string, cuto
 			continue
 		}
 		moved, err := pgweeks.Truncate(ctx, pool, qp, func(tx pgx.Tx) (int64, error) {
-			return movePending(ctx, tx, quoted, qp, table, p.Part, archive)
+			return t.movePending(ctx, tx, qp, p.Part, archive)
 		})
 		if errors.Is(err, pgweeks.ErrLocked) {
 			res.Waiting = append(res.Waiting, p.Name+": "+pgweeks.ErrLocked.Error())
@@ -101,20 +93,16 @@ func ClearPartitions(ctx context.Context, pool *pgxpool.Pool, table string, cuto
 // movePending moves partition qp's pending rows to the current partition
 // and, with archive, copies its rows to the archive table, in tx (which
 // holds qp exclusively, to truncate it next). It says how many rows moved.
-func movePending(ctx context.Context, tx pgx.Tx, quoted, qp, table string, part int, archive bool) (int64, error) {
+func (t Table) movePending(ctx context.Context, tx pgx.Tx, qp string, part int, archive bool) (int64, error) {
 	// SET part = DEFAULT: the current week's slot, by the same expression
 	// as an insert's.
-	tag, err := tx.Exec(ctx, `UPDATE `+quoted+` t SET part = DEFAULT
-		FROM `+PendingRows("o.id", qp, table)+` pr WHERE t.id = pr.id AND t.part = $1`, part)
+	tag, err := tx.Exec(ctx, `UPDATE `+t.Quoted()+` t SET part = DEFAULT
+		FROM `+t.pendingRowsOf("o.id", qp)+` pr WHERE t.id = pr.id AND t.part = $1`, part)
 	if err != nil {
 		return 0, fmt.Errorf("moving its pending rows: %w", err)
 	}
 	if archive {
-		a, err := QuoteTable(tableKey(table) + "_archive")
-		if err != nil {
-			return 0, err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+a+` SELECT * FROM `+qp+` ON CONFLICT (id) DO NOTHING`); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+t.Archive()+` SELECT * FROM `+qp+` ON CONFLICT (id) DO NOTHING`); err != nil {
 			return 0, fmt.Errorf("archiving its rows: %w", err)
 		}
 	}

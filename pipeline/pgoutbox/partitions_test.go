@@ -89,7 +89,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox WHERE id = $1`, delayed).Scan(&oldName))
 
 	cutoff := time.Now().Add(-pgweeks.MaxRetention / 3)
-	dry, err := pgoutbox.ClearPartitions(ctx, pool, "", cutoff, false, true)
+	dry, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, true)
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.Cleared{Partitions: []string{oldName}, Rows: sent, Moved: 2}, dry)
 
@@ -97,7 +97,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	require.NoError(t, err)
 	_, err = reader.Exec(ctx, `SELECT count(*) FROM outbox`)
 	require.NoError(t, err)
-	held, err := pgoutbox.ClearPartitions(ctx, pool, "", cutoff, false, false)
+	held, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, false)
 	require.NoError(t, err)
 	require.Empty(t, held.Partitions)
 	require.Len(t, held.Waiting, 1)
@@ -107,7 +107,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+oldName).Scan(&n))
 	require.Equal(t, sent+2, n, "a waiting partition is left as it was")
 
-	done, err := pgoutbox.ClearPartitions(ctx, pool, "", cutoff, false, false)
+	done, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, false)
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.Cleared{Partitions: []string{oldName}, Rows: sent, Moved: 2}, done)
 	var size int64
@@ -119,7 +119,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox WHERE id = $1`, id).Scan(&part))
 		require.NotEqual(t, oldName, part)
 	}
-	again, err := pgoutbox.ClearPartitions(ctx, pool, "", cutoff, false, false)
+	again, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, false)
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.Cleared{}, again, "an empty partition has nothing to clear")
 

@@ -314,11 +314,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return strings.Join(plan, "\n")
 	}
-	claim := func(ordered bool) string {
-		q, err := pgoutbox.ClaimSQL("outbox", ordered)
-		require.NoError(t, err)
-		return q
-	}
+	claim := func(ordered bool) string { return pgoutbox.Table{}.ClaimSQL(ordered) }
 	// The partition holding the rows (the other weeks of the ring are
 	// empty, and the planner reads them without an index).
 	var part string
@@ -460,7 +456,7 @@ func TestPendingReadsCountABatchInProgress(t *testing.T) {
 	_, err = pool.Exec(ctx, `ANALYZE outbox`)
 	require.NoError(t, err)
 
-	n, err := pgoutbox.PendingCount(ctx, pool, "")
+	n, err := pgoutbox.Table{}.PendingCount(ctx, pool)
 	require.NoError(t, err)
 	require.EqualValues(t, 3+1050+7, n)
 	var perRow int64

@@ -32,9 +32,10 @@ var ErrInsertOnly = errors.New("the outbox's schema adapter is insert-only: use 
 // Config configures an Outbox: which table it writes, which topics need
 // an aggregate id, how far ahead an event may be delayed.
 type Config struct {
-	// Table is the outbox table's name, optionally schema-qualified (see
-	// QuoteTable). Default "outbox".
-	Table string
+	// Table is the outbox table (ParseTable; InSchema qualifies it for
+	// callers' transactions whose search_path is not Ferry's). Default:
+	// the zero Table, "outbox" in the search_path's schema.
+	Table Table
 	// Ordered reports whether a topic is consumed in per-aggregate order;
 	// events of such topics must carry an aggregate id. Pass the topology's
 	// Ordered (rabbit.Topology.Ordered), the one home of that set. Default:
@@ -70,6 +71,8 @@ type schemaAdapter struct {
 	// through (see Outbox.PublishTx): they carry reserved metadata, and
 	// their header texts are cleaned instead of refused.
 	republish bool
+	// quoted is Table.Quoted, once.
+	quoted string
 }
 
 var _ wsql.SchemaAdapter = schemaAdapter{}
@@ -83,9 +86,9 @@ func (a schemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 	if err := validateTopic(topic, a.republish); err != nil {
 		return wsql.Query{}, err
 	}
-	table, err := QuoteTable(a.Table)
-	if err != nil {
-		return wsql.Query{}, err
+	table := a.quoted
+	if table == "" {
+		table = a.Table.Quoted()
 	}
 	var (
 		sb   strings.Builder

@@ -9,25 +9,49 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
-// One quoting rule: names are taken literally, never split into a list,
-// never silently replaced by the default.
-func TestQuoteTable(t *testing.T) {
-	for in, want := range map[string]string{
-		"":              `"outbox"`,
-		"outbox":        `"outbox"`,
-		"Outbox":        `"Outbox"`,
-		"billing.inbox": `"billing"."inbox"`,
-		"a,public":      `"a,public"`,
-		`we"ird`:        `"we""ird"`,
+// One naming rule: names are taken literally, never split into a list,
+// never silently replaced by the default; the tables beside the outbox
+// live in its schema.
+func TestParseTable(t *testing.T) {
+	for in, want := range map[string][5]string{
+		// quoted, archive, positions, pending view, key
+		"":              {`"outbox"`, `"outbox_archive"`, `"ferry_relay_positions"`, `"ferry_outbox_pending"`, "outbox"},
+		"outbox":        {`"outbox"`, `"outbox_archive"`, `"ferry_relay_positions"`, `"ferry_outbox_pending"`, "outbox"},
+		"Outbox":        {`"Outbox"`, `"Outbox_archive"`, `"ferry_relay_positions"`, `"ferry_Outbox_pending"`, "Outbox"},
+		"billing.inbox": {`"billing"."inbox"`, `"billing"."inbox_archive"`, `"billing"."ferry_relay_positions"`, `"billing"."ferry_inbox_pending"`, "billing.inbox"},
+		"a,public":      {`"a,public"`, `"a,public_archive"`, `"ferry_relay_positions"`, `"ferry_a,public_pending"`, "a,public"},
+		`we"ird`:        {`"we""ird"`, `"we""ird_archive"`, `"ferry_relay_positions"`, `"ferry_we""ird_pending"`, `we"ird`},
 	} {
-		got, err := pgoutbox.QuoteTable(in)
+		tbl, err := pgoutbox.ParseTable(in)
 		require.NoError(t, err, in)
+		got := [5]string{tbl.Quoted(), tbl.Archive(), tbl.Positions(), tbl.View(pgoutbox.StatePending), tbl.Key()}
 		require.Equal(t, want, got, in)
 	}
-	for _, bad := range []string{"a.b.c", ".outbox", "outbox.", strings.Repeat("x", 64), "out\x00box"} {
-		_, err := pgoutbox.QuoteTable(bad)
+	for _, bad := range []string{"a.b.c", ".outbox", "outbox.", strings.Repeat("x", 64), strings.Repeat("x", 47), "out\x00box"} {
+		_, err := pgoutbox.ParseTable(bad)
 		require.Error(t, err, "%q", bad)
-		_, err = pgoutbox.ClaimSQL(bad, false)
-		require.Error(t, err, "ClaimSQL(%q) refuses instead of falling back to the default table", bad)
 	}
+	// The longest name whose views and archive still fit an identifier.
+	_, err := pgoutbox.ParseTable(strings.Repeat("x", 46))
+	require.NoError(t, err)
+}
+
+// The zero Table is the default table; InSchema qualifies every name but
+// keeps the position's key, so a relay configured with the bare name and a
+// publisher with the qualified one share one position.
+func TestTableInSchema(t *testing.T) {
+	var zero pgoutbox.Table
+	require.Equal(t, pgoutbox.DefaultTable, zero.Name())
+	q, err := zero.InSchema("svc")
+	require.NoError(t, err)
+	require.Equal(t, `"svc"."outbox"`, q.Quoted())
+	require.Equal(t, `"svc"."ferry_relay_timelines"`, q.Timelines())
+	require.Equal(t, `"svc"."ferry_outbox_dispatched"`, q.View(pgoutbox.StateDispatched))
+	require.Equal(t, zero.Key(), q.Key())
+
+	named, err := pgoutbox.ParseTable("billing.inbox")
+	require.NoError(t, err)
+	same, err := named.InSchema("svc")
+	require.NoError(t, err)
+	require.Equal(t, named, same, "a name that says its schema keeps it")
 }

@@ -76,8 +76,8 @@ type Options struct {
 	// Archive moves outbox rows into the archive table (the outbox's name
 	// with "_archive") instead of deleting them.
 	Archive bool
-	// Table is the outbox table (see pgoutbox.QuoteTable). Default "outbox".
-	Table string
+	// Table is the outbox table. Default: the zero Table, "outbox".
+	Table pgoutbox.Table
 	// DryRun counts what would go and removes nothing.
 	DryRun bool
 }
@@ -127,7 +127,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 		var parts []pgweeks.Partition
 		var err error
 		if t == Outbox {
-			parts, _, err = pgoutbox.Partitions(ctx, pool, o.Table)
+			parts, _, err = o.Table.Partitions(ctx, pool)
 		} else {
 			parts, _, err = pgledger.Partitions(ctx, pool)
 		}
@@ -141,7 +141,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 			}
 			var cleared pgweeks.Cleared
 			if t == Outbox {
-				cleared, err = pgoutbox.ClearPartitions(ctx, pool, o.Table, cutoff, o.Archive, o.DryRun)
+				cleared, err = o.Table.ClearPartitions(ctx, pool, cutoff, o.Archive, o.DryRun)
 			} else {
 				cleared, err = pgledger.ClearPartitions(ctx, pool, cutoff, o.DryRun)
 			}
@@ -166,9 +166,9 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, t Target, o Options) (Result
 		count = func() (int64, error) { return pgpoison.CountArchivedBefore(ctx, pool, cutoff) }
 		batch = func() (int64, error) { return pgpoison.DeleteArchivedBefore(ctx, pool, cutoff, o.BatchSize) }
 	default:
-		count = func() (int64, error) { return pgoutbox.CountDispatchedBefore(ctx, pool, o.Table, cutoff) }
+		count = func() (int64, error) { return o.Table.CountDispatchedBefore(ctx, pool, cutoff) }
 		batch = func() (int64, error) {
-			return pgoutbox.DeleteDispatchedBefore(ctx, pool, o.Table, cutoff, o.BatchSize, o.Archive)
+			return o.Table.DeleteDispatchedBefore(ctx, pool, cutoff, o.BatchSize, o.Archive)
 		}
 	}
 	if o.DryRun {

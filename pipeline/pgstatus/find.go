@@ -88,7 +88,7 @@ const FindTimeout = 10 * time.Second
 // The broker's queues are not searched: RabbitMQ cannot look a message up
 // without taking it; a message dispatched and not yet handled is at the
 // broker or being handled.
-func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string, q string, limit int) (Found, error) {
+func Find(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, routes []string, q string, limit int) (Found, error) {
 	q = strings.TrimSpace(q)
 	found := Found{Query: q}
 	if q == "" {
@@ -99,17 +99,6 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 	}
 	if limit <= 0 {
 		limit = 50
-	}
-	t, err := pgoutbox.QuoteTable(table)
-	if err != nil {
-		return found, err
-	}
-	if table == "" {
-		table = pgoutbox.DefaultTable
-	}
-	archive, err := pgoutbox.QuoteTable(table + "_archive")
-	if err != nil {
-		return found, err
 	}
 	trails := map[string]*Trail{}
 	var order []string
@@ -122,11 +111,25 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 		}
 		return tr
 	}
-	search := func(store, sql string, args []any, scan func(pgx.Rows) error) error {
+	inTx := func(store string, read func(tx pgx.Tx) error) error {
 		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `SET LOCAL statement_timeout = `+strconv.FormatInt(FindTimeout.Milliseconds(), 10)); err != nil {
 				return err
 			}
+			return read(tx)
+		})
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "57014" { // query_canceled: the timeout
+			found.NotSearched = append(found.NotSearched, fmt.Sprintf("%s (took longer than %s)", store, FindTimeout))
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("searching the %s: %w", store, err)
+		}
+		return nil
+	}
+	search := func(store, sql string, args []any, scan func(pgx.Rows) error) error {
+		return inTx(store, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, sql, args...)
 			if err != nil {
 				return err
@@ -139,73 +142,20 @@ func Find(ctx context.Context, pool *pgxpool.Pool, table string, routes []string
 			}
 			return rows.Err()
 		})
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "57014" { // query_canceled: the timeout
-			found.NotSearched = append(found.NotSearched, fmt.Sprintf("%s (took longer than %s)", store, FindTimeout))
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("searching the %s: %w", store, err)
-		}
-		return nil
 	}
-	corr := pipeline.MetaCorrelationID
-	// done: dispatched, whether marked or passed by the relay's position
-	// (which writes no time per row).
-	outboxRows := func(store, tbl, done string) error {
-		return search(store, `SELECT id, coalesce(message_uuid, id::text), aggregate_id, topic, headers, created_at, available_at, dispatched_at, `+done+`, attempts, coalesce(last_error, '')
-			FROM `+tbl+` o WHERE message_uuid = $1 OR aggregate_id = $1 OR headers->>'`+corr+`' = $1 OR headers->>'`+pipeline.MetaMessageID+`' = $1
-			ORDER BY id DESC LIMIT $2`, []any{q, limit + 1}, func(rows pgx.Rows) error {
-			var id int64
-			var uuid, agg, topic, lastError string
-			var headers map[string]string
-			var created, available time.Time
-			var dispatched *time.Time
-			var done bool
-			var attempts int
-			if err := rows.Scan(&id, &uuid, &agg, &topic, &headers, &created, &available, &dispatched, &done, &attempts, &lastError); err != nil {
-				return err
+	outboxRows := func(store string, archived bool) error {
+		return inTx(store, func(tx pgx.Tx) error {
+			rows, err := t.Find(ctx, tx, archived, q, limit+1)
+			for _, r := range rows {
+				outboxSighting(trail, store, r)
 			}
-			msgID, eventTopic := uuid, topic
-			s := Sighting{Store: store, At: created, ID: id, Error: pipeline.CleanText(lastError, 1000), Pending: !done, Dispatched: done}
-			sent := "sent to the broker"
-			if dispatched != nil {
-				sent += " at " + dispatched.UTC().Format(time.RFC3339)
-			}
-			if topic == pipeline.RetryTopic {
-				eventTopic = "" // the retry's, not the event's
-				// A durable retry carries the original message's id.
-				if orig := headers[pipeline.MetaMessageID]; orig != "" {
-					msgID = orig
-				}
-				s.Store, s.Consumer = "durable retry", headers[pipeline.MetaRetryQueue]
-				s.Error = pipeline.CleanText(headers[pipeline.MetaLastError], 1000)
-				attempt := headers[pipeline.MetaAttempt]
-				if !done {
-					s.State = fmt.Sprintf("waiting to be retried by %s (attempt %s) at %s", s.Consumer, attempt, available.UTC().Format(time.RFC3339))
-				} else {
-					s.State = fmt.Sprintf("retry for %s (attempt %s) %s", s.Consumer, attempt, sent)
-				}
-			} else if !done {
-				s.State = "in the outbox, not dispatched yet"
-				if attempts > 0 {
-					s.State = fmt.Sprintf("in the outbox, not dispatched yet: %d failed attempt(s), next at %s", attempts, available.UTC().Format(time.RFC3339))
-				} else if available.After(time.Now()) {
-					s.State = "in the outbox, delayed until " + available.UTC().Format(time.RFC3339)
-				}
-			} else {
-				s.State = "dispatched: " + sent
-			}
-			tr := trail(msgID)
-			tr.know(eventTopic, agg, headers[corr], headers[pipeline.MetaTraceID])
-			tr.Sightings = append(tr.Sightings, s)
-			return nil
+			return err
 		})
 	}
-	if err := outboxRows("outbox", t, pgoutbox.DispatchedCond("o", t, table)); err != nil {
+	if err := outboxRows("outbox", false); err != nil {
 		return found, err
 	}
-	if err := outboxRows("outbox archive", archive, "true"); err != nil {
+	if err := outboxRows("outbox archive", true); err != nil {
 		return found, err
 	}
 	poisonRows := func(store, tbl, extra string) error {
@@ -353,4 +303,44 @@ func behindHolds(trails []Trail) {
 		}
 		tr.Now = fmt.Sprintf("waiting at the broker behind the held head %s of partition %s (the same aggregate's messages are handled in order)", h.msg, h.consumer)
 	}
+}
+
+// outboxSighting records where outbox row r (of store: the outbox or its
+// archive) shows the message it carries.
+func outboxSighting(trail func(id string) *Trail, store string, r pgoutbox.Row) {
+	done, headers := r.Dispatched, r.Headers
+	msgID, eventTopic := r.MessageID, r.Topic
+	s := Sighting{Store: store, At: r.CreatedAt, ID: r.ID, Error: pipeline.CleanText(r.LastError, 1000), Pending: !done, Dispatched: done}
+	sent := "sent to the broker"
+	if r.DispatchedAt != nil {
+		sent += " at " + r.DispatchedAt.UTC().Format(time.RFC3339)
+	}
+	switch {
+	case r.Topic == pipeline.RetryTopic:
+		eventTopic = "" // the retry's, not the event's
+		// A durable retry carries the original message's id.
+		if orig := headers[pipeline.MetaMessageID]; orig != "" {
+			msgID = orig
+		}
+		s.Store, s.Consumer = "durable retry", headers[pipeline.MetaRetryQueue]
+		s.Error = pipeline.CleanText(headers[pipeline.MetaLastError], 1000)
+		attempt := headers[pipeline.MetaAttempt]
+		if !done {
+			s.State = fmt.Sprintf("waiting to be retried by %s (attempt %s) at %s", s.Consumer, attempt, r.AvailableAt.UTC().Format(time.RFC3339))
+		} else {
+			s.State = fmt.Sprintf("retry for %s (attempt %s) %s", s.Consumer, attempt, sent)
+		}
+	case !done:
+		s.State = "in the outbox, not dispatched yet"
+		if r.Attempts > 0 {
+			s.State = fmt.Sprintf("in the outbox, not dispatched yet: %d failed attempt(s), next at %s", r.Attempts, r.AvailableAt.UTC().Format(time.RFC3339))
+		} else if r.AvailableAt.After(time.Now()) {
+			s.State = "in the outbox, delayed until " + r.AvailableAt.UTC().Format(time.RFC3339)
+		}
+	default:
+		s.State = "dispatched: " + sent
+	}
+	tr := trail(msgID)
+	tr.know(eventTopic, r.AggregateID, headers[pipeline.MetaCorrelationID], headers[pipeline.MetaTraceID])
+	tr.Sightings = append(tr.Sightings, s)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -40,7 +41,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 		  (999, 'm-discarded', 'push.send', 'push', 'push', 'order-7', '\x7b7d', '{}', 'no device', true, 1, now(), now(), now(), '', 'ops@example.com', 'run-9')`)
 	require.NoError(t, err)
 
-	found, err := pgstatus.Find(ctx, pool, "", []string{"billing.paid", "notifications.mail"}, "order-7", 50)
+	found, err := pgstatus.Find(ctx, pool, pgoutbox.Table{}, []string{"billing.paid", "notifications.mail"}, "order-7", 50)
 	require.NoError(t, err)
 	now := map[string]string{}
 	for _, tr := range found.Trails {
@@ -60,7 +61,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	require.Contains(t, now["m-broker"], "at the broker or being handled")
 
 	// By a message id: its whole trail, oldest first.
-	found, err = pgstatus.Find(ctx, pool, "", nil, "m-retry", 50)
+	found, err = pgstatus.Find(ctx, pool, pgoutbox.Table{}, nil, "m-retry", 50)
 	require.NoError(t, err)
 	require.Len(t, found.Trails, 1)
 	var stores []string
@@ -71,7 +72,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	require.Equal(t, "SMTP 451 try later", found.Trails[0].Sightings[1].Error)
 
 	// By a correlation id: the messages of that request, with the trace.
-	found, err = pgstatus.Find(ctx, pool, "", nil, "corr-7", 50)
+	found, err = pgstatus.Find(ctx, pool, pgoutbox.Table{}, nil, "corr-7", 50)
 	require.NoError(t, err)
 	var ids []string
 	for _, tr := range found.Trails {
@@ -79,9 +80,9 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"m-pending", "m-handled", "m-poison"}, ids)
 
-	found, err = pgstatus.Find(ctx, pool, "", nil, "nobody", 50)
+	found, err = pgstatus.Find(ctx, pool, pgoutbox.Table{}, nil, "nobody", 50)
 	require.NoError(t, err)
 	require.Empty(t, found.Trails)
-	_, err = pgstatus.Find(ctx, pool, "", nil, strings.Repeat("x", 600), 50)
+	_, err = pgstatus.Find(ctx, pool, pgoutbox.Table{}, nil, strings.Repeat("x", 600), 50)
 	require.Error(t, err)
 }

@@ -57,29 +57,17 @@ type Poisoning struct {
 // Intents reads, on q, the intents of one aggregate (aggregateID) or the
 // ones with these message ids, oldest first, at most limit, with their
 // handlers, durable retries and poisonings; and the database's now.
-func Intents(ctx context.Context, q pgx.Tx, table, aggregateID string, ids []string, limit int) ([]Intent, time.Time, error) {
+func Intents(ctx context.Context, q pgx.Tx, t pgoutbox.Table, aggregateID string, ids []string, limit int) ([]Intent, time.Time, error) {
 	var now time.Time
-	t, err := pgoutbox.QuoteTable(table)
+	rows, err := t.Intents(ctx, q, aggregateID, ids, limit)
 	if err != nil {
 		return nil, now, err
 	}
-	// A row the relay sent at its first try keeps no attempt count of its
-	// own (it was passed, not marked): its one attempt is counted here.
-	dispatched := pgoutbox.DispatchedCond("o", t, table)
-	rows, err := q.Query(ctx, `SELECT coalesce(message_uuid, id::text), topic, aggregate_id, created_at, available_at, dispatched_at, `+dispatched+`,
-		CASE WHEN dispatched_at IS NULL AND attempts = 0 AND `+dispatched+` THEN 1 ELSE attempts END, coalesce(last_error, '')
-		FROM `+t+` o WHERE topic <> $1 AND (CASE WHEN $2 <> '' THEN aggregate_id = $2 ELSE message_uuid = ANY($3) END)
-		ORDER BY id LIMIT $4`, pipeline.RetryTopic, aggregateID, ids, limit)
-	if err != nil {
-		return nil, now, fmt.Errorf("reading intents: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Intent, error) {
-		s := Intent{HandledBy: []Handled{}, Retrying: []RetryWait{}, Poisoned: []Poisoning{}}
-		err := row.Scan(&s.MessageID, &s.Topic, &s.AggregateID, &s.CreatedAt, &s.AvailableAt, &s.DispatchedAt, &s.Dispatched, &s.Attempts, &s.LastError)
-		return s, err
-	})
-	if err != nil {
-		return nil, now, fmt.Errorf("reading intents: %w", err)
+	out := make([]Intent, len(rows))
+	for i, r := range rows {
+		out[i] = Intent{MessageID: r.MessageID, Topic: r.Topic, AggregateID: r.AggregateID, CreatedAt: r.CreatedAt, AvailableAt: r.AvailableAt,
+			DispatchedAt: r.DispatchedAt, Dispatched: r.Dispatched, Attempts: r.Attempts, LastError: r.LastError,
+			HandledBy: []Handled{}, Retrying: []RetryWait{}, Poisoned: []Poisoning{}}
 	}
 	idx := map[string]*Intent{}
 	ids = make([]string, 0, len(out))
@@ -101,21 +89,15 @@ func Intents(ctx context.Context, q pgx.Tx, table, aggregateID string, ids []str
 		}); err != nil {
 		return nil, now, err
 	}
-	if err := scanInto(ctx, q, `SELECT message_uuid, coalesce(headers->>'`+pipeline.MetaRetryQueue+`', ''), coalesce(headers->>'`+pipeline.MetaAttempt+`', ''),
-		coalesce(headers->>'`+pipeline.MetaLastError+`', ''), available_at FROM `+t+` o
-		WHERE topic = '`+pipeline.RetryTopic+`' AND message_uuid = ANY($1) AND NOT `+pgoutbox.DispatchedCond("o", t, table)+` ORDER BY id`, ids,
-		func(row pgx.Rows) error {
-			var id string
-			var r RetryWait
-			if err := row.Scan(&id, &r.Handler, &r.Attempt, &r.LastError, &r.Due); err != nil {
-				return err
-			}
-			if s := idx[id]; s != nil {
-				s.Retrying = append(s.Retrying, r)
-			}
-			return nil
-		}); err != nil {
+	retries, err := t.WaitingRetries(ctx, q, ids)
+	if err != nil {
 		return nil, now, err
+	}
+	for _, r := range retries {
+		if s := idx[r.MessageID]; s != nil {
+			s.Retrying = append(s.Retrying, RetryWait{Handler: r.Headers[pipeline.MetaRetryQueue], Attempt: r.Headers[pipeline.MetaAttempt],
+				LastError: r.Headers[pipeline.MetaLastError], Due: r.AvailableAt})
+		}
 	}
 	if err := scanInto(ctx, q, `SELECT message_id, handler, reason, poisoned_at FROM poison_messages WHERE message_id = ANY($1) ORDER BY id`, ids,
 		func(row pgx.Rows) error {

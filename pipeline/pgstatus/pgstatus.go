@@ -35,38 +35,15 @@ const (
 )
 
 // TopicBacklog is one topic's undispatched rows.
-type TopicBacklog struct {
-	Topic         string  `json:"topic"`
-	Pending       int     `json:"pending"`
-	Due           int     `json:"due"`
-	Delayed       int     `json:"delayed"`
-	OldestDueAgeS float64 `json:"oldest_due_age_seconds"`
-	MaxAttempts   int     `json:"max_attempts"`
-}
+type TopicBacklog = pgoutbox.TopicBacklog
 
 // FailingRow is an undispatched row tried more than the threshold.
-type FailingRow struct {
-	ID          int64     `json:"id"`
-	Topic       string    `json:"topic"`
-	AggregateID string    `json:"aggregate_id"`
-	Attempts    int       `json:"attempts"`
-	LastError   string    `json:"last_error"`
-	AvailableAt time.Time `json:"available_at"`
-	CreatedAt   time.Time `json:"created_at"`
-}
+type FailingRow = pgoutbox.TriedRow
 
 // RetryGroup is the durable retries waiting for one handler with one
 // error fingerprint: messages a handler failed, rescheduled through the
 // outbox (topic ferry.retry) to be delivered to it again.
-type RetryGroup struct {
-	Handler     string    `json:"handler"`
-	Fingerprint string    `json:"fingerprint"`
-	Count       int       `json:"count"`
-	MaxAttempt  int       `json:"max_next_attempt"`
-	NextTry     time.Time `json:"next_try"`
-	FirstFailed time.Time `json:"first_failed_at"`
-	Example     string    `json:"example_error"`
-}
+type RetryGroup = pgoutbox.RetryGroup
 
 // Instance is one Ferry process.
 type Instance struct {
@@ -119,19 +96,14 @@ type Report struct {
 	LedgerPartitions []pgweeks.Partition `json:"ledger_partitions"`
 }
 
-// Collect builds the report for the outbox table (see pgoutbox.QuoteTable;
-// "" for the default); failing lists at most 20 rows with more than
-// threshold attempts.
-func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold int) (Report, error) {
+// Collect builds the report for the outbox table t; failing lists at most
+// 20 rows with more than threshold attempts.
+func Collect(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, threshold int) (Report, error) {
 	rep := Report{AttemptsThreshold: threshold}
-	t, err := pgoutbox.QuoteTable(table)
-	if err != nil {
-		return rep, err
-	}
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&rep.At); err != nil {
 		return rep, fmt.Errorf("reading status: %w", err)
 	}
-	backlog, err := Backlog(ctx, pool, table)
+	backlog, err := t.Backlog(ctx, pool)
 	if err != nil {
 		return rep, err
 	}
@@ -140,16 +112,10 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 		rep.PendingTotal += b.Pending
 		rep.OldestDueAgeS = max(rep.OldestDueAgeS, b.OldestDueAgeS)
 	}
-	frows, err := pool.Query(ctx, `SELECT id, topic, aggregate_id, attempts, coalesce(last_error, ''), available_at, created_at
-		FROM `+t+` WHERE dispatched_at IS NULL AND (slow OR tx IS NULL) AND attempts > $1 ORDER BY attempts DESC, id LIMIT 20`, threshold)
-	if err != nil {
-		return rep, fmt.Errorf("reading failing rows: %w", err)
-	}
-	rep.Failing, err = pgx.CollectRows(frows, pgx.RowToStructByPos[FailingRow])
-	if err != nil {
+	if rep.Failing, err = t.MostTried(ctx, pool, threshold, 20); err != nil {
 		return rep, err
 	}
-	if rep.Retrying, rep.RetryingTotal, err = Retrying(ctx, pool, table, 20); err != nil {
+	if rep.Retrying, rep.RetryingTotal, err = t.RetryGroups(ctx, pool, 20); err != nil {
 		return rep, err
 	}
 	if rep.Paused, err = pgpause.List(ctx, pool); err != nil {
@@ -158,7 +124,7 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 	if rep.Held, err = HeldPartitions(ctx, pool); err != nil {
 		return rep, err
 	}
-	if rep.Versions, err = StoredVersions(ctx, pool, table); err != nil {
+	if rep.Versions, err = StoredVersions(ctx, pool, t); err != nil {
 		return rep, err
 	}
 	if rep.Poison, err = pgpoison.Depth(ctx, pool); err != nil {
@@ -181,7 +147,7 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, table string, threshold in
 	if rep.Instances, err = Instances(ctx, pool); err != nil {
 		return rep, err
 	}
-	if rep.OutboxPartitions, _, err = pgoutbox.Partitions(ctx, pool, table); err != nil {
+	if rep.OutboxPartitions, _, err = t.Partitions(ctx, pool); err != nil {
 		return rep, err
 	}
 	if rep.LedgerPartitions, _, err = pgledger.Partitions(ctx, pool); err != nil {
@@ -390,58 +356,6 @@ func HeldPartitions(ctx context.Context, pool *pgxpool.Pool) ([]HeldPartition, e
 		return nil, fmt.Errorf("reading held partitions: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[HeldPartition])
-}
-
-// Retrying returns the durable retries waiting in the outbox, grouped by
-// handler and error fingerprint (most first, at most limit groups), and
-// their total.
-func Retrying(ctx context.Context, pool *pgxpool.Pool, table string, limit int) ([]RetryGroup, int, error) {
-	t, err := pgoutbox.QuoteTable(table)
-	if err != nil {
-		return nil, 0, err
-	}
-	rows, err := pool.Query(ctx, `SELECT coalesce(headers->>'`+pipeline.MetaRetryQueue+`', ''), ferry_fingerprint(headers->>'`+pipeline.MetaLastError+`'), count(*),
-		max(CASE WHEN headers->>'`+pipeline.MetaAttempt+`' ~ '^[0-9]{1,9}$' THEN (headers->>'`+pipeline.MetaAttempt+`')::int ELSE 0 END),
-		min(available_at), min(coalesce(CASE WHEN headers->>'`+pipeline.MetaFirstFailedAt+`' ~ '^\d{4}-' THEN (headers->>'`+pipeline.MetaFirstFailedAt+`')::timestamptz END, created_at)),
-		coalesce((array_agg(headers->>'`+pipeline.MetaLastError+`' ORDER BY id DESC))[1], ''), sum(count(*)) OVER ()
-		FROM `+pgoutbox.PendingRows("o.*", t, table)+` o WHERE topic = $1 GROUP BY 1, 2 ORDER BY 3 DESC, 1 LIMIT $2`, pipeline.RetryTopic, limit)
-	if err != nil {
-		return nil, 0, fmt.Errorf("reading durable retries: %w", err)
-	}
-	total := 0
-	groups, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RetryGroup, error) {
-		var g RetryGroup
-		var all int64
-		err := row.Scan(&g.Handler, &g.Fingerprint, &g.Count, &g.MaxAttempt, &g.NextTry, &g.FirstFailed, &g.Example, &all)
-		total = int(all)
-		return g, err
-	})
-	if err != nil {
-		return nil, 0, fmt.Errorf("reading durable retries: %w", err)
-	}
-	return groups, total, nil
-}
-
-// Backlog is the outbox's undispatched rows per topic, read over the
-// slow lane's partial indexes and the rows the relay has not passed
-// (pgoutbox.PendingRows).
-func Backlog(ctx context.Context, pool *pgxpool.Pool, table string) ([]TopicBacklog, error) {
-	t, err := pgoutbox.QuoteTable(table)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := pool.Query(ctx, `SELECT topic, count(*), count(*) FILTER (WHERE available_at <= now()),
-		coalesce(extract(epoch FROM now() - min(COALESCE(due_at, created_at)) FILTER (WHERE available_at <= now())), 0)::float8, max(attempts)
-		FROM `+pgoutbox.PendingRows("o.*", t, table)+` o GROUP BY topic ORDER BY topic`)
-	if err != nil {
-		return nil, fmt.Errorf("reading the outbox backlog: %w", err)
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (TopicBacklog, error) {
-		var b TopicBacklog
-		err := row.Scan(&b.Topic, &b.Pending, &b.Due, &b.OldestDueAgeS, &b.MaxAttempts)
-		b.Delayed = b.Pending - b.Due
-		return b, err
-	})
 }
 
 // Heartbeat keeps one process's row in ferry_instances fresh.

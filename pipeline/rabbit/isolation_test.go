@@ -85,18 +85,12 @@ func TestAChannelClosingMessageFailsAlone(t *testing.T) {
 	require.NoError(t, err)
 	_, err = relay.RelayBatch(context.Background())
 	require.NoError(t, err)
-	rows, err := pool.Query(context.Background(), `SELECT message_uuid, `+pgoutbox.DispatchedOutbox+`, attempts, coalesce(last_error, '') FROM outbox o ORDER BY id`)
+	rows, err := pgoutbox.Table{}.Rows(context.Background(), pool, pgoutbox.RowFilter{})
 	require.NoError(t, err)
-	defer rows.Close()
 	got := map[string][3]any{}
-	for rows.Next() {
-		var id, lastError string
-		var dispatched bool
-		var attempts int
-		require.NoError(t, rows.Scan(&id, &dispatched, &attempts, &lastError))
-		got[id] = [3]any{dispatched, attempts, lastError != ""}
+	for _, r := range rows {
+		got[r.MessageID] = [3]any{r.Dispatched, r.Attempts, r.LastError != ""}
 	}
-	require.NoError(t, rows.Err())
 	// Sent at the first attempt: the relay's position passed them, and they
 	// keep no state of their own (no attempt counted, no error).
 	require.Equal(t, [3]any{true, 0, false}, got["r-1"], "dispatched at its first attempt, no error")

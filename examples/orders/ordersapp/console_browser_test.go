@@ -23,6 +23,7 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
@@ -132,7 +133,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	// its head (since when, which message, why), both under "needs
 	// attention".
 	eventually(t, "mails retrying and the ledger's partition held", func() bool {
-		rep, err := pgstatus.Collect(context.Background(), h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
+		rep, err := pgstatus.Collect(context.Background(), h.app.Pool(), pgoutbox.Table{}, pgstatus.DefaultAttemptsThreshold)
 		return err == nil && rep.RetryingTotal == 3 && len(rep.Held) == 1
 	})
 	var retrying, held, attention string

@@ -82,7 +82,7 @@ func TestDurableRetrySurvivesConsumerRestart(t *testing.T) {
 	var retryDue time.Time
 	eventually(t, "the durable retry scheduled", func() bool {
 		err := first.app.Pool().QueryRow(context.Background(),
-			`SELECT available_at FROM `+pgoutbox.PendingOutbox+` o WHERE topic = $1`, pipeline.RetryTopic).Scan(&retryDue)
+			`SELECT available_at FROM `+pgoutbox.Table{}.View(pgoutbox.StatePending)+` o WHERE topic = $1`, pipeline.RetryTopic).Scan(&retryDue)
 		return err == nil
 	})
 	first.stop() // the consumer goes away while the retry waits
@@ -376,7 +376,7 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 	require.Contains(t, held[0].LastError, "ledger service answered 503")
 	require.GreaterOrEqual(t, held[0].Attempt, 2)
 
-	rep, err := pgstatus.Collect(ctx, h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
+	rep, err := pgstatus.Collect(ctx, h.app.Pool(), pgoutbox.Table{}, pgstatus.DefaultAttemptsThreshold)
 	require.NoError(t, err)
 	require.Len(t, rep.Held, 1)
 	require.NoError(t, h.app.Metrics().Refresh(ctx, h.app.Pool()))
@@ -478,11 +478,11 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 	}
 	eventually(t, "the events dispatched", func() bool {
 		var pending int
-		return h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o WHERE topic = 'work.paused'`).Scan(&pending) == nil && pending == 0
+		return h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.Table{}.View(pgoutbox.StatePending)+` o WHERE topic = 'work.paused'`).Scan(&pending) == nil && pending == 0
 	})
 	time.Sleep(2 * time.Second)
 	require.Empty(t, handled(), "nothing is handled while paused")
-	rep, err := pgstatus.Collect(ctx, h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
+	rep, err := pgstatus.Collect(ctx, h.app.Pool(), pgoutbox.Table{}, pgstatus.DefaultAttemptsThreshold)
 	require.NoError(t, err)
 	require.Len(t, rep.Paused, 1)
 	require.Equal(t, "provider incident #42", rep.Paused[0].Reason)

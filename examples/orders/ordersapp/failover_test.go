@@ -330,7 +330,7 @@ func lostLedgerCommit(t *testing.T, replay bool) {
 	order(2)
 	<-entered
 	require.Eventually(t, func() bool {
-		return count(standby, `SELECT count(*) FROM outbox o WHERE aggregate_id = '2' AND `+pgoutbox.DispatchedOutbox) == 1
+		return count(standby, `SELECT count(*) FROM `+pgoutbox.Table{}.View(pgoutbox.StateDispatched)+` o WHERE aggregate_id = '2'`) == 1
 	}, time.Minute, 50*time.Millisecond, "order 2's dispatch reaches the standby")
 	// Cut the standby off, then let the effect commit on the primary alone.
 	require.NoError(t, standby.Exec(ctx, "postgres", `ALTER SYSTEM SET primary_conninfo = ''`))

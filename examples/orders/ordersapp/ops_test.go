@@ -22,6 +22,7 @@ import (
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -120,7 +121,7 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	require.Contains(t, body, `ferry_retention_overdue_partitions{table="outbox"} 0`)
 	require.Contains(t, body, `ferry_retention_overdue_seconds{table="outbox"} 0`)
 
-	rep, err := pgstatus.Collect(context.Background(), h.app.Pool(), "", pgstatus.DefaultAttemptsThreshold)
+	rep, err := pgstatus.Collect(context.Background(), h.app.Pool(), pgoutbox.Table{}, pgstatus.DefaultAttemptsThreshold)
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.PendingTotal)
 	require.Len(t, rep.Failing, 1)
@@ -130,7 +131,7 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	require.Zero(t, rep.PoisonTotal)
 
 	h.stop()
-	rep, err = pgstatus.Collect(context.Background(), h.app.Pool(), "", 5)
+	rep, err = pgstatus.Collect(context.Background(), h.app.Pool(), pgoutbox.Table{}, 5)
 	require.NoError(t, err)
 	require.Empty(t, rep.Instances, "a clean stop removes the heartbeat")
 

@@ -587,8 +587,8 @@ func runRelays(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, n
 // no streamer runs, then one streamer started and timed until it has
 // dispatched them all. Its slot and publication are dropped after.
 func runCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, bc BenchConfig, logger *slog.Logger) (float64, error) {
-	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&rows); err != nil {
+	rows, err := pgoutbox.Table{}.PendingCount(ctx, pool)
+	if err != nil {
 		return 0, err
 	}
 	if rows != 0 {
@@ -633,7 +633,7 @@ func runCDC(ctx context.Context, pool *pgxpool.Pool, pub message.Publisher, bc B
 // startStreamer runs a CDC streamer of relay until the returned stop is
 // called, once it streams (bound: 30 s).
 func startStreamer(ctx context.Context, pool *pgxpool.Pool, relay *pgoutbox.Relay, cfg pgcdc.Config, logger *slog.Logger) (*pgcdc.Streamer, func(), error) {
-	s, err := pgcdc.NewStreamer(pool, relay, "", cfg, logger)
+	s, err := pgcdc.NewStreamer(pool, relay, pgoutbox.Table{}, cfg, logger)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -1374,10 +1374,7 @@ func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchC
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
 		return nil, err
 	}
-	claim, err := pgoutbox.ClaimSQL("outbox", false)
-	if err != nil {
-		return nil, err
-	}
+	claim := pgoutbox.Table{}.ClaimSQL(false)
 	var lat latencies
 	for range bc.ClaimRounds {
 		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, slow) SELECT g::text, $1, '{}', true FROM generate_series(1, $2::int) g`, benchTopic, bc.BatchSize); err != nil {

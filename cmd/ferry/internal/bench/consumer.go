@@ -141,8 +141,7 @@ func consumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	done := make(chan struct{})
 	go func() { defer close(done); _ = relay.Run(rctx) }()
 	err = waitFor(ctx, 5*time.Minute, func() (bool, error) {
-		var pending int
-		err := p.sch.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending)
+		pending, err := pgoutbox.Table{}.PendingCount(ctx, p.sch.pool)
 		return pending == 0, err
 	})
 	stop()

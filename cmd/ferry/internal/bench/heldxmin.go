@@ -113,7 +113,7 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 			return err
 		}
 		start := time.Now()
-		cleared, err := pgoutbox.ClearPartitions(ctx, pool, "", cutoff, false, false)
+		cleared, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, false)
 		if err != nil {
 			return err
 		}
@@ -124,7 +124,7 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		start = time.Now()
 		var deleted int64
 		for {
-			d, err := pgoutbox.DeleteDispatchedBefore(ctx, pool, "", cutoff, 10_000, false)
+			d, err := pgoutbox.Table{}.DeleteDispatchedBefore(ctx, pool, cutoff, 10_000, false)
 			if err != nil {
 				return err
 			}

@@ -174,8 +174,7 @@ func benchMemory(ctx context.Context, cfg app.Config, bc BenchConfig, logger *sl
 		kids = append(kids, k)
 	}
 	if err := waitFor(ctx, 5*time.Minute, func() (bool, error) {
-		var pending int
-		err := sch.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending)
+		pending, err := pgoutbox.Table{}.PendingCount(ctx, sch.pool)
 		return pending == 0, err
 	}); err != nil {
 		return benchReport{}, fmt.Errorf("relays: %w", err)

@@ -1005,7 +1005,7 @@ func settleAndCheck(ctx context.Context, run ChaosRun, env *chaosEnv, driver *ap
 	// owe after the mails are out.
 	settled := func() bool {
 		var pending, poisoned, counted int
-		_ = driver.Pool().QueryRow(dctx, `SELECT (SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o), (SELECT count(*) FROM poison_messages),
+		_ = driver.Pool().QueryRow(dctx, `SELECT (SELECT count(*) FROM `+pgoutbox.Table{}.View(pgoutbox.StatePending)+`), (SELECT count(*) FROM poison_messages),
 			(SELECT count(*) FROM `+ChaosBatchTable+`)`).Scan(&pending, &poisoned, &counted)
 		charges, mails := chargesByOrder(provider), mailsByOrder(sink)
 		return pending == 0 && len(charges)+poisoned >= rep.OrdersCommitted && len(mails)+poisoned >= rep.OrdersCommitted &&
@@ -1353,7 +1353,7 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 	if rep.AuditEvents+rep.Poisoned < expectAudit {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("%d audit events committed but %d arrived", expectAudit, rep.AuditEvents))
 	}
-	if err := a.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o WHERE available_at <= now()),
+	if err := a.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgoutbox.Table{}.View(pgoutbox.StatePending)+` o WHERE available_at <= now()),
 		count(*) FILTER (WHERE attempts > 1), count(*) FILTER (WHERE topic = $1) FROM outbox`, pipeline.RetryTopic).
 		Scan(&rep.PendingDue, &rep.RelayRetries, &rep.DurableRetries); err != nil {
 		return err

@@ -1,0 +1,34 @@
+package pgoutbox
+
+import (
+	"context"
+	"time"
+)
+
+// Compatibility with relays and rows of versions before the append-only
+// lane (migration 00024, Ferry 0.24): a relay of an earlier version marks
+// each row it sends, and rows written before the migration have no tx.
+// Both paths go once no supported version writes such rows: in the
+// release after the next major one (see docs/upgrading.md).
+
+// markCheckInterval is how often RelayConfig.MarkEachRow is asked.
+const markCheckInterval = 5 * time.Second
+
+// checkMarkEachRow asks RelayConfig.MarkEachRow; a failed answer keeps
+// the last one.
+func (r *Relay) checkMarkEachRow(ctx context.Context) {
+	mark, err := r.cfg.MarkEachRow(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger.Warn("relay could not tell whether relays of an earlier version run; it keeps marking each row it sends", "error", err)
+		}
+		return
+	}
+	if r.markEach.Swap(mark) != mark {
+		if mark {
+			r.logger.Warn("a relay of an earlier version is running: this relay marks each row it sends, until it stops")
+		} else {
+			r.logger.Info("no relay of an earlier version runs: rows are passed, not marked")
+		}
+	}
+}

@@ -1,0 +1,256 @@
+package pgoutbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/jackc/pgx/v5"
+)
+
+// The step every lane shares: publish the rows a batch took, in order per
+// aggregate, then record the outcome in the batch's transaction.
+
+// orderKey is the aggregate whose order row c must keep, if its topic is ordered.
+func (r *Relay) orderKey(c claimedRow) (string, bool) {
+	if !slices.Contains(r.ordered, c.topic) {
+		return "", false
+	}
+	return c.aggregateID, true
+}
+
+// shadow reports whether a claimed row is a shadow intent.
+func (r *Relay) shadow(c claimedRow) bool {
+	return c.shadowMarked || slices.Contains(r.cfg.ShadowTopics, c.topic)
+}
+
+// relayClaimed publishes the rows claimed in tx (shadow intents aside) and
+// records the outcome: it ends tx. With holdOnOutage, a batch the broker
+// confirmed none of is not recorded but reported as ErrNothingConfirmed.
+// record, if set, is the append-only lane's: the confirmed rows are not
+// marked (the position passes them), and record adds its own statements to
+// the outcome's, given the ids
+// of the rows neither confirmed nor failed (behind a failure of their
+// aggregate, or left when ctx ended): the append-only lane marks them
+// slow and moves its position, in the same transaction.
+func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRow, res BatchResult, holdOnOutage bool, record func(b *pgx.Batch, unsent []int64)) (BatchResult, error) {
+	// Shadow intents: the legacy code performs their effect; they are
+	// recorded as dispatched (shadowed) and never reach the broker.
+	live := claimed[:0:0]
+	var shadowIDs []int64
+	var shadowOutcomes []Outcome
+	for _, c := range claimed {
+		if r.shadow(c) {
+			shadowIDs = append(shadowIDs, c.id)
+			shadowOutcomes = append(shadowOutcomes, Outcome{ID: c.id, Topic: c.topic, AggregateID: c.aggregateID, CreatedAt: c.createdAt, DueAt: c.dueAt,
+				Attempt: c.attempts + 1, Shadowed: true, At: time.Now()})
+			continue
+		}
+		live = append(live, c)
+	}
+	claimed = live
+	outcomes, sent, unsent := r.publishInOrder(ctx, claimed)
+	res.Left += len(unsent)
+	var (
+		okIDs               []int64
+		failIDs, failDelays []int64
+		failErrs            []string
+		unsentIDs           []int64
+	)
+	for _, c := range unsent {
+		unsentIDs = append(unsentIDs, c.id)
+	}
+	for i, o := range outcomes {
+		if o.Err == nil {
+			okIDs = append(okIDs, o.ID)
+			continue
+		}
+		if ctx.Err() != nil && errors.Is(o.Err, ctx.Err()) {
+			// Stopping, not failing: the row stays pending as it was, and
+			// the next relay sends it (again, if the broker had it).
+			unsentIDs = append(unsentIDs, o.ID)
+			continue
+		}
+		delay := r.cfg.Backoff.Delay(o.Attempt)
+		failIDs = append(failIDs, o.ID)
+		failErrs = append(failErrs, pipeline.CleanText(o.Err.Error(), r.cfg.MaxErrorLength))
+		failDelays = append(failDelays, delay.Microseconds())
+		r.logger.Warn("publishing outbox row failed; will retry",
+			"outbox_id", o.ID, "topic", o.Topic, "aggregate_id", o.AggregateID,
+			"attempt", o.Attempt, "retry_in", delay, "trace_id", headerString(sent[i].headers, pipeline.MetaTraceID),
+			"error", o.Err)
+	}
+	if len(okIDs) == 0 && len(failIDs) > 0 && holdOnOutage {
+		return res, fmt.Errorf("%w (%d message(s) failed; first: %v)", ErrNothingConfirmed, len(failIDs), outcomes[0].Err)
+	}
+
+	// The broker has the confirmed messages: record them even if ctx was
+	// cancelled meanwhile, so a graceful stop causes no redelivery.
+	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	batch := &pgx.Batch{}
+	if len(okIDs) > 0 && (record == nil || r.markEach.Load()) {
+		// The append-only lane's rows are dispatched by its position, and
+		// marked too only while a relay of an earlier version runs.
+		batch.Queue(r.dispatchedSQL, okIDs)
+	}
+	if len(failIDs) > 0 {
+		batch.Queue(r.failedSQL, failIDs, failErrs, failDelays)
+	}
+	if len(shadowIDs) > 0 {
+		batch.Queue(r.shadowSQL, shadowIDs)
+	}
+	if record != nil {
+		record(batch, unsentIDs)
+	}
+	if batch.Len() > 0 {
+		if err := tx.SendBatch(finishCtx, batch).Close(); err != nil {
+			return res, fmt.Errorf("recording relay outcome of %d row(s): %w", len(okIDs)+len(failIDs)+len(shadowIDs), err)
+		}
+	}
+	if err := tx.Commit(finishCtx); err != nil {
+		return res, fmt.Errorf("committing relay batch: %w", err)
+	}
+	res.Dispatched, res.Failed, res.Shadowed = len(okIDs), len(failIDs), len(shadowIDs)
+	outcomes = append(outcomes, shadowOutcomes...)
+	r.dispatched.Add(int64(res.Dispatched))
+	r.failed.Add(int64(res.Failed))
+	if r.cfg.Observer != nil {
+		r.cfg.Observer(outcomes)
+	}
+	if res.Dispatched > 0 {
+		r.logger.Debug("relayed outbox rows", "dispatched", res.Dispatched, "failed", res.Failed)
+	}
+	return res, nil
+}
+
+// publishInOrder publishes rows (sorted by id) in waves: a wave holds at
+// most one row of each ordered aggregate, and a row goes out only after its
+// aggregate's previous row was confirmed, so a failed publish is never
+// overtaken by a later event of its aggregate. Rows of a polling claim are
+// heads of distinct aggregates, so they make a single wave. It returns the
+// outcomes with the rows they belong to, and the rows it did not send (behind
+// a failure, or left when ctx ended), which stay pending untouched.
+func (r *Relay) publishInOrder(ctx context.Context, rows []claimedRow) (outcomes []Outcome, sent, unsent []claimedRow) {
+	next := rows
+	for len(next) > 0 {
+		var wave, later []claimedRow
+		inWave := map[string]bool{}
+		for _, c := range next {
+			key, ordered := r.orderKey(c)
+			if ordered && inWave[key] {
+				later = append(later, c)
+				continue
+			}
+			if ordered {
+				inWave[key] = true
+			}
+			wave = append(wave, c)
+		}
+		out := r.publishAll(ctx, wave)
+		outcomes = append(outcomes, out...)
+		sent = append(sent, wave...)
+		failed := map[string]bool{}
+		for i, o := range out {
+			if key, ordered := r.orderKey(wave[i]); ordered && o.Err != nil {
+				failed[key] = true
+			}
+		}
+		next = next[:0:0]
+		for _, c := range later {
+			if key, _ := r.orderKey(c); failed[key] || ctx.Err() != nil {
+				failed[key] = true
+				unsent = append(unsent, c)
+				continue
+			}
+			next = append(next, c)
+		}
+	}
+	return outcomes, sent, unsent
+}
+
+// publishAll publishes the claimed rows, in claim order, and says what
+// became of each. A BatchPublisher sends them in one go; any other
+// publisher gets them one by one. Rows left when ctx ends are reported as
+// not published: they stay pending.
+func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
+	outcomes := make([]Outcome, len(rows))
+	batch := make([]pipeline.Outgoing, len(rows))
+	for i, row := range rows {
+		id := strconv.FormatInt(row.id, 10)
+		uuid := id // rows written before migration 00009 have no UUID of their own
+		if row.uuid != nil {
+			uuid = *row.uuid
+		}
+		msg := message.NewMessage(uuid, row.payload)
+		for k, v := range row.headers {
+			msg.Metadata.Set(k, headerValue(v))
+		}
+		if row.aggregateID != "" {
+			msg.Metadata.Set(pipeline.MetaAggregateID, row.aggregateID)
+		}
+		msg.Metadata.Set(pipeline.MetaOutboxID, id)
+		msg.Metadata.Set(pipeline.MetaOutboxCreatedAt, row.createdAt.UTC().Format(time.RFC3339Nano))
+		msg.Metadata.Set(pipeline.MetaOutboxAttempt, strconv.Itoa(row.attempts+1))
+		msg.SetContext(ctx)
+		batch[i] = pipeline.Outgoing{Topic: row.topic, Msg: msg}
+		outcomes[i] = Outcome{ID: row.id, Topic: row.topic, AggregateID: row.aggregateID, CreatedAt: row.createdAt, DueAt: row.dueAt, Attempt: row.attempts + 1, Msg: msg}
+	}
+	ends := make([]func(error), len(rows))
+	for i, o := range batch {
+		ends[i] = func(error) {}
+		if r.cfg.Spans != nil {
+			ends[i] = r.cfg.Spans.StartPublish(ctx, o.Topic, rows[i].id, o.Msg)
+		}
+	}
+	if bp, ok := r.pub.(pipeline.BatchPublisher); ok {
+		errs := bp.PublishBatch(ctx, batch)
+		now := time.Now()
+		for i, err := range errs {
+			outcomes[i].Err, outcomes[i].At = err, now
+			ends[i](err)
+		}
+		return outcomes
+	}
+	for i, o := range batch {
+		if err := ctx.Err(); err != nil {
+			outcomes[i].Err = err
+			ends[i](err)
+			continue
+		}
+		outcomes[i].Err = r.pub.Publish(o.Topic, o.Msg)
+		outcomes[i].At = time.Now()
+		ends[i](outcomes[i].Err)
+	}
+	return outcomes
+}
+
+// headerValue turns a headers value into metadata: strings as they are,
+// anything else (written by hand, say) as its JSON text rather than lost.
+func headerValue(v any) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+func headerString(h map[string]any, key string) string {
+	s, _ := h[key].(string)
+	return s
+}
+
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	_ = tx.Rollback(rbCtx) // the error that caused it is the one to report
+}

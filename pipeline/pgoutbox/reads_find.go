@@ -1,0 +1,185 @@
+package pgoutbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// Row is one outbox row as the operators' reads show it: one column list
+// (rowColumns) and one scan (scanRow) for every read that returns rows.
+type Row struct {
+	ID int64
+	// MessageID is the message's id (its UUID; the row id for rows
+	// written before migration 00009).
+	MessageID   string
+	AggregateID string
+	Topic       string
+	Headers     map[string]string
+	CreatedAt   time.Time
+	AvailableAt time.Time
+	// DispatchedAt is set when a lane marked the row; a row the
+	// append-only lane's position passed has none.
+	DispatchedAt *time.Time
+	// Dispatched: marked, or passed by the position.
+	Dispatched bool
+	Attempts   int
+	LastError  string
+	// Payload is the bytes as published (payload_raw, or the jsonb as
+	// text), read only by the reads that say so (Operator.Row).
+	Payload []byte
+}
+
+// rowColumns are Row's columns of outbox row o; done is the expression of
+// Dispatched; payload adds the payload (scanRowPayload).
+func rowColumns(done string, payload bool) string {
+	cols := `o.id, coalesce(o.message_uuid, o.id::text), o.aggregate_id, o.topic, o.headers, o.created_at, o.available_at, o.dispatched_at, ` +
+		done + `, o.attempts, coalesce(o.last_error, '')`
+	if payload {
+		cols += `, COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8'))`
+	}
+	return cols
+}
+
+func (r *Row) fields() []any {
+	return []any{&r.ID, &r.MessageID, &r.AggregateID, &r.Topic, &r.Headers, &r.CreatedAt, &r.AvailableAt, &r.DispatchedAt, &r.Dispatched, &r.Attempts, &r.LastError}
+}
+
+func scanRow(row pgx.CollectableRow) (Row, error) {
+	var r Row
+	err := row.Scan(r.fields()...)
+	return r, err
+}
+
+func scanRowPayload(row pgx.CollectableRow) (Row, error) {
+	var r Row
+	err := row.Scan(append(r.fields(), &r.Payload)...)
+	return r, err
+}
+
+// Find returns, newest first, at most limit rows of the outbox (or, with
+// archived, of its archive, whose rows are all dispatched) whose message
+// id, aggregate id, correlation id or original message id (a durable
+// retry's) is id. The caller bounds it (a read-only transaction with a
+// statement timeout: an archive has no index on headers).
+func (t Table) Find(ctx context.Context, q Reader, archived bool, id string, limit int) ([]Row, error) {
+	rel, done := t.Quoted(), t.dispatchedCond("o")
+	if archived {
+		rel, done = t.Archive(), "true"
+	}
+	rows, err := q.Query(ctx, `SELECT `+rowColumns(done, false)+`
+		FROM `+rel+` o WHERE o.message_uuid = $1 OR o.aggregate_id = $1 OR o.headers->>'`+pipeline.MetaCorrelationID+`' = $1 OR o.headers->>'`+pipeline.MetaMessageID+`' = $1
+		ORDER BY o.id DESC LIMIT $2`, id, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, scanRow)
+}
+
+// Intents returns the events (durable retries aside) of one aggregate
+// (aggregateID) or, without one, those with these message ids, oldest
+// first, at most limit. A row the relay sent at its first try keeps no
+// attempt count of its own (it was passed, not marked): its one attempt
+// is counted here.
+func (t Table) Intents(ctx context.Context, q Reader, aggregateID string, ids []string, limit int) ([]Row, error) {
+	done := t.dispatchedCond("o")
+	rows, err := q.Query(ctx, `SELECT o.id, coalesce(o.message_uuid, o.id::text), o.aggregate_id, o.topic, o.headers, o.created_at, o.available_at, o.dispatched_at, `+done+`,
+		CASE WHEN o.dispatched_at IS NULL AND o.attempts = 0 AND `+done+` THEN 1 ELSE o.attempts END, coalesce(o.last_error, '')
+		FROM `+t.Quoted()+` o WHERE o.topic <> $1 AND (CASE WHEN $2 <> '' THEN o.aggregate_id = $2 ELSE o.message_uuid = ANY($3) END)
+		ORDER BY o.id LIMIT $4`, pipeline.RetryTopic, aggregateID, ids, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading intents: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, scanRow)
+	if err != nil {
+		return nil, fmt.Errorf("reading intents: %w", err)
+	}
+	return out, nil
+}
+
+// WaitingRetries returns the durable retries still pending of the
+// messages with these ids (the retry row carries the original message's
+// id as its own), in id order.
+func (t Table) WaitingRetries(ctx context.Context, q Reader, ids []string) ([]Row, error) {
+	rows, err := q.Query(ctx, `SELECT `+rowColumns("false", false)+` FROM `+t.Quoted()+` o
+		WHERE o.topic = $1 AND o.message_uuid = ANY($2) AND NOT `+t.dispatchedCond("o")+` ORDER BY o.id`, pipeline.RetryTopic, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading durable retries: %w", err)
+	}
+	return pgx.CollectRows(rows, scanRow)
+}
+
+// ShadowSides compares, for one topic, the aggregates with shadow intents
+// with those of the legacy system's effects.
+type ShadowSides struct {
+	Topic                string   `json:"topic"`
+	Intents              int      `json:"intents"`
+	LegacyEffects        int      `json:"legacy_effects"`
+	Matched              int      `json:"matched"`
+	MissingInOutbox      []string `json:"missing_in_outbox"`
+	MissingInOutboxCount int      `json:"missing_in_outbox_count"`
+	MissingInLegacy      []string `json:"missing_in_legacy"`
+	MissingInLegacyCount int      `json:"missing_in_legacy_count"`
+}
+
+// CompareShadow compares, per topic, the aggregates with shadow intents in
+// the outbox against those the legacy system recorded in legacy (a quoted
+// relation of the caller's with topic, aggregate_id and recorded_at)
+// since the given time, in one pass inside the database (the sets
+// themselves stay there); sample bounds the aggregate ids listed per side.
+func (t Table) CompareShadow(ctx context.Context, q Reader, legacy string, since time.Time, topic string, shadowTopics []string, sample int) ([]ShadowSides, error) {
+	rows, err := q.Query(ctx, `
+		WITH intents AS (
+			SELECT DISTINCT topic, aggregate_id FROM `+t.Quoted()+`
+			WHERE created_at >= $1 AND ($2 = '' OR topic = $2) AND topic <> $4
+			  AND (shadowed OR headers->>'`+pipeline.MetaShadow+`' = 'true' OR topic = ANY($3))),
+		legacy AS (
+			SELECT DISTINCT topic, aggregate_id FROM `+legacy+`
+			WHERE recorded_at >= $1 AND ($2 = '' OR topic = $2)),
+		joined AS (
+			SELECT coalesce(i.topic, l.topic) AS topic, coalesce(i.aggregate_id, l.aggregate_id) AS aggregate_id,
+			       i.topic IS NOT NULL AS has_intent, l.topic IS NOT NULL AS has_legacy
+			FROM intents i FULL JOIN legacy l ON i.topic = l.topic AND i.aggregate_id = l.aggregate_id)
+		SELECT topic,
+		       count(*) FILTER (WHERE has_intent), count(*) FILTER (WHERE has_legacy),
+		       count(*) FILTER (WHERE has_intent AND has_legacy),
+		       coalesce((array_agg(aggregate_id ORDER BY aggregate_id) FILTER (WHERE has_legacy AND NOT has_intent))[1:$5], '{}'),
+		       count(*) FILTER (WHERE has_legacy AND NOT has_intent),
+		       coalesce((array_agg(aggregate_id ORDER BY aggregate_id) FILTER (WHERE has_intent AND NOT has_legacy))[1:$5], '{}'),
+		       count(*) FILTER (WHERE has_intent AND NOT has_legacy)
+		FROM joined GROUP BY topic ORDER BY topic`,
+		since, topic, shadowTopics, pipeline.RetryTopic, sample)
+	if err != nil {
+		return nil, fmt.Errorf("comparing shadow intents with legacy effects: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[ShadowSides])
+}
+
+// RowFilter chooses the rows Rows returns; an empty field chooses all.
+type RowFilter struct {
+	IDs         []int64
+	Topic       string
+	AggregateID string
+	// Pending, if set, keeps only rows not dispatched (true) or only those
+	// dispatched (false).
+	Pending *bool
+}
+
+// Rows returns the rows f chooses, in id order, with whether each was
+// dispatched: for tools and tests that look at a handful of rows (each
+// row's state is looked up per row).
+func (t Table) Rows(ctx context.Context, q Reader, f RowFilter) ([]Row, error) {
+	done := t.dispatchedCond("o")
+	rows, err := q.Query(ctx, `SELECT `+rowColumns(done, true)+` FROM `+t.Quoted()+` o
+		WHERE (cardinality($1::bigint[]) = 0 OR o.id = ANY($1)) AND ($2 = '' OR o.topic = $2) AND ($3 = '' OR o.aggregate_id = $3)
+		  AND ($4::bool IS NULL OR $4 = NOT `+done+`)
+		ORDER BY o.id`, f.IDs, f.Topic, f.AggregateID, f.Pending)
+	if err != nil {
+		return nil, fmt.Errorf("reading outbox rows: %w", err)
+	}
+	return pgx.CollectRows(rows, scanRowPayload)
+}

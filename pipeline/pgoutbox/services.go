@@ -1,0 +1,191 @@
+package pgoutbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// The relay's loops: the batches in flight, the idle wait with its probe,
+// the LISTEN wake-up and the watches (failover, earlier relays).
+
+// Run relays until ctx is done. Database errors are logged and retried
+// after PollInterval; they never end the loop, since the outbox is the
+// place where work waits out an outage.
+func (r *Relay) Run(ctx context.Context) error {
+	r.logger.Info("relay started", "batch_size", r.cfg.BatchSize, "in_flight", r.cfg.InFlight, "poll_interval", r.cfg.PollInterval, "probe_interval", r.cfg.ProbeInterval,
+		"ordered_topics", r.ordered, "notify", !r.cfg.PollOnly)
+	defer r.logger.Info("relay stopped")
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if !r.cfg.PollOnly {
+		go r.listen(ctx)
+	}
+	if r.cfg.MarkEachRow != nil {
+		r.checkMarkEachRow(ctx)
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(markCheckInterval):
+					r.checkMarkEachRow(ctx)
+				}
+			}
+		}()
+	}
+	if r.cfg.FailoverReplay > 0 {
+		// Before the first claim: what a failover left to replay goes
+		// first, ahead of the rows committed since.
+		if _, err := r.CheckFailover(ctx); err != nil && ctx.Err() == nil {
+			r.logger.Warn("relay could not check the database's timeline for a failover", "error", err)
+		}
+		go r.watchFailover(ctx)
+	}
+	var wg sync.WaitGroup
+	for range r.cfg.InFlight {
+		wg.Go(func() { r.loop(ctx) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// loop is one of the relay's batches in flight: claim, publish, record,
+// again; asleep when nothing is due.
+func (r *Relay) loop(ctx context.Context) {
+	for {
+		res, err := r.RelayBatch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			r.logger.Error("relay batch failed", "error", err)
+		}
+		// More is due: a full batch, or one that sent heads of ordered
+		// aggregates, whose next rows a claim could not hold alongside
+		// them (a backlog behind a broker outage drains at claim speed,
+		// not a row per aggregate per PollInterval). No sleep, and the
+		// relay's other batches in flight join in.
+		if err == nil && (res.Claimed >= r.cfg.BatchSize || res.Passed >= r.cfg.BatchSize || (res.Ordered > 0 && res.Dispatched > 0)) {
+			r.Wake()
+			continue
+		}
+		if r.cfg.ProbeInterval > 0 {
+			r.idle(ctx)
+			continue
+		}
+		sleep := r.cfg.PollInterval
+		if err == nil && res.Claimed == 0 {
+			// Idle: sleep only until the next delayed or backed-off row is
+			// due. A relay that just relayed skips this read on its hot path;
+			// new commits wake it, and PollInterval bounds the rest.
+			sleep = r.untilNextDue(ctx)
+		}
+		r.sleep(ctx, sleep)
+	}
+}
+
+// idle waits for work: a wake-up, a probe that finds a row a claim would
+// take (a commit nobody announced, a delay or backoff run out), or
+// PollInterval, whichever comes first. A probe that fails (the database
+// gone) is not reported: the claim after PollInterval reports it.
+func (r *Relay) idle(ctx context.Context) {
+	var args []any
+	if len(r.ordered) > 0 {
+		args = append(args, r.ordered)
+	}
+	for deadline := time.Now().Add(r.cfg.PollInterval); ; {
+		left := time.Until(deadline)
+		if left <= 0 || !r.sleep(ctx, min(r.cfg.ProbeInterval, left)) {
+			return
+		}
+		r.probes.Add(1)
+		var due bool
+		if err := r.pool.QueryRow(ctx, r.probeSQL, args...).Scan(&due); err == nil && due {
+			return
+		}
+	}
+}
+
+// sleep waits d; false when it ended early: a wake-up, or ctx done.
+func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.wake:
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// untilNextDue is how long to sleep: until the earliest pending row is due
+// (a delayed event, a row in backoff), but never past PollInterval, the
+// bound on the cost of a lost notification.
+func (r *Relay) untilNextDue(ctx context.Context) time.Duration {
+	var next *time.Time
+	if err := r.pool.QueryRow(ctx, r.nextDueSQL).Scan(&next); err != nil || next == nil {
+		return r.cfg.PollInterval
+	}
+	return max(min(time.Until(*next), r.cfg.PollInterval), time.Millisecond)
+}
+
+// NotifyChannel is the channel a Waker notifies on after commits of new
+// outbox rows; the payload is the outbox table's schema.
+const NotifyChannel = "ferry_outbox"
+
+// listen wakes the relay on every commit of new outbox rows in its schema.
+// A lost connection is re-established after a pause; meanwhile the relay
+// polls, so nothing but latency is lost.
+func (r *Relay) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.logger.Warn("relay listener lost; polling until it is back", "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	pc, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquiring listener connection: %w", err)
+	}
+	// The connection leaves the pool: it is busy waiting for as long as the relay runs.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	var schema string
+	if err := conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return fmt.Errorf("reading current schema: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return fmt.Errorf("LISTEN %s: %w", NotifyChannel, err)
+	}
+	r.Wake() // rows committed before LISTEN took effect
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		if n.Payload == "" || n.Payload == schema {
+			r.Wake()
+		}
+	}
+}
+
+// Wake makes a sleeping relay look for work now. The LISTEN/NOTIFY
+// listener calls it; so can a producer in the same process.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,179 @@
+package pgoutbox
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ferry-dev/ferry/pipeline"
+)
+
+// The statements' catalogue, family "page" and "position": the append-only
+// lane's reads of a range and its moves of the position (see lanes.go).
+
+// appendLane is the SQL of the relay's append-only lane (see lanes.go).
+type appendLane struct {
+	lockSQL, readSQL, snapSQL, moveSQL, slowSQL string
+	// xipSQL pages the range's rows of the transactions that were in
+	// progress when the position was taken; rangeSQL those of newer
+	// transactions. Each is an ordered scan of the (tx, id) index that
+	// stops at the page's end, however many rows the range holds and
+	// however many rows older transactions wrote since a long one began.
+	// (One query for both, with the in-progress ids read from the
+	// snapshot in SQL, made the planner walk the index from the oldest
+	// in-progress transaction on, filtering: with a long transaction
+	// open, every page scanned all the rows since it began.)
+	xipSQL, rangeSQL string
+	// lockKeptSQL locks, by id, the rows of a page read without a lock
+	// (xipSQL and rangeSQL are, when the relay has a MinAge) that are
+	// old enough for the relay, and reads them again: $1 the ids; when
+	// ordered, $2 the ordered topics, $3 the position and $4 the range's
+	// snapshot (unordered, the query has no use for them). A row
+	// dispatched or made slow since the page was read is not returned:
+	// its writer has it.
+	lockKeptSQL string
+}
+
+// newAppendLane builds the lane's SQL for outbox table t. lockLater: the
+// relay has a MinAge (the CDC relay's safety net), so a page is read
+// without a lock and only its rows old enough are locked, by
+// lockKeptSQL. Locking the whole page, as without a MinAge, would hold the
+// young rows the CDC relay is about to send for as long as the batch
+// takes: it skips a locked row, and that row then waited for the safety
+// net, MinAge later.
+func newAppendLane(tbl Table, ordered, lockLater bool) appendLane {
+	t, p := tbl.Quoted(), tbl.Positions()
+	// behind is the column that says whether row o is held; snap is the
+	// range's snapshot, topics the ordered topics, pos the position.
+	behind := func(snap, topics, pos string) string {
+		if !ordered {
+			return `false`
+		}
+		// Held: an earlier row of its ordered aggregate is pending with
+		// state of its own, or is in this range and not passed yet but
+		// comes after it in (tx, id) order (another transaction that took
+		// a smaller id and committed in the same range).
+		return `(o.topic = ANY(` + topics + `::text[]) AND (
+		    EXISTS (SELECT 1 FROM ` + t + ` p
+		        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
+		          AND p.id < o.id AND p.topic = ANY(` + topics + `::text[]))
+		    OR EXISTS (SELECT 1 FROM ` + t + ` p
+		        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax(` + snap + `::pg_snapshot)
+		          AND pg_visible_in_snapshot(p.tx, ` + snap + `::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, ` + pos + `::pg_snapshot)
+		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY(` + topics + `::text[]))))`
+	}
+	// Due is read at the statement's start, not the transaction's
+	// (now()): a row committed before the range's snapshot was written by
+	// a transaction that began before this statement, so a row written
+	// without a delay is always due, never marked slow for a clock's
+	// sake.
+	columns := func(snap, topics, pos string) string {
+		return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
+		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
+		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false),
+		       o.tx::text, o.available_at <= statement_timestamp(), ` + behind(snap, topics, pos) + `
+		FROM ` + t + ` o`
+	}
+	// Waits for a row another writer holds (a relay of the per-row design
+	// during a rolling upgrade, the CDC relay): then reads it again, and
+	// skips it if that writer dispatched it.
+	lock := `
+		FOR UPDATE OF o`
+	pageLock := lock
+	if lockLater {
+		pageLock = ``
+	}
+	page := func(where string) string {
+		return columns("$1", "$6", "$7") + `
+		WHERE ` + where + `
+		  AND pg_visible_in_snapshot(o.tx, $1::pg_snapshot)
+		  AND o.dispatched_at IS NULL AND NOT o.slow
+		ORDER BY o.tx, o.id
+		LIMIT $4` + pageLock
+	}
+	return appendLane{
+		// One relay at a time moves an outbox table's position: a
+		// transaction-level advisory lock, taken without waiting, writes
+		// nothing (a locked row would be a write per batch). Advisory
+		// locks are the database's, not a schema's: the key is the
+		// table's oid, so that services with an outbox of the same name
+		// in schemas of their own never wait for each other.
+		//
+		// The same statement turns sorting off for the rest of the
+		// batch's transaction: a page must walk the (tx, id) index of
+		// each partition in order (a Merge Append) and stop at LIMIT. On
+		// a partition not analyzed yet (a new week, autovacuum not there
+		// yet) the planner, taking it for a few rows, sorted every
+		// unpassed row for each page instead: 4x slower.
+		lockSQL: `SELECT pg_try_advisory_xact_lock(hashtext('` + PositionTable + `'), hashtext($1::regclass::oid::text)), set_config('enable_sort', 'off', true)`,
+		readSQL: `SELECT snap::text, cur::text, last_tx::text, last_id, seq FROM ` + p + ` WHERE outbox_table = $1 ORDER BY seq DESC LIMIT 1`,
+		snapSQL: `SELECT pg_current_snapshot()::text`,
+		// A move is a new row; every thousandth move removes the rows a
+		// thousand moves behind, which no reader reaches any more. Its
+		// moved_at is the clock after the range's snapshot was taken: every
+		// row the position passed was written before it.
+		//
+		// The removal looks only at the rows from 3,000 below the newest
+		// row read ($6) on: while a long transaction holds the horizon,
+		// the rows removed before stay in the index as dead entries, and a
+		// removal from the table's first row walked them all (68 ms per
+		// thousandth move after 168,000 moves, growing with the hold).
+		// Rows a narrow removal misses (a move's seq taken by a rolled-back
+		// batch or by another outbox table's relay) go with every
+		// hundred-thousandth move's, which looks from the first row.
+		moveSQL: `WITH moved AS (
+			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id, moved_at) VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::xid8, $5, clock_timestamp()) RETURNING seq)
+			DELETE FROM ` + p + ` WHERE outbox_table = $1 AND (SELECT seq FROM moved) % 1000 = 0 AND seq < (SELECT seq FROM moved) - 1000
+				AND seq >= CASE WHEN (SELECT seq FROM moved) % 100000 = 0 THEN 0 ELSE $6::bigint - 3000 END`,
+		slowSQL: tbl.markSlowSQL(),
+		// The rows of the transactions that were in progress at the
+		// position ($5, an array the planner can use as an index
+		// condition), from ($2, $3) on.
+		xipSQL: page(`o.tx = ANY($5::xid8[]) AND (o.tx, o.id) > ($2::xid8, $3::bigint)`),
+		// The newer transactions' rows, from ($2, $3) on (never below the
+		// position's xmax: appendPage sees to it), up to the range's xmax.
+		// (None is one of $5, all older: said so that both queries take
+		// the same arguments.)
+		rangeSQL: page(`(o.tx, o.id) > ($2::xid8, $3::bigint) AND o.tx < pg_snapshot_xmax($1::pg_snapshot) AND o.tx <> ALL($5::xid8[])`),
+		lockKeptSQL: columns("$4", "$2", "$3") + `
+		WHERE o.id = ANY($1::bigint[]) AND o.dispatched_at IS NULL AND NOT o.slow
+		ORDER BY o.tx, o.id` + lock,
+	}
+}
+
+func parseSnapshot(s string) (snapshot, error) {
+	var sn snapshot
+	bad := func(err error) (snapshot, error) {
+		return snapshot{}, fmt.Errorf("the relay's position: snapshot %q: %w", s, err)
+	}
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return bad(errors.New("not xmin:xmax:xip"))
+	}
+	var err error
+	if sn.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return bad(err)
+	}
+	if sn.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return bad(err)
+	}
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return bad(err)
+			}
+			sn.xip = append(sn.xip, v)
+		}
+	}
+	slices.Sort(sn.xip)
+	return sn, nil
+}
+
+// snapshot is a pg_snapshot's text, "xmin:xmax:xip,...".
+type snapshot struct {
+	xmin, xmax uint64
+	xip        []uint64 // ascending
+}
