@@ -14,15 +14,15 @@ import (
 // markCheckInterval is how often RelayConfig.MarkEachRow is asked.
 const markCheckInterval = 5 * time.Second
 
+// markEachUnknown is the log line of a failed checkMarkEachRow.
+const markEachUnknown = "relay could not tell whether relays of an earlier version run; it keeps marking each row it sends"
+
 // checkMarkEachRow asks RelayConfig.MarkEachRow; a failed answer keeps
 // the last one.
-func (r *Relay) checkMarkEachRow(ctx context.Context) {
+func (r *Relay) checkMarkEachRow(ctx context.Context) error {
 	mark, err := r.cfg.MarkEachRow(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			r.logger.Warn("relay could not tell whether relays of an earlier version run; it keeps marking each row it sends", "error", err)
-		}
-		return
+		return err
 	}
 	if r.markEach.Swap(mark) != mark {
 		if mark {
@@ -31,4 +31,5 @@ func (r *Relay) checkMarkEachRow(ctx context.Context) {
 			r.logger.Info("no relay of an earlier version runs: rows are passed, not marked")
 		}
 	}
+	return nil
 }

@@ -97,27 +97,8 @@ func (r *Relay) CheckFailover(ctx context.Context) (Replay, error) {
 			return err
 		}
 		res.From, res.To = *recorded, current
-		// The anchor is the newest dispatch the new primary knows, not
-		// now(): the relay may come back long after the promotion. Rows
-		// the position passed carry no dispatch time of their own: the
-		// position's last move stands for theirs, and their creation
-		// decides whether they fall in the window (they are passed
-		// moments after their commit unless a backlog waited). One
-		// sequential scan, once per failover.
-		var newest *time.Time
-		if err := tx.QueryRow(ctx, `SELECT greatest((SELECT max(dispatched_at) FROM `+r.t.Quoted()+` WHERE NOT shadowed),
-			(SELECT moved_at FROM `+r.t.latestPosition()+` rp))`).Scan(&newest); err != nil {
-			return fmt.Errorf("finding the last dispatch before the failover: %w", err)
-		}
-		if newest != nil {
-			res.Since = newest.Add(-r.cfg.FailoverReplay)
-			tag, err := tx.Exec(ctx, `UPDATE `+r.t.Quoted()+` o SET dispatched_at = NULL, available_at = now(), slow = true
-				WHERE NOT o.shadowed AND (o.dispatched_at >= $1
-				   OR `+r.t.passedUnmarked("o", "o.created_at >= $1")+`)`, res.Since)
-			if err != nil {
-				return fmt.Errorf("making the events dispatched before the failover pending again: %w", err)
-			}
-			res.Rows = tag.RowsAffected()
+		if err := r.replay(ctx, tx, &res); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+r.t.Timelines()+` SET timeline = $2, recorded_at = now(), replayed_at = now(), replayed_rows = $3, replayed_from = $4 WHERE outbox_table = $1`,
 			r.t.Key(), current, res.Rows, res.From); err != nil {
@@ -137,26 +118,33 @@ func (r *Relay) CheckFailover(ctx context.Context) (Replay, error) {
 	return res, nil
 }
 
-// watchFailover runs CheckFailover until ctx is done. A failed check (the
-// database away, the migration not run) is logged once per kind and tried
-// again: relaying goes on meanwhile.
-func (r *Relay) watchFailover(ctx context.Context) {
-	var last string
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(failoverCheckInterval):
-		}
-		_, err := r.CheckFailover(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil && err.Error() != last:
-			r.logger.Warn("relay could not check the database's timeline for a failover", "error", err)
-			last = err.Error()
-		case err == nil:
-			last = ""
-		}
+// replay makes the events dispatched in the window before the last
+// dispatch the new primary knows pending again, in tx.
+func (r *Relay) replay(ctx context.Context, tx pgx.Tx, res *Replay) error {
+	// The anchor is the newest dispatch the new primary knows, not now():
+	// the relay may come back long after the promotion. Rows the position
+	// passed carry no dispatch time of their own: the position's last
+	// move stands for theirs, and their creation decides whether they
+	// fall in the window (they are passed moments after their commit
+	// unless a backlog waited). One sequential scan, once per failover.
+	var newest *time.Time
+	if err := tx.QueryRow(ctx, `SELECT greatest((SELECT max(dispatched_at) FROM `+r.t.Quoted()+` WHERE NOT shadowed),
+		(SELECT moved_at FROM `+r.t.latestPosition()+` rp))`).Scan(&newest); err != nil {
+		return fmt.Errorf("finding the last dispatch before the failover: %w", err)
 	}
+	if newest == nil {
+		return nil
+	}
+	res.Since = newest.Add(-r.cfg.FailoverReplay)
+	tag, err := tx.Exec(ctx, `UPDATE `+r.t.Quoted()+` o SET dispatched_at = NULL, available_at = now(), slow = true
+		WHERE NOT o.shadowed AND (o.dispatched_at >= $1
+		   OR `+r.t.passedUnmarked("o", "o.created_at >= $1")+`)`, res.Since)
+	if err != nil {
+		return fmt.Errorf("making the events dispatched before the failover pending again: %w", err)
+	}
+	res.Rows = tag.RowsAffected()
+	return nil
 }
+
+// failoverUnknown is the log line of a failed CheckFailover.
+const failoverUnknown = "relay could not check the database's timeline for a failover"

@@ -45,17 +45,40 @@ func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err
 			rollback(ctx, tx)
 		}
 	}()
+	found, err := r.lockByID(ctx, tx, ids)
+	if err != nil {
+		return res, err
+	}
+	res.Missing = missingIDs(found, ids)
+	claimed := r.sortLocked(found, &res)
+	res.Claimed = len(claimed)
+	r.claims.Add(1)
+	if len(claimed) == 0 {
+		return res, tx.Commit(ctx)
+	}
+	res, err = r.relayClaimed(ctx, tx, claimed, res, true, nil)
+	if errors.Is(err, ErrNothingConfirmed) {
+		return BatchResult{}, err
+	}
+	return res, err
+}
+
+// lockedRow is a row RelayIDs asked for: locked false when another relay
+// holds it (its columns other than topic and aggregate are then unknown).
+type lockedRow struct {
+	claimedRow
+	locked, done, due, behind bool
+}
+
+// lockByID locks the rows of ids it can (lockSQL) and reads every one.
+func (r *Relay) lockByID(ctx context.Context, tx pgx.Tx, ids []int64) ([]lockedRow, error) {
 	args := []any{ids}
 	if len(r.ordered) > 0 {
 		args = append(args, r.ordered)
 	}
 	rows, err := tx.Query(ctx, r.lockSQL, args...)
 	if err != nil {
-		return res, fmt.Errorf("locking outbox rows by id: %w", err)
-	}
-	type lockedRow struct {
-		claimedRow
-		locked, done, due, behind bool
+		return nil, fmt.Errorf("locking outbox rows by id: %w", err)
 	}
 	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (lockedRow, error) {
 		var c lockedRow
@@ -73,21 +96,33 @@ func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err
 		return c, nil
 	})
 	if err != nil {
-		return res, fmt.Errorf("reading locked outbox rows: %w", err)
+		return nil, fmt.Errorf("reading locked outbox rows: %w", err)
 	}
-	if len(found) < len(ids) {
-		seen := make(map[int64]bool, len(found))
-		for _, c := range found {
-			seen[c.id] = true
-		}
-		for _, id := range ids {
-			if !seen[id] {
-				res.Missing = append(res.Missing, id)
-			}
+	return found, nil
+}
+
+// missingIDs are the ids lockByID did not find.
+func missingIDs(found []lockedRow, ids []int64) []int64 {
+	if len(found) == len(ids) {
+		return nil
+	}
+	seen := make(map[int64]bool, len(found))
+	for _, c := range found {
+		seen[c.id] = true
+	}
+	var missing []int64
+	for _, id := range ids {
+		if !seen[id] {
+			missing = append(missing, id)
 		}
 	}
-	// A row of an ordered aggregate that is left blocks the aggregate's
-	// later rows in this call.
+	return missing
+}
+
+// sortLocked keeps the rows to publish, counting in res those left and
+// skipped. A row of an ordered aggregate that is left blocks the
+// aggregate's later rows in this call.
+func (r *Relay) sortLocked(found []lockedRow, res *BatchResult) []claimedRow {
 	blocked := map[string]bool{}
 	var claimed []claimedRow
 	for _, c := range found {
@@ -106,14 +141,5 @@ func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err
 			claimed = append(claimed, c.claimedRow)
 		}
 	}
-	res.Claimed = len(claimed)
-	r.claims.Add(1)
-	if len(claimed) == 0 {
-		return res, tx.Commit(ctx)
-	}
-	res, err = r.relayClaimed(ctx, tx, claimed, res, true, nil)
-	if errors.Is(err, ErrNothingConfirmed) {
-		return BatchResult{}, err
-	}
-	return res, err
+	return claimed
 }

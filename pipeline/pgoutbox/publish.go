@@ -35,90 +35,26 @@ func (r *Relay) shadow(c claimedRow) bool {
 // confirmed none of is not recorded but reported as ErrNothingConfirmed.
 // record, if set, is the append-only lane's: the confirmed rows are not
 // marked (the position passes them), and record adds its own statements to
-// the outcome's, given the ids
-// of the rows neither confirmed nor failed (behind a failure of their
-// aggregate, or left when ctx ended): the append-only lane marks them
-// slow and moves its position, in the same transaction.
+// the outcome's, given the ids of the rows neither confirmed nor failed
+// (behind a failure of their aggregate, or left when ctx ended): the
+// append-only lane marks them slow and moves its position, in the same
+// transaction.
 func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRow, res BatchResult, holdOnOutage bool, record func(b *pgx.Batch, unsent []int64)) (BatchResult, error) {
-	// Shadow intents: the legacy code performs their effect; they are
-	// recorded as dispatched (shadowed) and never reach the broker.
-	live := claimed[:0:0]
-	var shadowIDs []int64
-	var shadowOutcomes []Outcome
-	for _, c := range claimed {
-		if r.shadow(c) {
-			shadowIDs = append(shadowIDs, c.id)
-			shadowOutcomes = append(shadowOutcomes, Outcome{ID: c.id, Topic: c.topic, AggregateID: c.aggregateID, CreatedAt: c.createdAt, DueAt: c.dueAt,
-				Attempt: c.attempts + 1, Shadowed: true, At: time.Now()})
-			continue
-		}
-		live = append(live, c)
-	}
-	claimed = live
-	outcomes, sent, unsent := r.publishInOrder(ctx, claimed)
+	live, shadowed := r.splitShadow(claimed)
+	outcomes, sent, unsent := r.publishInOrder(ctx, live)
 	res.Left += len(unsent)
-	var (
-		okIDs               []int64
-		failIDs, failDelays []int64
-		failErrs            []string
-		unsentIDs           []int64
-	)
-	for _, c := range unsent {
-		unsentIDs = append(unsentIDs, c.id)
+	o := r.sortOutcomes(ctx, outcomes, sent, unsent)
+	if len(o.ok) == 0 && len(o.failIDs) > 0 && holdOnOutage {
+		return res, fmt.Errorf("%w (%d message(s) failed; first: %v)", ErrNothingConfirmed, len(o.failIDs), outcomes[0].Err)
 	}
-	for i, o := range outcomes {
-		if o.Err == nil {
-			okIDs = append(okIDs, o.ID)
-			continue
-		}
-		if ctx.Err() != nil && errors.Is(o.Err, ctx.Err()) {
-			// Stopping, not failing: the row stays pending as it was, and
-			// the next relay sends it (again, if the broker had it).
-			unsentIDs = append(unsentIDs, o.ID)
-			continue
-		}
-		delay := r.cfg.Backoff.Delay(o.Attempt)
-		failIDs = append(failIDs, o.ID)
-		failErrs = append(failErrs, pipeline.CleanText(o.Err.Error(), r.cfg.MaxErrorLength))
-		failDelays = append(failDelays, delay.Microseconds())
-		r.logger.Warn("publishing outbox row failed; will retry",
-			"outbox_id", o.ID, "topic", o.Topic, "aggregate_id", o.AggregateID,
-			"attempt", o.Attempt, "retry_in", delay, "trace_id", headerString(sent[i].headers, pipeline.MetaTraceID),
-			"error", o.Err)
+	if err := r.recordOutcome(ctx, tx, o, shadowed, record); err != nil {
+		return res, err
 	}
-	if len(okIDs) == 0 && len(failIDs) > 0 && holdOnOutage {
-		return res, fmt.Errorf("%w (%d message(s) failed; first: %v)", ErrNothingConfirmed, len(failIDs), outcomes[0].Err)
+	res.Dispatched, res.Failed, res.Shadowed = len(o.ok), len(o.failIDs), len(shadowed)
+	for _, c := range shadowed {
+		outcomes = append(outcomes, Outcome{ID: c.id, Topic: c.topic, AggregateID: c.aggregateID, CreatedAt: c.createdAt, DueAt: c.dueAt,
+			Attempt: c.attempts + 1, Shadowed: true, At: time.Now()})
 	}
-
-	// The broker has the confirmed messages: record them even if ctx was
-	// cancelled meanwhile, so a graceful stop causes no redelivery.
-	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	batch := &pgx.Batch{}
-	if len(okIDs) > 0 && (record == nil || r.markEach.Load()) {
-		// The append-only lane's rows are dispatched by its position, and
-		// marked too only while a relay of an earlier version runs.
-		batch.Queue(r.dispatchedSQL, okIDs)
-	}
-	if len(failIDs) > 0 {
-		batch.Queue(r.failedSQL, failIDs, failErrs, failDelays)
-	}
-	if len(shadowIDs) > 0 {
-		batch.Queue(r.shadowSQL, shadowIDs)
-	}
-	if record != nil {
-		record(batch, unsentIDs)
-	}
-	if batch.Len() > 0 {
-		if err := tx.SendBatch(finishCtx, batch).Close(); err != nil {
-			return res, fmt.Errorf("recording relay outcome of %d row(s): %w", len(okIDs)+len(failIDs)+len(shadowIDs), err)
-		}
-	}
-	if err := tx.Commit(finishCtx); err != nil {
-		return res, fmt.Errorf("committing relay batch: %w", err)
-	}
-	res.Dispatched, res.Failed, res.Shadowed = len(okIDs), len(failIDs), len(shadowIDs)
-	outcomes = append(outcomes, shadowOutcomes...)
 	r.dispatched.Add(int64(res.Dispatched))
 	r.failed.Add(int64(res.Failed))
 	if r.cfg.Observer != nil {
@@ -128,6 +64,94 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 		r.logger.Debug("relayed outbox rows", "dispatched", res.Dispatched, "failed", res.Failed)
 	}
 	return res, nil
+}
+
+// splitShadow sets the shadow intents apart: the legacy code performs
+// their effect; they are recorded as dispatched (shadowed) and never
+// reach the broker.
+func (r *Relay) splitShadow(claimed []claimedRow) (live, shadowed []claimedRow) {
+	live = claimed[:0:0]
+	for _, c := range claimed {
+		if r.shadow(c) {
+			shadowed = append(shadowed, c)
+			continue
+		}
+		live = append(live, c)
+	}
+	return live, shadowed
+}
+
+// sorted is a batch's outcome as it is recorded.
+type sorted struct {
+	ok, unsent          []int64
+	failIDs, failDelays []int64
+	failErrs            []string
+}
+
+// sortOutcomes sorts the publishes' outcomes into confirmed, failed (with
+// the backoff each row waits) and not sent.
+func (r *Relay) sortOutcomes(ctx context.Context, outcomes []Outcome, sent, unsent []claimedRow) sorted {
+	var o sorted
+	for _, c := range unsent {
+		o.unsent = append(o.unsent, c.id)
+	}
+	for i, out := range outcomes {
+		if out.Err == nil {
+			o.ok = append(o.ok, out.ID)
+			continue
+		}
+		if ctx.Err() != nil && errors.Is(out.Err, ctx.Err()) {
+			// Stopping, not failing: the row stays pending as it was, and
+			// the next relay sends it (again, if the broker had it).
+			o.unsent = append(o.unsent, out.ID)
+			continue
+		}
+		delay := r.cfg.Backoff.Delay(out.Attempt)
+		o.failIDs = append(o.failIDs, out.ID)
+		o.failErrs = append(o.failErrs, pipeline.CleanText(out.Err.Error(), r.cfg.MaxErrorLength))
+		o.failDelays = append(o.failDelays, delay.Microseconds())
+		r.logger.Warn("publishing outbox row failed; will retry",
+			"outbox_id", out.ID, "topic", out.Topic, "aggregate_id", out.AggregateID,
+			"attempt", out.Attempt, "retry_in", delay, "trace_id", headerString(sent[i].headers, pipeline.MetaTraceID),
+			"error", out.Err)
+	}
+	return o
+}
+
+// recordOutcome writes the batch's outcome and commits tx. The broker has
+// the confirmed messages: they are recorded even if ctx was cancelled
+// meanwhile, so a graceful stop causes no redelivery.
+func (r *Relay) recordOutcome(ctx context.Context, tx pgx.Tx, o sorted, shadowed []claimedRow, record func(b *pgx.Batch, unsent []int64)) error {
+	finishCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	batch := &pgx.Batch{}
+	if len(o.ok) > 0 && (record == nil || r.markEach.Load()) {
+		// The append-only lane's rows are dispatched by its position, and
+		// marked too only while a relay of an earlier version runs.
+		batch.Queue(r.dispatchedSQL, o.ok)
+	}
+	if len(o.failIDs) > 0 {
+		batch.Queue(r.failedSQL, o.failIDs, o.failErrs, o.failDelays)
+	}
+	if len(shadowed) > 0 {
+		ids := make([]int64, len(shadowed))
+		for i, c := range shadowed {
+			ids[i] = c.id
+		}
+		batch.Queue(r.shadowSQL, ids)
+	}
+	if record != nil {
+		record(batch, o.unsent)
+	}
+	if batch.Len() > 0 {
+		if err := tx.SendBatch(finishCtx, batch).Close(); err != nil {
+			return fmt.Errorf("recording relay outcome of %d row(s): %w", len(o.ok)+len(o.failIDs)+len(shadowed), err)
+		}
+	}
+	if err := tx.Commit(finishCtx); err != nil {
+		return fmt.Errorf("committing relay batch: %w", err)
+	}
+	return nil
 }
 
 // publishInOrder publishes rows (sorted by id) in waves: a wave holds at

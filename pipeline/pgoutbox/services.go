@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/ferry-dev/ferry/internal/periodic"
 )
 
 // The relay's loops: the batches in flight, the idle wait with its probe,
@@ -22,32 +24,36 @@ func (r *Relay) Run(ctx context.Context) error {
 	if !r.cfg.PollOnly {
 		go r.listen(ctx)
 	}
+	// The watches answer once before the first batch (whether to mark
+	// each row; what a failover left to replay goes first, ahead of the
+	// rows committed since), then every few seconds.
+	var watches []periodic.Service
 	if r.cfg.MarkEachRow != nil {
-		r.checkMarkEachRow(ctx)
-		go func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(markCheckInterval):
-					r.checkMarkEachRow(ctx)
-				}
-			}
-		}()
+		if err := r.checkMarkEachRow(ctx); err != nil && ctx.Err() == nil {
+			r.logger.Warn(markEachUnknown, "error", err)
+		}
+		watches = append(watches, periodic.Service{Name: "relay-mark-each-watch", Interval: markCheckInterval,
+			Tick: r.checkMarkEachRow, ErrorMessage: markEachUnknown})
 	}
 	if r.cfg.FailoverReplay > 0 {
-		// Before the first claim: what a failover left to replay goes
-		// first, ahead of the rows committed since.
-		if _, err := r.CheckFailover(ctx); err != nil && ctx.Err() == nil {
-			r.logger.Warn("relay could not check the database's timeline for a failover", "error", err)
+		check := func(ctx context.Context) error {
+			_, err := r.CheckFailover(ctx)
+			return err
 		}
-		go r.watchFailover(ctx)
+		if err := check(ctx); err != nil && ctx.Err() == nil {
+			r.logger.Warn(failoverUnknown, "error", err)
+		}
+		watches = append(watches, periodic.Service{Name: "relay-failover-watch", Interval: failoverCheckInterval,
+			Tick: check, ErrorMessage: failoverUnknown})
 	}
+	waitWatches := periodic.Start(ctx, r.logger, watches...)
 	var wg sync.WaitGroup
 	for range r.cfg.InFlight {
 		wg.Go(func() { r.loop(ctx) })
 	}
 	wg.Wait()
+	cancel()
+	waitWatches()
 	return nil
 }
 

@@ -44,38 +44,7 @@ type appendLane struct {
 // takes: it skips a locked row, and that row then waited for the safety
 // net, MinAge later.
 func newAppendLane(tbl Table, ordered, lockLater bool) appendLane {
-	t, p := tbl.Quoted(), tbl.Positions()
-	// behind is the column that says whether row o is held; snap is the
-	// range's snapshot, topics the ordered topics, pos the position.
-	behind := func(snap, topics, pos string) string {
-		if !ordered {
-			return `false`
-		}
-		// Held: an earlier row of its ordered aggregate is pending with
-		// state of its own, or is in this range and not passed yet but
-		// comes after it in (tx, id) order (another transaction that took
-		// a smaller id and committed in the same range).
-		return `(o.topic = ANY(` + topics + `::text[]) AND (
-		    EXISTS (SELECT 1 FROM ` + t + ` p
-		        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
-		          AND p.id < o.id AND p.topic = ANY(` + topics + `::text[]))
-		    OR EXISTS (SELECT 1 FROM ` + t + ` p
-		        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax(` + snap + `::pg_snapshot)
-		          AND pg_visible_in_snapshot(p.tx, ` + snap + `::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, ` + pos + `::pg_snapshot)
-		          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY(` + topics + `::text[]))))`
-	}
-	// Due is read at the statement's start, not the transaction's
-	// (now()): a row committed before the range's snapshot was written by
-	// a transaction that began before this statement, so a row written
-	// without a delay is always due, never marked slow for a clock's
-	// sake.
-	columns := func(snap, topics, pos string) string {
-		return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
-		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
-		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false),
-		       o.tx::text, o.available_at <= statement_timestamp(), ` + behind(snap, topics, pos) + `
-		FROM ` + t + ` o`
-	}
+	columns := func(snap, topics, pos string) string { return tbl.pageColumns(ordered, snap, topics, pos) }
 	// Waits for a row another writer holds (a relay of the per-row design
 	// during a rolling upgrade, the CDC relay): then reads it again, and
 	// skips it if that writer dispatched it.
@@ -94,39 +63,10 @@ func newAppendLane(tbl Table, ordered, lockLater bool) appendLane {
 		LIMIT $4` + pageLock
 	}
 	return appendLane{
-		// One relay at a time moves an outbox table's position: a
-		// transaction-level advisory lock, taken without waiting, writes
-		// nothing (a locked row would be a write per batch). Advisory
-		// locks are the database's, not a schema's: the key is the
-		// table's oid, so that services with an outbox of the same name
-		// in schemas of their own never wait for each other.
-		//
-		// The same statement turns sorting off for the rest of the
-		// batch's transaction: a page must walk the (tx, id) index of
-		// each partition in order (a Merge Append) and stop at LIMIT. On
-		// a partition not analyzed yet (a new week, autovacuum not there
-		// yet) the planner, taking it for a few rows, sorted every
-		// unpassed row for each page instead: 4x slower.
-		lockSQL: `SELECT pg_try_advisory_xact_lock(hashtext('` + PositionTable + `'), hashtext($1::regclass::oid::text)), set_config('enable_sort', 'off', true)`,
-		readSQL: `SELECT snap::text, cur::text, last_tx::text, last_id, seq FROM ` + p + ` WHERE outbox_table = $1 ORDER BY seq DESC LIMIT 1`,
+		lockSQL: positionLockSQL,
+		readSQL: tbl.positionReadSQL(),
 		snapSQL: `SELECT pg_current_snapshot()::text`,
-		// A move is a new row; every thousandth move removes the rows a
-		// thousand moves behind, which no reader reaches any more. Its
-		// moved_at is the clock after the range's snapshot was taken: every
-		// row the position passed was written before it.
-		//
-		// The removal looks only at the rows from 3,000 below the newest
-		// row read ($6) on: while a long transaction holds the horizon,
-		// the rows removed before stay in the index as dead entries, and a
-		// removal from the table's first row walked them all (68 ms per
-		// thousandth move after 168,000 moves, growing with the hold).
-		// Rows a narrow removal misses (a move's seq taken by a rolled-back
-		// batch or by another outbox table's relay) go with every
-		// hundred-thousandth move's, which looks from the first row.
-		moveSQL: `WITH moved AS (
-			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id, moved_at) VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::xid8, $5, clock_timestamp()) RETURNING seq)
-			DELETE FROM ` + p + ` WHERE outbox_table = $1 AND (SELECT seq FROM moved) % 1000 = 0 AND seq < (SELECT seq FROM moved) - 1000
-				AND seq >= CASE WHEN (SELECT seq FROM moved) % 100000 = 0 THEN 0 ELSE $6::bigint - 3000 END`,
+		moveSQL: tbl.positionMoveSQL(),
 		slowSQL: tbl.markSlowSQL(),
 		// The rows of the transactions that were in progress at the
 		// position ($5, an array the planner can use as an index
@@ -176,4 +116,38 @@ func parseSnapshot(s string) (snapshot, error) {
 type snapshot struct {
 	xmin, xmax uint64
 	xip        []uint64 // ascending
+}
+
+// heldCond is the column that says whether row o of a page is held; snap
+// is the range's snapshot, topics the ordered topics, pos the position.
+// Held: an earlier row of its ordered aggregate is pending with state of
+// its own, or is in this range and not passed yet but comes after it in
+// (tx, id) order (another transaction that took a smaller id and
+// committed in the same range).
+func (t Table) heldCond(ordered bool, snap, topics, pos string) string {
+	if !ordered {
+		return `false`
+	}
+	table := t.Quoted()
+	return `(o.topic = ANY(` + topics + `::text[]) AND (
+	    EXISTS (SELECT 1 FROM ` + table + ` p
+	        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
+	          AND p.id < o.id AND p.topic = ANY(` + topics + `::text[]))
+	    OR EXISTS (SELECT 1 FROM ` + table + ` p
+	        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax(` + snap + `::pg_snapshot)
+	          AND pg_visible_in_snapshot(p.tx, ` + snap + `::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, ` + pos + `::pg_snapshot)
+	          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY(` + topics + `::text[]))))`
+}
+
+// pageColumns is the SELECT of a page's rows (scanPageRow). Due is read at
+// the statement's start, not the transaction's (now()): a row committed
+// before the range's snapshot was written by a transaction that began
+// before this statement, so a row written without a delay is always due,
+// never marked slow for a clock's sake.
+func (t Table) pageColumns(ordered bool, snap, topics, pos string) string {
+	return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
+	       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
+	       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false),
+	       o.tx::text, o.available_at <= statement_timestamp(), ` + t.heldCond(ordered, snap, topics, pos) + `
+	FROM ` + t.Quoted() + ` o`
 }
