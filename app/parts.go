@@ -27,6 +27,11 @@ func (a *App) DB() *sql.DB { return a.db }
 // Outbox publishes events in a caller's transaction.
 func (a *App) Outbox() *pgoutbox.Outbox { return a.outbox }
 
+// OutboxTable is the outbox table the app writes and relays
+// (FERRY_OUTBOX_TABLE, in FERRY_DATABASE_SCHEMA): the handle its typed
+// reads and operator views take.
+func (a *App) OutboxTable() pgoutbox.Table { return a.outbox.Table() }
+
 // Topology is the broker topology of the route table (exchange and queue
 // names, the ordered topics); read it, do not change it.
 func (a *App) Topology() *rabbit.Topology { return a.topology }

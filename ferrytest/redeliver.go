@@ -2,7 +2,6 @@ package ferrytest
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
 // Redeliver delivers the event with messageID (an outbox row's message id)
@@ -30,13 +30,11 @@ import (
 func Redeliver(t testing.TB, a *app.App, messageID string, timeout time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	var topic, aggregate string
-	var payload, headers []byte
-	err := a.Pool().QueryRow(ctx, `SELECT topic, aggregate_id, COALESCE(payload_raw, convert_to(payload::text, 'UTF8')), headers
-		FROM outbox WHERE message_uuid = $1`, messageID).Scan(&topic, &aggregate, &payload, &headers)
-	if err != nil {
-		t.Fatalf("ferrytest: Redeliver: reading outbox row of message %s: %v", messageID, err)
+	rows, err := a.OutboxTable().Rows(ctx, a.Pool(), pgoutbox.RowFilter{MessageID: messageID})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("ferrytest: Redeliver: reading outbox row of message %s: %d row(s), %v", messageID, len(rows), err)
 	}
+	topic, aggregate, payload := rows[0].Topic, rows[0].AggregateID, rows[0].Payload
 	waitFor := 0
 	for _, r := range a.Routes() {
 		if r.Topic == topic && r.Handler != nil {
@@ -46,15 +44,9 @@ func Redeliver(t testing.TB, a *app.App, messageID string, timeout time.Duration
 	if waitFor == 0 {
 		t.Fatalf("ferrytest: Redeliver: no route with a Handler consumes %s", topic)
 	}
-	h := map[string]any{}
-	if err := json.Unmarshal(headers, &h); err != nil {
-		t.Fatalf("ferrytest: Redeliver: headers of message %s: %v", messageID, err)
-	}
 	msg := message.NewMessage(messageID, payload)
-	for k, v := range h {
-		if s, ok := v.(string); ok {
-			msg.Metadata.Set(k, s)
-		}
+	for k, v := range rows[0].Headers {
+		msg.Metadata.Set(k, v)
 	}
 	if aggregate != "" {
 		msg.Metadata.Set(pipeline.MetaAggregateID, aggregate)

@@ -45,19 +45,32 @@ func rowColumns(done string, payload bool) string {
 	return cols
 }
 
-func (r *Row) fields() []any {
-	return []any{&r.ID, &r.MessageID, &r.AggregateID, &r.Topic, &r.Headers, &r.CreatedAt, &r.AvailableAt, &r.DispatchedAt, &r.Dispatched, &r.Attempts, &r.LastError}
+func (r *Row) fields(headers *map[string]any) []any {
+	return []any{&r.ID, &r.MessageID, &r.AggregateID, &r.Topic, headers, &r.CreatedAt, &r.AvailableAt, &r.DispatchedAt, &r.Dispatched, &r.Attempts, &r.LastError}
+}
+
+// setHeaders keeps the headers as the relay publishes them: strings as
+// they are, anything else (written by hand, say) as its JSON text.
+func (r *Row) setHeaders(h map[string]any) {
+	r.Headers = make(map[string]string, len(h))
+	for k, v := range h {
+		r.Headers[k] = headerValue(v)
+	}
 }
 
 func scanRow(row pgx.CollectableRow) (Row, error) {
 	var r Row
-	err := row.Scan(r.fields()...)
+	var h map[string]any
+	err := row.Scan(r.fields(&h)...)
+	r.setHeaders(h)
 	return r, err
 }
 
 func scanRowPayload(row pgx.CollectableRow) (Row, error) {
 	var r Row
-	err := row.Scan(append(r.fields(), &r.Payload)...)
+	var h map[string]any
+	err := row.Scan(append(r.fields(&h), &r.Payload)...)
+	r.setHeaders(h)
 	return r, err
 }
 
@@ -161,7 +174,9 @@ func (t Table) CompareShadow(ctx context.Context, q Reader, legacy string, since
 
 // RowFilter chooses the rows Rows returns; an empty field chooses all.
 type RowFilter struct {
-	IDs         []int64
+	IDs []int64
+	// MessageID chooses the row of one message (its UUID).
+	MessageID   string
 	Topic       string
 	AggregateID string
 	// Pending, if set, keeps only rows not dispatched (true) or only those
@@ -176,8 +191,8 @@ func (t Table) Rows(ctx context.Context, q Reader, f RowFilter) ([]Row, error) {
 	done := t.dispatchedCond("o")
 	rows, err := q.Query(ctx, `SELECT `+rowColumns(done, true)+` FROM `+t.Quoted()+` o
 		WHERE (cardinality($1::bigint[]) = 0 OR o.id = ANY($1)) AND ($2 = '' OR o.topic = $2) AND ($3 = '' OR o.aggregate_id = $3)
-		  AND ($4::bool IS NULL OR $4 = NOT `+done+`)
-		ORDER BY o.id`, f.IDs, f.Topic, f.AggregateID, f.Pending)
+		  AND ($4::bool IS NULL OR $4 = NOT `+done+`) AND ($5 = '' OR o.message_uuid = $5)
+		ORDER BY o.id`, f.IDs, f.Topic, f.AggregateID, f.Pending, f.MessageID)
 	if err != nil {
 		return nil, fmt.Errorf("reading outbox rows: %w", err)
 	}

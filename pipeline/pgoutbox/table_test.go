@@ -1,6 +1,9 @@
 package pgoutbox_test
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -54,4 +57,27 @@ func TestTableInSchema(t *testing.T) {
 	same, err := named.InSchema("svc")
 	require.NoError(t, err)
 	require.Equal(t, named, same, "a name that says its schema keeps it")
+}
+
+// The package doc's reading order names every file of the package, and
+// only files that exist: a newcomer who follows it reads everything.
+func TestPackageDocListsEveryFile(t *testing.T) {
+	doc, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	i := strings.Index(string(doc), "# Reading order")
+	require.Positive(t, i, "doc.go has a reading order")
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\b([a-z_]+\.go)\b`).FindAllStringSubmatch(string(doc[i:]), -1) {
+		listed[m[1]] = true
+	}
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") || f == "doc.go" {
+			continue
+		}
+		require.True(t, listed[f], "%s is missing from doc.go's reading order", f)
+		delete(listed, f)
+	}
+	require.Empty(t, listed, "doc.go's reading order names files that do not exist")
 }
