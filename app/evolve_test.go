@@ -142,7 +142,7 @@ func TestEventsOutliveTheirCodeAcrossARollingDeploy(t *testing.T) {
 		return poisoned == 8 && done == 72
 	}, time.Minute, 50*time.Millisecond, "version 1 handled its events but the 13-euro ones (poisoned) and the delayed ones")
 	// What status and metrics show: version 1 waiting, poisoned and delayed.
-	stored, err := pgstatus.StoredVersions(ctx, a1.Pool(), pgoutbox.Table{})
+	stored, err := pgstatus.StoredVersions(ctx, a1.Pool(), testTable)
 	require.NoError(t, err)
 	counts := map[string]int{}
 	for _, s := range stored {
@@ -217,6 +217,6 @@ func TestEventsOutliveTheirCodeAcrossARollingDeploy(t *testing.T) {
 	require.Positive(t, byCode[2], "version 2 consumed during the rolling deploy")
 	require.Positive(t, byCode[3])
 	t.Logf("handled by version 1: %d, 2: %d, 3: %d", byCode[1], byCode[2], byCode[3])
-	ferrytest.RequireStoredEventsDecode(t, a3.Pool(), pgoutbox.Table{}, chain3)
+	ferrytest.RequireStoredEventsDecode(t, a3.Pool(), testTable, chain3)
 	stop3()
 }

@@ -28,7 +28,7 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
 	// Written 40 days ago, into that week's partition.
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, dispatched_at, created_at, part)
+	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers, dispatched_at, created_at, part)
 		SELECT 'orders.placed', 'a' || g, '{}', '{}', now() - interval '40 days', now() - interval '40 days', ferry_outbox_part(now() - interval '40 days')
 		FROM generate_series(1, 5) g`)
 	require.NoError(t, err)
@@ -117,7 +117,7 @@ func TestBackfillRunsWithoutFlags(t *testing.T) {
 	require.NoError(t, cli.Backfill{Options: opts}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "would write 4 intent(s)")
 	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL).Scan(&n))
 	require.Zero(t, n, "a dry run writes nothing")
 	opts.Apply = true
 	out.Reset()
@@ -126,7 +126,7 @@ func TestBackfillRunsWithoutFlags(t *testing.T) {
 	out.Reset()
 	require.NoError(t, cli.Backfill{Options: opts}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "wrote 0 intent(s)")
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'mail.welcome'`).Scan(&n))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'mail.welcome'`).Scan(&n))
 	require.Equal(t, 4, n)
 }
 

@@ -19,10 +19,10 @@ func TestOutboxActionRefusesMoreThanMaxAndActsOnTheGroup(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, attempts, last_error, available_at, message_uuid)
+	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers, attempts, last_error, available_at, message_uuid)
 		SELECT 'orders.placed', 'a' || g, '{}', '{}', 2, 'exchange not found', now() + interval '1 hour', gen_random_uuid()::text FROM generate_series(1, 4) g`)
 	require.NoError(t, err)
-	ops, err := pgoutbox.NewOperator(pool, pgoutbox.Table{})
+	ops, err := pgoutbox.NewOperator(pool, testTable)
 	require.NoError(t, err)
 	var fp string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT ferry_fingerprint('exchange not found')`).Scan(&fp))
@@ -43,7 +43,7 @@ func TestOutboxActionRefusesMoreThanMaxAndActsOnTheGroup(t *testing.T) {
 	require.NoError(t, cli.OutboxAction{Action: "retry-now", Stuck: group, Max: 10, Actor: "test"}.Run(ctx, ops, &out))
 	require.Contains(t, out.String(), "retry-now: 4 row(s)")
 	var due int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE available_at <= now()`).Scan(&due))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE available_at <= now()`).Scan(&due))
 	require.Equal(t, 4, due)
 
 	out.Reset()

@@ -276,9 +276,9 @@ func between(s, a, b string) string {
 func TestFailingRowsAreGroupedAndFiltered(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+	_, err := pool.Exec(context.Background(), `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
 		SELECT 'a' || g, 'stripe.charge', '{}', g, 'publishing to exchange ' || g || ': NOT_FOUND', now() + interval '1 minute' FROM generate_series(1, 4) g;
-		INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error) VALUES ('b', 'mail.send', '{}', 2, E'<script>x</script> broker \x1b closed')`)
+		INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error) VALUES ('b', 'mail.send', '{}', 2, E'<script>x</script> broker \x1b closed')`)
 	require.NoError(t, err)
 	reader := loggedIn(t, srv)
 	code, body := get(t, reader, srv.URL+"/console/failing")
@@ -420,10 +420,10 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, headers, available_at)
+	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (message_uuid, aggregate_id, topic, payload, headers, available_at)
 		SELECT 'r' || g, 'o' || g, 'ferry.retry', '{}', jsonb_build_object('ferry_retry_queue', 'notifications.mail', 'ferry_attempt', '2',
 			'ferry_last_error', 'mailing order ' || g || ': SMTP 451 try later'), now() + interval '10 minutes' FROM generate_series(1, 4) g;
-		INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+		INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
 		SELECT 'f' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 2) g`)
 	require.NoError(t, err)
 	browser := loggedIn(t, srv)
@@ -448,12 +448,12 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `<b id="count">4</b>`)
 	var due int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
 	require.Zero(t, due, "the count changes nothing")
 	withConfirmation(form, body)
 	code, _ = post(form)
 	require.Equal(t, http.StatusSeeOther, code)
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
 	require.Equal(t, 4, due, "due at once")
 
 	_, failing := get(t, browser, srv.URL+"/console/failing")
@@ -465,7 +465,7 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	code, _ = post(dform)
 	require.Equal(t, http.StatusSeeOther, code)
 	var left int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'stripe.charge'`).Scan(&left))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'stripe.charge'`).Scan(&left))
 	require.Zero(t, left)
 	var actions []string
 	rows, err := pool.Query(ctx, `SELECT action || ' ' || count FROM ferry_audit_log ORDER BY id`)
@@ -543,9 +543,9 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 	srv, pool := setup(t)
 	ctx := context.Background()
 	var id, other int64
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, headers, attempts, last_error, available_at)
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+outboxSQL+` (message_uuid, aggregate_id, topic, payload, headers, attempts, last_error, available_at)
 		VALUES ('u-1', 'o-1', 'stripe.charge', '{"amount":5}', '{"tenant_id":"acme"}', 4, 'publishing: `+strings.Repeat("x", 300)+` END', now() + interval '1 hour') RETURNING id`).Scan(&id))
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
 		VALUES ('o-2', 'stripe.charge', '{}', 4, 'publishing: same', now() + interval '1 hour') RETURNING id`).Scan(&other))
 	browser := loggedIn(t, srv)
 
@@ -563,8 +563,8 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", form)
 	require.Equal(t, http.StatusSeeOther, code)
 	var due, otherDue bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM outbox WHERE id = $1`, id).Scan(&due))
-	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM outbox WHERE id = $1`, other).Scan(&otherDue))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM `+outboxSQL+` WHERE id = $1`, id).Scan(&due))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM `+outboxSQL+` WHERE id = $1`, other).Scan(&otherDue))
 	require.True(t, due, "the row is due now")
 	require.False(t, otherDue, "only the row acted on")
 	code, _ = get(t, browser, srv.URL+"/console/failing/999999")
@@ -752,7 +752,7 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	require.Equal(t, http.StatusConflict, code, "an undo works once")
 
 	// The same for outbox rows: failing rows confirmed, more fail, the click.
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
 		SELECT 'f' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 3) g`)
 	require.NoError(t, err)
 	_, failing := get(t, browser, srv.URL+"/console/failing")
@@ -761,14 +761,14 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	code, body = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, `<b id="count">3</b>`)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
 		SELECT 'g' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 2) g`)
 	require.NoError(t, err)
 	withConfirmation(oform, body)
 	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
 	require.Equal(t, http.StatusSeeOther, code)
 	var due, waiting int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE available_at <= now()), count(*) FILTER (WHERE available_at > now()) FROM outbox WHERE topic = 'stripe.charge'`).Scan(&due, &waiting))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE available_at <= now()), count(*) FILTER (WHERE available_at > now()) FROM `+outboxSQL+` WHERE topic = 'stripe.charge'`).Scan(&due, &waiting))
 	require.Equal(t, 3, due, "the three confirmed are due")
 	require.Equal(t, 2, waiting, "the two that failed after the confirmation wait for one of their own")
 	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)

@@ -47,7 +47,7 @@ func TestBrokerCutHoldsTheConfirmedPosition(t *testing.T) {
 	time.Sleep(2 * time.Second) // heartbeats and status updates go on meanwhile
 	require.Equal(t, 200, r.pending(t))
 	var recorded int
-	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgoutbox.Table{}.View(pgoutbox.StatePending)+` o WHERE (attempts > 0 OR last_error IS NOT NULL)`).Scan(&recorded))
+	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+testTable.View(pgoutbox.StatePending)+` o WHERE (attempts > 0 OR last_error IS NOT NULL)`).Scan(&recorded))
 	require.Zero(t, recorded, "an outage is not the rows' failure")
 	require.Zero(t, s.Stats().Dispatched-100)
 	stop() // while holding: its last report must not pass the rows either

@@ -65,7 +65,7 @@ func runChild(spec string) error {
 	if err != nil {
 		return err
 	}
-	s, err := pgcdc.NewStreamer(pool, relay, pgoutbox.Table{}, pgcdc.Config{Slot: slot, StatusInterval: time.Second, StandbyRetry: 100 * time.Millisecond, BatchSize: 50, InFlight: 4}, logger)
+	s, err := pgcdc.NewStreamer(pool, relay, testTable, pgcdc.Config{Slot: slot, StatusInterval: time.Second, StandbyRetry: 100 * time.Millisecond, BatchSize: 50, InFlight: 4}, logger)
 	if err != nil {
 		return err
 	}

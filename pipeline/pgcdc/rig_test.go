@@ -108,7 +108,7 @@ func (r *rig) relay(t *testing.T, pool *pgxpool.Pool, amqpURL string, cfg pgoutb
 // start runs a streamer until the test ends (or stop is called).
 func (r *rig) start(t *testing.T, pool *pgxpool.Pool, relay pgcdc.IDRelay, cfg pgcdc.Config) (s *pgcdc.Streamer, stop func()) {
 	t.Helper()
-	s, err := pgcdc.NewStreamer(pool, relay, pgoutbox.Table{}, cfg, testLogger(t))
+	s, err := pgcdc.NewStreamer(pool, relay, testTable, cfg, testLogger(t))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -138,7 +138,7 @@ func (r *rig) insert(t *testing.T, first, n, aggregates, txSize int) {
 	for start := first; start < first+n; start += txSize {
 		end := min(first+n, start+txSize)
 		_, err := r.pool.Exec(ctx, `
-			INSERT INTO outbox (aggregate_id, topic, payload, payload_raw, message_uuid)
+			INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, payload_raw, message_uuid)
 			SELECT 'agg-' || (i % $3), $4, jsonb_build_object('seq', i), convert_to(jsonb_build_object('seq', i)::text, 'UTF8'), 'cdc-' || i
 			FROM generate_series($1::int, $2::int - 1) AS i`, start, end, aggregates, orderedTopic)
 		require.NoError(t, err)
@@ -234,7 +234,7 @@ func requireInOrder(t *testing.T, got []delivery, first, n int) (duplicates int)
 
 func (r *rig) pending(t *testing.T) int {
 	t.Helper()
-	n, err := pgoutbox.Table{}.PendingCount(context.Background(), r.pool)
+	n, err := testTable.PendingCount(context.Background(), r.pool)
 	require.NoError(t, err)
 	return int(n)
 }

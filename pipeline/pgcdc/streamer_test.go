@@ -151,7 +151,7 @@ func TestLargeTransactionIsStreamed(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	const total = 100_000
-	insert := `INSERT INTO outbox (aggregate_id, topic, payload, payload_raw, message_uuid)
+	insert := `INSERT INTO ` + outboxSQL + ` (aggregate_id, topic, payload, payload_raw, message_uuid)
 		SELECT 'agg-' || (i % 101), $3, jsonb_build_object('seq', i), convert_to(jsonb_build_object('seq', i)::text, 'UTF8'), 'cdc-' || i
 		FROM generate_series($1::int, $2::int - 1) AS i`
 	_, err = tx.Exec(ctx, insert, 0, total/2, orderedTopic)

@@ -33,7 +33,7 @@ func TestInTxWritesEventsWithTheCommitAtomically(t *testing.T) {
 	ctx := context.Background()
 	ob := pipelinetest.Outbox(t)
 	count := func() (things, events int) {
-		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM things), (SELECT count(*) FROM outbox)`).Scan(&things, &events))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM things), (SELECT count(*) FROM `+outboxSQL+`)`).Scan(&things, &events))
 		return
 	}
 	write := func(o *pgoutbox.Outbox, name string, fail error) error {
@@ -123,7 +123,7 @@ func TestInTxBeginsWithTheFirstStatement(t *testing.T) {
 		return nil
 	}))
 	var events int
-	require.NoError(t, base.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&events))
+	require.NoError(t, base.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL).Scan(&events))
 	require.Equal(t, 3, events)
 
 	// After the first statement, the pgx.Tx costs no round trip, and it is
@@ -168,7 +168,7 @@ func TestInTxBeginsWithTheFirstStatement(t *testing.T) {
 		})
 		require.ErrorIs(t, err, pgx.ErrTxClosed)
 	}
-	require.NoError(t, base.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE message_uuid LIKE 'e-ended-%'`).Scan(&events))
+	require.NoError(t, base.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE message_uuid LIKE 'e-ended-%'`).Scan(&events))
 	require.Zero(t, events, "no event of a transaction the function ended")
 }
 
@@ -241,7 +241,7 @@ func TestInTxFirstStatementOfEveryKindIsAtomic(t *testing.T) {
 	boom := errors.New("business rule says no")
 	names := func(prefix string) (things, events int) {
 		require.NoError(t, base.QueryRow(ctx, `SELECT (SELECT count(*) FROM things WHERE name LIKE $1 || '%'),
-			(SELECT count(*) FROM outbox WHERE message_uuid LIKE 'e-' || $1 || '%')`, prefix).Scan(&things, &events))
+			(SELECT count(*) FROM `+outboxSQL+` WHERE message_uuid LIKE 'e-' || $1 || '%')`, prefix).Scan(&things, &events))
 		return
 	}
 	idle := func() {

@@ -116,7 +116,7 @@ func TestProducersCannotSetReservedMetadata(t *testing.T) {
 		}
 	}
 	var events, things int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM things)`).Scan(&events, &things))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+outboxSQL+`), (SELECT count(*) FROM things)`).Scan(&events, &things))
 	require.Zero(t, events, "no refused event was written")
 	require.Equal(t, 2*n, things, "every caller's business writes committed")
 
@@ -174,7 +174,7 @@ func TestInvalidEventsNeverAbortTheCallersTransaction(t *testing.T) {
 		}
 	}
 	var events int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&events))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL).Scan(&events))
 	require.Zero(t, events)
 
 	for i, path := range publishPaths(t) {
@@ -182,7 +182,7 @@ func TestInvalidEventsNeverAbortTheCallersTransaction(t *testing.T) {
 		require.NoError(t, path.run(ctx, t, ob, fmt.Sprintf("nil%d", i), "thing.made", msg), "%s: a nil payload", path.name)
 	}
 	var empty int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE payload_raw = ''::bytea`).Scan(&empty))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE payload_raw = ''::bytea`).Scan(&empty))
 	require.Equal(t, len(publishPaths(t)), empty, "a nil payload is stored as an empty one")
 }
 
@@ -206,7 +206,7 @@ func TestReschedulerStoresDeliveredTextsAndWaitsOutTheDatabase(t *testing.T) {
 		},
 	}))
 	var uuid, lastError, note, aggregate string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT message_uuid, headers->>'ferry_last_error', headers->>'note', aggregate_id FROM outbox`).
+	require.NoError(t, pool.QueryRow(ctx, `SELECT message_uuid, headers->>'ferry_last_error', headers->>'note', aggregate_id FROM `+outboxSQL).
 		Scan(&uuid, &lastError, &note, &aggregate))
 	require.Equal(t, "m-1", uuid, "the retry keeps the message's id as its UUID")
 	require.Equal(t, "400: Kunde ung\uFFFDltig", lastError)

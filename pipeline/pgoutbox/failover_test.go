@@ -35,9 +35,9 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 		}
 	}
 	// Ten were written and dispatched long ago, five are shadow intents.
-	_, err := pool.Exec(ctx, `UPDATE outbox SET created_at = created_at - interval '1 hour' WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 10)`)
+	_, err := pool.Exec(ctx, `UPDATE `+outboxSQL+` SET created_at = created_at - interval '1 hour' WHERE id IN (SELECT id FROM `+outboxSQL+` ORDER BY id LIMIT 10)`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE outbox SET shadowed = true WHERE id IN (SELECT id FROM outbox ORDER BY id DESC LIMIT 5)`)
+	_, err = pool.Exec(ctx, `UPDATE `+outboxSQL+` SET shadowed = true WHERE id IN (SELECT id FROM `+outboxSQL+` ORDER BY id DESC LIMIT 5)`)
 	require.NoError(t, err)
 
 	// First sight records the timeline; a restart (same timeline) replays nothing.
@@ -45,7 +45,7 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res)
 	var timeline int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT timeline FROM ferry_relay_timelines WHERE outbox_table = 'outbox'`).Scan(&timeline))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT timeline FROM ferry_relay_timelines WHERE outbox_table = '`+testTable.Key()+`'`).Scan(&timeline))
 	require.Positive(t, timeline)
 	res, err = newRelay(t, pool, rec, cfg).CheckFailover(ctx)
 	require.NoError(t, err)
@@ -77,11 +77,11 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 	require.Equal(t, timeline, replays[0].To)
 	require.EqualValues(t, 15, replays[0].Rows, "the dispatches in the window, shadow intents left")
 	var pending, shadowPending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE shadowed) FROM `+pgoutbox.PendingRows(pgoutbox.Table{}, "o.shadowed")+` p`).Scan(&pending, &shadowPending))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE shadowed) FROM `+pgoutbox.PendingRows(testTable, "o.shadowed")+` p`).Scan(&pending, &shadowPending))
 	require.Equal(t, 15, pending)
 	require.Zero(t, shadowPending)
 	var replayedRows int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT timeline, replayed_rows FROM ferry_relay_timelines WHERE outbox_table = 'outbox'`).Scan(&timeline, &replayedRows))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT timeline, replayed_rows FROM ferry_relay_timelines WHERE outbox_table = '`+testTable.Key()+`'`).Scan(&timeline, &replayedRows))
 	require.Equal(t, replays[0].To, timeline)
 	require.EqualValues(t, 15, replayedRows)
 

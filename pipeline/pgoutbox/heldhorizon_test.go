@@ -140,13 +140,13 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 	require.NoError(t, long.QueryRow(ctx, `SELECT txid_current()`).Scan(&still))
 	require.Equal(t, held, still)
 	var dead, slow int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = 'outbox'::regclass`).Scan(&dead))
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE slow`).Scan(&slow))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = '`+outboxSQL+`'::regclass`).Scan(&dead))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE slow`).Scan(&slow))
 	// Only the delayed rows, the rows behind them, the failed row and the
 	// rows of its aggregate that came while it waited keep state of their
 	// own; every other row was passed without a write.
 	slowBy := map[string]int{}
-	rows, err := pool.Query(ctx, `SELECT aggregate_id, count(*) FROM outbox WHERE slow GROUP BY 1`)
+	rows, err := pool.Query(ctx, `SELECT aggregate_id, count(*) FROM `+outboxSQL+` WHERE slow GROUP BY 1`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var agg string
@@ -189,11 +189,11 @@ func TestRelayStartsAnewWhenTheServerIsBehindItsPosition(t *testing.T) {
 	ahead := now + 1_000_000
 	// As restored: one row the old cluster's relay passed, one it had not
 	// (committed after its last move), and its position.
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, tx) VALUES
+	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (message_uuid, aggregate_id, topic, payload, tx) VALUES
 		('passed-before', 'a', 'orders.placed', '{}', $1::text::xid8), ('not-yet', 'b', 'orders.placed', '{}', $2::text::xid8)`,
 		fmt.Sprint(ahead-10), fmt.Sprint(ahead+5))
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('outbox', $1::pg_snapshot)`, fmt.Sprintf("%d:%d:", ahead, ahead))
+	_, err = pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('`+testTable.Key()+`', $1::pg_snapshot)`, fmt.Sprintf("%d:%d:", ahead, ahead))
 	require.NoError(t, err)
 	publish(t, pool, "orders.placed", event(t, "c", "written after the restore"))
 
@@ -210,7 +210,7 @@ func TestRelayStartsAnewWhenTheServerIsBehindItsPosition(t *testing.T) {
 	require.Contains(t, published, "not-yet")
 	require.NotContains(t, published, "passed-before")
 	var passedMarked bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT dispatched_at IS NOT NULL FROM outbox WHERE message_uuid = 'passed-before'`).Scan(&passedMarked))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT dispatched_at IS NOT NULL FROM `+outboxSQL+` WHERE message_uuid = 'passed-before'`).Scan(&passedMarked))
 	require.True(t, passedMarked)
 	var pending int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
@@ -224,7 +224,7 @@ func TestRelayStartsAnewWhenTheServerIsBehindItsPosition(t *testing.T) {
 	require.Len(t, rec.published, 3)
 	rec.mu.Unlock()
 	var unmarked int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE aggregate_id = 'd' AND dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE aggregate_id = 'd' AND dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
 	require.Equal(t, 1, unmarked, "passed, not marked")
 }
 
@@ -281,7 +281,7 @@ func TestPositionLockIsPerOutboxTable(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	var got bool
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext('"outbox"'::regclass::oid::text))`).Scan(&got))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext('`+outboxSQL+`'::regclass::oid::text))`).Scan(&got))
 	require.True(t, got)
 
 	publish(t, a, "orders.placed", event(t, "a1", 1))

@@ -220,7 +220,7 @@ func TestJSONBCanHoldAgreesWithPostgreSQL(t *testing.T) {
 		require.NoError(t, tx.Commit(ctx))
 		var stored bool
 		var raw []byte
-		require.NoError(t, pool.QueryRow(ctx, `SELECT payload IS NOT NULL, payload_raw FROM outbox WHERE message_uuid = $1`, msg.UUID).Scan(&stored, &raw))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT payload IS NOT NULL, payload_raw FROM `+outboxSQL+` WHERE message_uuid = $1`, msg.UUID).Scan(&stored, &raw))
 		require.Equal(t, c.pg, stored, "%.120q: jsonb exactly when PostgreSQL takes it", c.payload)
 		require.Equal(t, c.payload, raw, "the bytes are kept as they came")
 	}

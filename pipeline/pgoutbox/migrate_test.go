@@ -31,10 +31,10 @@ type earlierRelay struct {
 	pub  message.Publisher
 }
 
-const earlierClaimSQL = `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic, COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers
-	FROM outbox o
+var earlierClaimSQL = `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic, COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers
+	FROM ` + outboxSQL + ` o
 	WHERE o.dispatched_at IS NULL AND o.available_at <= now()
-	  AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL AND p.id < o.id)
+	  AND NOT EXISTS (SELECT 1 FROM ` + outboxSQL + ` p WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL AND p.id < o.id)
 	ORDER BY o.available_at LIMIT 50
 	FOR UPDATE OF o SKIP LOCKED`
 
@@ -77,7 +77,7 @@ func (e earlierRelay) batch(ctx context.Context) (int, error) {
 	// As the relay did: what the broker confirmed is recorded even when
 	// the relay is asked to stop meanwhile.
 	fctx := context.WithoutCancel(ctx)
-	if _, err := tx.Exec(fctx, `UPDATE outbox SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`, ids); err != nil {
+	if _, err := tx.Exec(fctx, `UPDATE `+outboxSQL+` SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`, ids); err != nil {
 		return 0, err
 	}
 	return len(ids), tx.Commit(fctx)
@@ -178,7 +178,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	sentBefore := relay.Stats().Dispatched
 	require.Eventually(t, func() bool { return relay.Stats().Dispatched > sentBefore+50 }, 10*time.Second, 10*time.Millisecond)
 	var unmarked int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
 	require.Zero(t, unmarked, "a row passed without a mark while a relay of the earlier version is alive")
 	earlierPaused.Store(false)
 	time.Sleep(300 * time.Millisecond)
@@ -193,7 +193,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	// are passed without a mark.
 	require.Eventually(t, func() bool {
 		var n int
-		return pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&n) == nil && n > 0
+		return pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&n) == nil && n > 0
 	}, 15*time.Second, 50*time.Millisecond, "once the earlier relay stopped, rows were passed without a mark")
 	time.Sleep(300 * time.Millisecond)
 	stopProducers()
@@ -204,14 +204,14 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 
 	requireEachOnceInOrder(t, rec, total, &order)
 	var passedOnly int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&passedOnly))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&passedOnly))
 	t.Logf("%d events: %d relayed by the earlier relay, %d by this version's (%d of them passed without a mark)", total, earlierSent.Load(), total-int(earlierSent.Load()), passedOnly)
 
 	// migrate down, relays stopped: the passed rows get their
 	// dispatched_at, and the earlier version finds nothing to send.
 	pipelinetest.MigrateDownTo(t, db, 23)
 	var undispatched int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&undispatched))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE dispatched_at IS NULL`).Scan(&undispatched))
 	require.Zero(t, undispatched)
 	sent, err := earlierRelay{pool: pool, pub: pub}.batch(ctx)
 	require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	requireEachOnceInOrder(t, rec, total, &order)
 
 	var legacy, current, all int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE part = -1), count(*) FILTER (WHERE part = ferry_outbox_part(now())), count(*) FROM outbox`).Scan(&legacy, &current, &all))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE part = -1), count(*) FILTER (WHERE part = ferry_outbox_part(now())), count(*) FROM `+outboxSQL).Scan(&legacy, &current, &all))
 	require.Equal(t, total, all)
 	require.GreaterOrEqual(t, legacy, int(before), "the rows of before stay in the table they were written to")
 	require.Positive(t, current, "new rows go to the current week's partition")
@@ -268,10 +268,10 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 
 	pipelinetest.MigrateDownTo(t, db, 24)
 	var kind string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'outbox'::regclass`).Scan(&kind))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = '`+outboxSQL+`'::regclass`).Scan(&kind))
 	require.Equal(t, "r", kind)
 	var back int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE `+pgoutbox.DispatchedOutbox).Scan(&back))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE `+pgoutbox.DispatchedOutbox).Scan(&back))
 	require.Equal(t, total, back, "every row back in one table, still dispatched")
 	_, err = migrations.Up(ctx, db)
 	require.NoError(t, err)

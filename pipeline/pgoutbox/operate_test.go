@@ -19,17 +19,17 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, attempts, last_error, available_at, message_uuid)
+	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers, attempts, last_error, available_at, message_uuid)
 		SELECT 'orders.placed', 'a' || g, '{}', '{}', 3, 'broker refused: NOT_FOUND 404', now() + interval '1 hour', gen_random_uuid()::text FROM generate_series(1, 5) g`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers, available_at, message_uuid)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers, available_at, message_uuid)
 		SELECT $1, 'r' || g, '{}', jsonb_build_object($2::text, 'mail', $3::text, 'smtp 451 try later'), now() + interval '1 hour', gen_random_uuid()::text
 		FROM generate_series(1, 3) g`, pipeline.RetryTopic, pipeline.MetaRetryQueue, pipeline.MetaLastError)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (topic, aggregate_id, payload, headers) VALUES ('orders.placed', 'ok', '{}', '{}')`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers) VALUES ('orders.placed', 'ok', '{}', '{}')`)
 	require.NoError(t, err)
 
-	ops, err := pgoutbox.NewOperator(pool, pgoutbox.Table{})
+	ops, err := pgoutbox.NewOperator(pool, testTable)
 	require.NoError(t, err)
 	n, err := ops.FailingCount(ctx)
 	require.NoError(t, err)
@@ -50,7 +50,7 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 
 	// A retry's id named as a failing row is not acted on.
 	var retryID int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT min(id) FROM outbox WHERE topic = $1`, pipeline.RetryTopic).Scan(&retryID))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT min(id) FROM `+outboxSQL+` WHERE topic = $1`, pipeline.RetryTopic).Scan(&retryID))
 	acted, err := ops.Discard(ctx, pgoutbox.Stuck{Kind: pgoutbox.Failing, IDs: []int64{retryID}}, pgoutbox.By{Actor: "ops@test"})
 	require.NoError(t, err)
 	require.Empty(t, acted.IDs)
@@ -59,11 +59,11 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, acted.IDs, 5)
 	var due int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = 'orders.placed' AND available_at <= now()`).Scan(&due))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'orders.placed' AND available_at <= now()`).Scan(&due))
 	require.Equal(t, 6, due)
 
 	var fp string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT ferry_fingerprint(headers->>$1) FROM outbox WHERE id = $2`, pipeline.MetaLastError, retryID).Scan(&fp))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT ferry_fingerprint(headers->>$1) FROM `+outboxSQL+` WHERE id = $2`, pipeline.MetaLastError, retryID).Scan(&fp))
 	retries := pgoutbox.Stuck{Kind: pgoutbox.Retrying, Handler: "mail", Fingerprint: fp}
 	n, err = ops.Count(ctx, retries)
 	require.NoError(t, err)

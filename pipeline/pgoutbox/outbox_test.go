@@ -36,7 +36,7 @@ func event(t *testing.T, aggregate string, payload any) *message.Message {
 func countRows(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+outboxSQL).Scan(&n))
 	return n
 }
 
@@ -58,7 +58,7 @@ func TestPublishTxWritesOperationalColumns(t *testing.T) {
 		lastError          *string
 	)
 	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT aggregate_id, topic, payload, headers, attempts, created_at, available_at, dispatched_at, last_error FROM outbox`).
+		`SELECT aggregate_id, topic, payload, headers, attempts, created_at, available_at, dispatched_at, last_error FROM `+outboxSQL).
 		Scan(&aggregate, &topic, &payload, &headers, &attempts, &createdAt, &availAt, &dispatched, &lastError))
 	require.Equal(t, "order-1", aggregate)
 	require.Equal(t, "stripe.charge", topic)
@@ -94,7 +94,7 @@ func TestPublishTxDelay(t *testing.T) {
 		pipeline.WithDelay(event(t, "u1", "welcome"), 3*time.Minute),
 		pipeline.WithDeliverAt(event(t, "u2", "later"), at))
 
-	rows, err := pool.Query(context.Background(), `SELECT aggregate_id, available_at - created_at, available_at, headers FROM outbox ORDER BY id`)
+	rows, err := pool.Query(context.Background(), `SELECT aggregate_id, available_at - created_at, available_at, headers FROM `+outboxSQL+` ORDER BY id`)
 	require.NoError(t, err)
 	defer rows.Close()
 	var got []string
@@ -166,7 +166,7 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 				require.ErrorIs(t, err, pipeline.ErrInvalidEvent)
 			}
 			var n int
-			require.NoError(t, tx.QueryRow(`SELECT count(*) FROM outbox`).Scan(&n))
+			require.NoError(t, tx.QueryRow(`SELECT count(*) FROM `+outboxSQL).Scan(&n))
 			require.Zero(t, n)
 		})
 	}
@@ -185,7 +185,7 @@ func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
 	require.ErrorIs(t, ob.PublishEventsTx(context.Background(), tx, pipeline.Outgoing{Topic: "", Msg: event(t, "o1", 3)}), pipeline.ErrInvalidEvent)
 	require.NoError(t, tx.Commit())
 
-	rows, err := pool.Query(context.Background(), `SELECT topic, headers FROM outbox ORDER BY id`)
+	rows, err := pool.Query(context.Background(), `SELECT topic, headers FROM `+outboxSQL+` ORDER BY id`)
 	require.NoError(t, err)
 	var topics []string
 	for rows.Next() {

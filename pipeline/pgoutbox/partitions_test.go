@@ -39,12 +39,12 @@ func insertAt(t *testing.T, pool *pgxpool.Pool, at time.Time, aggregate string, 
 	ctx := context.Background()
 	var id int64
 	if at.IsZero() {
-		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, available_at)
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, available_at)
 			VALUES ($1, 'o', jsonb_build_object('seq', $2::int), now() + $3 * interval '1 millisecond') RETURNING id`,
 			aggregate, seq, availableIn.Milliseconds()).Scan(&id))
 		return id
 	}
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, created_at, part, available_at)
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, created_at, part, available_at)
 		VALUES ($1, 'o', jsonb_build_object('seq', $2::int), $3, ferry_outbox_part($3), now() + $4 * interval '1 millisecond') RETURNING id`,
 		aggregate, seq, at, availableIn.Milliseconds()).Scan(&id))
 	return id
@@ -86,18 +86,18 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	unpassed := insertAt(t, pool, old, "agg-b", 1000, 0)
 	behindDelayed := insertAt(t, pool, time.Time{}, "agg-a", 1001, 0)
 	var oldName string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox WHERE id = $1`, delayed).Scan(&oldName))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` WHERE id = $1`, delayed).Scan(&oldName))
 
 	cutoff := time.Now().Add(-pgweeks.MaxRetention / 3)
-	dry, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, true)
+	dry, err := testTable.ClearPartitions(ctx, pool, cutoff, false, true)
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.Cleared{Partitions: []string{oldName}, Rows: sent, Moved: 2}, dry)
 
 	reader, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = reader.Exec(ctx, `SELECT count(*) FROM outbox`)
+	_, err = reader.Exec(ctx, `SELECT count(*) FROM `+outboxSQL)
 	require.NoError(t, err)
-	held, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, false)
+	held, err := testTable.ClearPartitions(ctx, pool, cutoff, false, false)
 	require.NoError(t, err)
 	require.Empty(t, held.Partitions)
 	require.Len(t, held.Waiting, 1)
@@ -107,7 +107,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+oldName).Scan(&n))
 	require.Equal(t, sent+2, n, "a waiting partition is left as it was")
 
-	done, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, false)
+	done, err := testTable.ClearPartitions(ctx, pool, cutoff, false, false)
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.Cleared{Partitions: []string{oldName}, Rows: sent, Moved: 2}, done)
 	var size int64
@@ -116,10 +116,10 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	require.Zero(t, size, "emptied by TRUNCATE: no page, so no dead tuple, left")
 	for _, id := range []int64{delayed, unpassed, behindDelayed} {
 		var part string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox WHERE id = $1`, id).Scan(&part))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` WHERE id = $1`, id).Scan(&part))
 		require.NotEqual(t, oldName, part)
 	}
-	again, err := pgoutbox.Table{}.ClearPartitions(ctx, pool, cutoff, false, false)
+	again, err := testTable.ClearPartitions(ctx, pool, cutoff, false, false)
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.Cleared{}, again, "an empty partition has nothing to clear")
 

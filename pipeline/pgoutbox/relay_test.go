@@ -186,7 +186,7 @@ func TestTwoRelaysDispatchEachRowExactlyOnce(t *testing.T) {
 	}
 	var undispatched, wrongAttempts int
 	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT count(*) FILTER (WHERE NOT `+pgoutbox.DispatchedOutbox+`), count(*) FILTER (WHERE attempts <> 0) FROM outbox o`).
+		`SELECT count(*) FILTER (WHERE NOT `+pgoutbox.DispatchedOutbox+`), count(*) FILTER (WHERE attempts <> 0) FROM `+outboxSQL+` o`).
 		Scan(&undispatched, &wrongAttempts))
 	require.Zero(t, undispatched)
 	require.Zero(t, wrongAttempts, "a row dispatched at its first try keeps no state of its own")
@@ -202,7 +202,7 @@ func TestRelayCarriesIDAndHeaders(t *testing.T) {
 	require.NoError(t, err)
 	publish(t, pool, "mail.send", msg)
 	var id int64
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT id FROM outbox`).Scan(&id))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT id FROM `+outboxSQL).Scan(&id))
 
 	res, err := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{}).RelayBatch(context.Background())
 	require.NoError(t, err)
@@ -250,7 +250,7 @@ func TestRelayFailureBacksOffAndRecordsError(t *testing.T) {
 		retryIn    time.Duration
 		dispatched bool
 	)
-	q := `SELECT attempts, coalesce(last_error, ''), available_at - now(), ` + pgoutbox.DispatchedOutbox + ` FROM outbox o WHERE aggregate_id = $1`
+	q := `SELECT attempts, coalesce(last_error, ''), available_at - now(), ` + pgoutbox.DispatchedOutbox + ` FROM ` + outboxSQL + ` o WHERE aggregate_id = $1`
 	require.NoError(t, pool.QueryRow(context.Background(), q, "bad").Scan(&attempts, &lastErr, &retryIn, &dispatched))
 	require.Equal(t, 1, attempts)
 	require.Contains(t, lastErr, "broker said no")
@@ -263,7 +263,7 @@ func TestRelayFailureBacksOffAndRecordsError(t *testing.T) {
 	require.Zero(t, res.Claimed)
 
 	// Due again (an operator's "retry now"): the second failure doubles the delay.
-	_, err = pool.Exec(context.Background(), `UPDATE outbox SET available_at = now() WHERE aggregate_id = 'bad'`)
+	_, err = pool.Exec(context.Background(), `UPDATE `+outboxSQL+` SET available_at = now() WHERE aggregate_id = 'bad'`)
 	require.NoError(t, err)
 	_, err = relay.RelayBatch(context.Background())
 	require.NoError(t, err)
@@ -294,7 +294,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, dispatched_at)
+	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, dispatched_at)
 		SELECT 'a' || (g % 100), 't', '{}', now() FROM generate_series(1, 20000) g`)
 	require.NoError(t, err)
 	seed(t, pool, "t", 10, 3)
@@ -314,11 +314,11 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return strings.Join(plan, "\n")
 	}
-	claim := func(ordered bool) string { return pgoutbox.Table{}.ClaimSQL(ordered) }
+	claim := func(ordered bool) string { return testTable.ClaimSQL(ordered) }
 	// The partition holding the rows (the other weeks of the ring are
 	// empty, and the planner reads them without an index).
 	var part string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox LIMIT 1`).Scan(&part))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` LIMIT 1`).Scan(&part))
 	plan := explain(claim(false))
 	t.Logf("claim plan:\n%s", plan)
 	require.Contains(t, plan, "Index Scan using "+part+"_slow_available_at_idx on "+part+" ", plan)
@@ -342,19 +342,19 @@ func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
 	for range 20 {
-		_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload)
+		_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload)
 			SELECT 'a' || (g % 100), 't', '{}' FROM generate_series(1, 2000) g`)
 		require.NoError(t, err)
 	}
 	// The relay's position past them, as a move writes it.
-	_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('outbox', pg_current_snapshot())`)
+	_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('`+testTable.Key()+`', pg_current_snapshot())`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('r', $1, '{}'), ('r', $1, '{}'), ('n', 't', '{}')`, pipeline.RetryTopic)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('r', $1, '{}'), ('r', $1, '{}'), ('n', 't', '{}')`, pipeline.RetryTopic)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `ANALYZE outbox`)
 	require.NoError(t, err)
 	var part string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM outbox LIMIT 1`).Scan(&part))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` LIMIT 1`).Scan(&part))
 
 	for _, q := range []string{
 		`SELECT count(*) FROM ` + pgoutbox.PendingOutbox + ` o WHERE topic = '` + pipeline.RetryTopic + `'`,
@@ -391,7 +391,7 @@ func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 	own, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer own.Rollback(ctx)
-	_, err = own.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('r', $1, '{}')`, pipeline.RetryTopic)
+	_, err = own.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('r', $1, '{}')`, pipeline.RetryTopic)
 	require.NoError(t, err)
 	retries, all = count(own)
 	require.Equal(t, [2]int{3, 4}, [2]int{retries, all}, "the caller's own rows are pending to it")
@@ -399,7 +399,7 @@ func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 
 	// A row restored from a dump of a cluster whose ids were ahead of
 	// this one's: its tx is above every id this cluster has given.
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, tx)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, tx)
 		VALUES ('restored', 't', '{}', (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000000)::text::xid8)`)
 	require.NoError(t, err)
 	retries, all = count(nil)
@@ -421,7 +421,7 @@ func TestPendingReadsCountABatchInProgress(t *testing.T) {
 	insert := func(db interface {
 		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
 	}, n int) {
-		_, err := db.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a' || g, 't', '{}' FROM generate_series(1, $1::int) g`, n)
+		_, err := db.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) SELECT 'a' || g, 't', '{}' FROM generate_series(1, $1::int) g`, n)
 		require.NoError(t, err)
 	}
 	begin := func() pgx.Tx {
@@ -434,7 +434,7 @@ func TestPendingReadsCountABatchInProgress(t *testing.T) {
 
 	atPosition := begin() // in progress when the position is taken
 	insert(atPosition, 5)
-	_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('outbox', pg_current_snapshot())`)
+	_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('`+testTable.Key()+`', pg_current_snapshot())`)
 	require.NoError(t, err)
 	commit(atPosition)
 	atRange := begin() // in progress when the range's snapshot is taken
@@ -446,24 +446,24 @@ func TestPendingReadsCountABatchInProgress(t *testing.T) {
 	// rows of the one still in progress are not visible here).
 	var lastTx string
 	var lastID int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT tx::text, id FROM outbox
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tx::text, id FROM `+outboxSQL+`
 		ORDER BY tx, id OFFSET 5 + 949 LIMIT 1`).Scan(&lastTx, &lastID))
 	_, err = pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap, cur, last_tx, last_id)
-		SELECT 'outbox', snap, pg_current_snapshot(), $1::xid8, $2 FROM `+pgoutbox.PositionTable+` ORDER BY seq DESC LIMIT 1`, lastTx, lastID)
+		SELECT '`+testTable.Key()+`', snap, pg_current_snapshot(), $1::xid8, $2 FROM `+pgoutbox.PositionTable+` ORDER BY seq DESC LIMIT 1`, lastTx, lastID)
 	require.NoError(t, err)
 	commit(atRange)
 	insert(pool, 7)
 	_, err = pool.Exec(ctx, `ANALYZE outbox`)
 	require.NoError(t, err)
 
-	n, err := pgoutbox.Table{}.PendingCount(ctx, pool)
+	n, err := testTable.PendingCount(ctx, pool)
 	require.NoError(t, err)
 	require.EqualValues(t, 3+1050+7, n)
 	var perRow int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE NOT `+pgoutbox.DispatchedOutbox).Scan(&perRow))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE NOT `+pgoutbox.DispatchedOutbox).Scan(&perRow))
 	require.Equal(t, perRow, n)
 	var mismatched int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox o WHERE (NOT `+pgoutbox.DispatchedOutbox+`)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE (NOT `+pgoutbox.DispatchedOutbox+`)
 		IS DISTINCT FROM (o.id IN (SELECT p.id FROM `+pgoutbox.PendingOutbox+` p))`).Scan(&mismatched))
 	require.Zero(t, mismatched, "the pending reads and DispatchedCond disagree on some rows")
 
@@ -502,7 +502,7 @@ func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {
 
 	var dispatched bool
 	var attempts int
-	require.NoError(t, admin.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+`, attempts FROM outbox o`).Scan(&dispatched, &attempts))
+	require.NoError(t, admin.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+`, attempts FROM `+outboxSQL+` o`).Scan(&dispatched, &attempts))
 	require.False(t, dispatched)
 	require.Zero(t, attempts, "nothing of the crashed batch was recorded")
 
@@ -528,7 +528,7 @@ func TestFailingHeadHoldsBackOnlyItsOrderedAggregate(t *testing.T) {
 	publish(t, pool, "mail.send", event(t, "A", "mail"))
 	headID := map[string]bool{}
 	var aHead int64
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM outbox WHERE aggregate_id = 'A'`).Scan(&aHead))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM `+outboxSQL+` WHERE aggregate_id = 'A'`).Scan(&aHead))
 	headID[fmt.Sprint(aHead)] = true
 	rec := &recorder{Publisher: b.pub, before: func(m *message.Message) error {
 		if headID[m.Metadata.Get(pipeline.MetaOutboxID)] {
@@ -554,7 +554,7 @@ func TestFailingHeadHoldsBackOnlyItsOrderedAggregate(t *testing.T) {
 	}
 	require.Equal(t, []string{"charge-1", "charge-2"}, pendingA, "A's charges wait behind their failing head; B's charge and A's mail went")
 	var attempts2 int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT attempts FROM outbox WHERE aggregate_id = 'A' AND topic = 'stripe.charge' AND id > $1`, aHead).Scan(&attempts2))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT attempts FROM `+outboxSQL+` WHERE aggregate_id = 'A' AND topic = 'stripe.charge' AND id > $1`, aHead).Scan(&attempts2))
 	require.Zero(t, attempts2, "the held-back event was never tried")
 
 	delete(headID, fmt.Sprint(aHead)) // provider back
@@ -687,11 +687,11 @@ func TestIdleRelayFindsUnannouncedCommits(t *testing.T) {
 	publish(t, pool, "mail.send", event(t, "u", "database/sql"))
 	relayed("PublishTx in a database/sql transaction, no Committed")
 
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('u', 'mail.send', '{"from":"another program"}')`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('u', 'mail.send', '{"from":"another program"}')`)
 	require.NoError(t, err)
 	relayed("a plain INSERT")
 
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, available_at) VALUES ('u', 'mail.send', '{}', now() + interval '300 milliseconds')`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, available_at) VALUES ('u', 'mail.send', '{}', now() + interval '300 milliseconds')`)
 	require.NoError(t, err)
 	time.Sleep(200 * time.Millisecond)
 	require.Equal(t, dispatched, relay.Stats().Dispatched, "a delayed row waits")
@@ -699,9 +699,9 @@ func TestIdleRelayFindsUnannouncedCommits(t *testing.T) {
 
 	// An ordered head in backoff for an hour, its successor due behind it:
 	// nothing a claim could take, so the probe says no.
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, available_at) VALUES ('A', 'stripe.charge', '{}', now() + interval '1 hour')`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, available_at) VALUES ('A', 'stripe.charge', '{}', now() + interval '1 hour')`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('A', 'stripe.charge', '{}')`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('A', 'stripe.charge', '{}')`)
 	require.NoError(t, err)
 	// A second: about 100 probes on a quiet machine; a CI run of the full
 	// suite once got 10 in half a second.
@@ -744,7 +744,7 @@ func TestDispatchLatencyCountsFromDue(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	b := newBroker(t, "mail.send")
 	publish(t, pool, "mail.send", pipeline.WithDelay(event(t, "later", "welcome"), time.Hour), event(t, "now", "hi"))
-	_, err := pool.Exec(context.Background(), `UPDATE outbox SET available_at = now() - interval '1 second', due_at = now() - interval '1 second',
+	_, err := pool.Exec(context.Background(), `UPDATE `+outboxSQL+` SET available_at = now() - interval '1 second', due_at = now() - interval '1 second',
 		created_at = now() - interval '1 hour 1 second' WHERE aggregate_id = 'later'`) // as if an hour had passed
 	require.NoError(t, err)
 	var outcomes []pgoutbox.Outcome
@@ -758,14 +758,14 @@ func TestDispatchLatencyCountsFromDue(t *testing.T) {
 
 	var due, avail, created time.Time
 	publish(t, pool, "mail.send", event(t, "failing", "x"))
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at, created_at FROM outbox WHERE aggregate_id = 'failing'`).Scan(&due, &avail, &created))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at, created_at FROM `+outboxSQL+` WHERE aggregate_id = 'failing'`).Scan(&due, &avail, &created))
 	require.Equal(t, avail, due, "due as written")
 	failing := newRelay(t, pool, &recorder{Publisher: b.pub, before: func(*message.Message) error { return errors.New("no") }},
 		pgoutbox.RelayConfig{Backoff: pipeline.Backoff{Initial: time.Hour, Max: time.Hour, Jitter: -1}})
 	_, err = failing.RelayBatch(context.Background())
 	require.NoError(t, err)
 	var due2, avail2 time.Time
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at FROM outbox WHERE aggregate_id = 'failing'`).Scan(&due2, &avail2))
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at FROM `+outboxSQL+` WHERE aggregate_id = 'failing'`).Scan(&due2, &avail2))
 	require.Equal(t, due, due2, "the relay's backoff moves available_at, not due_at")
 	require.True(t, avail2.After(avail.Add(50*time.Minute)))
 }
@@ -812,7 +812,7 @@ func TestHeldOrderedAggregateDrainsInRunsAfterAFailure(t *testing.T) {
 	// Another relay holds A's head: the run stays back, nothing overtakes.
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = (SELECT min(id) FROM outbox WHERE aggregate_id = 'A') FOR UPDATE`)
+	_, err = other.Exec(ctx, `SELECT 1 FROM `+outboxSQL+` WHERE id = (SELECT min(id) FROM `+outboxSQL+` WHERE aggregate_id = 'A') FOR UPDATE`)
 	require.NoError(t, err)
 	res, err = relay.RelayBatch(ctx)
 	require.NoError(t, err)
@@ -875,8 +875,8 @@ func TestHeldOrderedAggregatesDrainWhenTheirRowsOutnumberABatch(t *testing.T) {
 		res, err := relay.RelayBatch(ctx)
 		require.NoError(t, err)
 		require.Zero(t, res.Dispatched, "held behind their heads")
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE slow AND dispatched_at IS NULL AND attempts = 0
-			AND available_at < (SELECT min(available_at) FROM outbox WHERE attempts > 0)`).Scan(&held))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE slow AND dispatched_at IS NULL AND attempts = 0
+			AND available_at < (SELECT min(available_at) FROM `+outboxSQL+` WHERE attempts > 0)`).Scan(&held))
 		if held == aggregates*behind {
 			break
 		}
@@ -928,7 +928,7 @@ func TestFastLaneCatchesUpInLargerPages(t *testing.T) {
 	}
 	publish(t, pool, "orders.placed", msgs...)
 	var size int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT max(octet_length(COALESCE(payload_raw, convert_to(payload::text, 'UTF8')))) FROM outbox WHERE aggregate_id = 'big'`).Scan(&size))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT max(octet_length(COALESCE(payload_raw, convert_to(payload::text, 'UTF8')))) FROM `+outboxSQL+` WHERE aggregate_id = 'big'`).Scan(&size))
 	catchUp := (8 << 20) / size
 	require.Greater(t, catchUp, 100)
 	require.Less(t, catchUp, 400)

@@ -19,7 +19,7 @@ func insertRow(t *testing.T, pool *pgxpool.Pool, topic, aggregate, extraCols, ex
 	t.Helper()
 	var id int64
 	require.NoError(t, pool.QueryRow(context.Background(),
-		`INSERT INTO outbox (aggregate_id, topic, payload`+extraCols+`) VALUES ($1, $2, '{"n":1}'`+extraVals+`) RETURNING id`,
+		`INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload`+extraCols+`) VALUES ($1, $2, '{"n":1}'`+extraVals+`) RETURNING id`,
 		aggregate, topic).Scan(&id))
 	return id
 }
@@ -33,7 +33,7 @@ type rowState struct {
 func stateOf(t *testing.T, pool *pgxpool.Pool, id int64) rowState {
 	t.Helper()
 	var s rowState
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+`, attempts, shadowed FROM outbox o WHERE id = $1`, id).
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+`, attempts, shadowed FROM `+outboxSQL+` o WHERE id = $1`, id).
 		Scan(&s.Dispatched, &s.Attempts, &s.Shadowed))
 	return s
 }
@@ -66,7 +66,7 @@ func TestRelayIDsKeepsThePollingRelaysRules(t *testing.T) {
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer other.Rollback(ctx)
-	_, err = other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, head)
+	_, err = other.Exec(ctx, `SELECT 1 FROM `+outboxSQL+` WHERE id = $1 FOR UPDATE`, head)
 	require.NoError(t, err)
 
 	const gone = 1 << 40 // no such row: deleted, or not yet visible
@@ -111,7 +111,7 @@ func TestRelayIDsFailures(t *testing.T) {
 	var attempts int
 	var lastError string
 	var backedOff bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT attempts, last_error, available_at > now() FROM outbox WHERE id = $1`, bad).Scan(&attempts, &lastError, &backedOff))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT attempts, last_error, available_at > now() FROM `+outboxSQL+` WHERE id = $1`, bad).Scan(&attempts, &lastError, &backedOff))
 	require.Equal(t, 1, attempts)
 	require.Contains(t, lastError, "injected publish failure")
 	require.True(t, backedOff)
@@ -150,7 +150,7 @@ func TestSafetyNetLeavesYoungRowsToTheCDCRelay(t *testing.T) {
 	defer other.Rollback(ctx)
 	var otherPID int
 	require.NoError(t, other.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID))
-	_, err = other.Exec(ctx, `SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE`, oldAfter)
+	_, err = other.Exec(ctx, `SELECT 1 FROM `+outboxSQL+` WHERE id = $1 FOR UPDATE`, oldAfter)
 	require.NoError(t, err)
 
 	type batch struct {

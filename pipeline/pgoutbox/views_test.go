@@ -60,18 +60,18 @@ func TestViewsMigrationIsTheViewsDDL(t *testing.T) {
 func TestViewsAgreeWithTheTypedReads(t *testing.T) {
 	pool := ferrytest.Postgres(t)
 	ctx := context.Background()
-	tbl := pgoutbox.Table{}
+	tbl := testTable
 	// Pending new rows, one delayed, one failing, one durable retry.
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT g::text, 'views.t', '{}' FROM generate_series(1, 5) g`)
+	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) SELECT g::text, 'views.t', '{}' FROM generate_series(1, 5) g`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, available_at) VALUES ('d', 'views.t', '{}', now() + interval '1 hour')`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, available_at) VALUES ('d', 'views.t', '{}', now() + interval '1 hour')`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, slow, attempts, last_error) VALUES ('f', 'views.t', '{}', true, 2, 'broker said no')`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, slow, attempts, last_error) VALUES ('f', 'views.t', '{}', true, 2, 'broker said no')`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, headers) VALUES ('r', $1, '{}', '{"ferry_retry_queue":"h"}')`, pipeline.RetryTopic)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, headers) VALUES ('r', $1, '{}', '{"ferry_retry_queue":"h"}')`, pipeline.RetryTopic)
 	require.NoError(t, err)
 	// One marked dispatched.
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, slow, dispatched_at, attempts) VALUES ('x', 'views.t', '{}', true, now(), 1)`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, slow, dispatched_at, attempts) VALUES ('x', 'views.t', '{}', true, now(), 1)`)
 	require.NoError(t, err)
 
 	count := func(view string) int64 {
@@ -92,7 +92,7 @@ func TestViewsAgreeWithTheTypedReads(t *testing.T) {
 	// Another table of the same shape gets views of its own.
 	_, err = pool.Exec(ctx, `CREATE TABLE events (LIKE outbox INCLUDING ALL)`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO events SELECT * FROM outbox`)
+	_, err = pool.Exec(ctx, `INSERT INTO events SELECT * FROM `+outboxSQL)
 	require.NoError(t, err)
 	events, err := pgoutbox.ParseTable("events")
 	require.NoError(t, err)

@@ -53,7 +53,7 @@ func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, created_at, dispatched_at, part) VALUES
+	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, created_at, dispatched_at, part) VALUES
 		('old-dispatched',    't', '{}', now() - interval '40 days', now() - interval '40 days', ferry_outbox_part(now() - interval '40 days')),
 		('old-pending',       't', '{}', now() - interval '40 days', NULL,                       ferry_outbox_part(now() - interval '40 days')),
 		('legacy-old',        't', '{}', now() - interval '40 days', now() - interval '40 days', -1),
@@ -75,8 +75,8 @@ func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
 	require.EqualValues(t, 1, res.Partitions.Moved, "the pending row moved to the current week")
 	var kept, archived []string
 	for q, dst := range map[string]*[]string{
-		`SELECT aggregate_id FROM outbox ORDER BY id`:         &kept,
-		`SELECT aggregate_id FROM outbox_archive ORDER BY id`: &archived,
+		`SELECT aggregate_id FROM ` + outboxSQL + ` ORDER BY id`:  &kept,
+		`SELECT aggregate_id FROM ` + archiveSQL + ` ORDER BY id`: &archived,
 	} {
 		rows, err := pool.Query(ctx, q)
 		require.NoError(t, err)

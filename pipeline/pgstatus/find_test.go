@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -21,7 +20,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
 	_, err := pool.Exec(ctx, `
-		INSERT INTO outbox (aggregate_id, topic, payload, headers, message_uuid, created_at, dispatched_at) VALUES
+		INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, headers, message_uuid, created_at, dispatched_at) VALUES
 		  ('order-7', 'orders.placed', '{}', '{"correlation_id":"corr-7","trace_id":"trace-7"}', 'm-pending', now(), NULL),
 		  ('order-7', 'orders.paid', '{}', '{"correlation_id":"corr-7"}', 'm-handled', now() - interval '5 minutes', now() - interval '5 minutes'),
 		  ('order-7', 'mail.send', '{}', '{}', 'm-retry', now() - interval '4 minutes', now() - interval '4 minutes'),
@@ -30,7 +29,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 		  ('order-7', 'sms.send', '{}', '{}', 'm-broker', now() - interval '1 minute', now() - interval '1 minute'),
 		  ('order-7', 'ledger.post', '{}', '{}', 'm-behind', now() - interval '30 seconds', now() - interval '30 seconds'),
 		  ('order-8', 'orders.placed', '{}', '{}', 'm-other', now(), NULL);
-		INSERT INTO outbox (aggregate_id, topic, payload, headers, message_uuid, available_at) VALUES
+		INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, headers, message_uuid, available_at) VALUES
 		  ('order-7', 'ferry.retry', '{}', '{"ferry_message_id":"m-retry","ferry_retry_queue":"notifications.mail","ferry_attempt":"3","ferry_last_error":"SMTP 451 try later"}', 'r-1', now() + interval '2 minutes');
 		INSERT INTO processed_messages (consumer, message_id) VALUES ('billing.paid', 'm-handled');
 		INSERT INTO ferry_held_partitions (consumer, message_id, since, attempt, last_error) VALUES ('ledger.post@3', 'm-held', now(), 4, 'ledger answered 503');
@@ -41,7 +40,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 		  (999, 'm-discarded', 'push.send', 'push', 'push', 'order-7', '\x7b7d', '{}', 'no device', true, 1, now(), now(), now(), '', 'ops@example.com', 'run-9')`)
 	require.NoError(t, err)
 
-	found, err := pgstatus.Find(ctx, pool, pgoutbox.Table{}, []string{"billing.paid", "notifications.mail"}, "order-7", 50)
+	found, err := pgstatus.Find(ctx, pool, testTable, []string{"billing.paid", "notifications.mail"}, "order-7", 50)
 	require.NoError(t, err)
 	now := map[string]string{}
 	for _, tr := range found.Trails {
@@ -61,7 +60,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	require.Contains(t, now["m-broker"], "at the broker or being handled")
 
 	// By a message id: its whole trail, oldest first.
-	found, err = pgstatus.Find(ctx, pool, pgoutbox.Table{}, nil, "m-retry", 50)
+	found, err = pgstatus.Find(ctx, pool, testTable, nil, "m-retry", 50)
 	require.NoError(t, err)
 	require.Len(t, found.Trails, 1)
 	var stores []string
@@ -72,7 +71,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	require.Equal(t, "SMTP 451 try later", found.Trails[0].Sightings[1].Error)
 
 	// By a correlation id: the messages of that request, with the trace.
-	found, err = pgstatus.Find(ctx, pool, pgoutbox.Table{}, nil, "corr-7", 50)
+	found, err = pgstatus.Find(ctx, pool, testTable, nil, "corr-7", 50)
 	require.NoError(t, err)
 	var ids []string
 	for _, tr := range found.Trails {
@@ -80,9 +79,9 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"m-pending", "m-handled", "m-poison"}, ids)
 
-	found, err = pgstatus.Find(ctx, pool, pgoutbox.Table{}, nil, "nobody", 50)
+	found, err = pgstatus.Find(ctx, pool, testTable, nil, "nobody", 50)
 	require.NoError(t, err)
 	require.Empty(t, found.Trails)
-	_, err = pgstatus.Find(ctx, pool, pgoutbox.Table{}, nil, strings.Repeat("x", 600), 50)
+	_, err = pgstatus.Find(ctx, pool, testTable, nil, strings.Repeat("x", 600), 50)
 	require.Error(t, err)
 }
