@@ -22,7 +22,7 @@ import (
 func TestServicePoolPublishesIntoTheConfiguredSchema(t *testing.T) {
 	ctx := context.Background()
 	schema := pipelinetest.Schema(t)
-	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), DatabaseSchema: schema, AdminAddr: "off"}
+	cfg := app.Config{DatabaseURL: pipelinetest.DatabaseURL(), DatabaseSchema: schema, AdminAddr: "off", Relay: pgoutbox.RelayConfig{Table: testTable}}
 	none := func(app.Deps) ([]handlers.Route, error) { return nil, nil }
 	a, err := app.New(ctx, cfg, app.Options{Migrate: true, WithoutBroker: true, Routes: none})
 	require.NoError(t, err)
@@ -37,7 +37,7 @@ func TestServicePoolPublishesIntoTheConfiguredSchema(t *testing.T) {
 		return a.Outbox().PublishTx(ctx, pgoutbox.PgxTx(tx), "orders.placed", []*message.Message{msg}...)
 	}))
 	var corr string
-	require.NoError(t, own.QueryRow(ctx, `SELECT headers->>$2 FROM `+pgx.Identifier{schema, "outbox"}.Sanitize()+` WHERE message_uuid = $1`,
+	require.NoError(t, own.QueryRow(ctx, `SELECT headers->>$2 FROM `+pgx.Identifier{schema, testTable.BaseName()}.Sanitize()+` WHERE message_uuid = $1`,
 		msg.UUID, pipeline.MetaCorrelationID).Scan(&corr))
 	require.Equal(t, msg.UUID, corr, "an event published without a correlation id gets its own id as one, so every handler shares it")
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
@@ -34,14 +35,14 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	require.NoError(t, err)
 
 	var out bytes.Buffer
-	err = cli.Prune{Target: pgretention.Ledger, Options: pgretention.Options{OlderThan: time.Minute, BatchSize: 10}}.Run(ctx, pool, &out)
+	err = cli.Prune{Target: pgretention.Ledger, Options: pgretention.Options{Table: testTable, OlderThan: time.Minute, BatchSize: 10}}.Run(ctx, pool, &out)
 	var usage cli.UsageError
 	require.ErrorAs(t, err, &usage, "the ledger must outlast redeliveries")
-	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{OlderThan: 30 * 24 * time.Hour, BatchSize: 2, DryRun: true}}.Run(ctx, pool, &out))
+	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{Table: testTable, OlderThan: 30 * 24 * time.Hour, BatchSize: 2, DryRun: true}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "would remove 5 row(s)")
 	require.Contains(t, out.String(), "would empty 1 partition(s)")
 	out.Reset()
-	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{OlderThan: 30 * 24 * time.Hour, BatchSize: 2}}.Run(ctx, pool, &out))
+	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{Table: testTable, OlderThan: 30 * 24 * time.Hour, BatchSize: 2}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "removed 5 row(s)")
 
 	// An action on the poison store shows in the audit.
@@ -60,7 +61,7 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO `+shadow.Table+` (topic, aggregate_id) VALUES ('mail.welcome', 'u-1')`)
 	require.NoError(t, err)
 	out.Reset()
-	err = cli.ShadowReport{Since: time.Hour}.Run(ctx, pool, &out)
+	err = cli.ShadowReport{Since: time.Hour, OutboxTable: testTable}.Run(ctx, pool, &out)
 	var exit cli.ExitError
 	require.True(t, errors.As(err, &exit) && exit.Code == 1, "%v", err)
 	require.Contains(t, out.String(), "MISMATCH")
@@ -76,7 +77,7 @@ func TestStatusRunsWithoutFlags(t *testing.T) {
 	_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ('m1', 't', 'h', '\x7b7d'::bytea, 'r')`)
 	require.NoError(t, err)
 	var out bytes.Buffer
-	err = cli.Status{Config: app.Config{AMQP: pipelinetest.Rabbit(t)}, ExitCode: true, JSON: true}.Run(ctx, pool, &out)
+	err = cli.Status{Config: app.Config{AMQP: pipelinetest.Rabbit(t), Relay: pgoutbox.RelayConfig{Table: testTable}}, ExitCode: true, JSON: true}.Run(ctx, pool, &out)
 	var exit cli.ExitError
 	require.True(t, errors.As(err, &exit) && exit.Code == cli.ExitAttention, "%v", err)
 	var rep struct {
@@ -114,17 +115,17 @@ func TestBackfillRunsWithoutFlags(t *testing.T) {
 	require.NoError(t, err)
 	opts := backfill.Options{Name: "welcome-mails", Topic: "mail.welcome", Query: `SELECT id AS aggregate_id, json_build_object('order', id) AS payload FROM legacy_orders`, Max: 100}
 	var out bytes.Buffer
-	require.NoError(t, cli.Backfill{Options: opts}.Run(ctx, pool, &out))
+	require.NoError(t, cli.Backfill{Options: opts, Outbox: pgoutbox.Config{Table: testTable}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "would write 4 intent(s)")
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL).Scan(&n))
 	require.Zero(t, n, "a dry run writes nothing")
 	opts.Apply = true
 	out.Reset()
-	require.NoError(t, cli.Backfill{Options: opts}.Run(ctx, pool, &out))
+	require.NoError(t, cli.Backfill{Options: opts, Outbox: pgoutbox.Config{Table: testTable}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "wrote 4 intent(s)")
 	out.Reset()
-	require.NoError(t, cli.Backfill{Options: opts}.Run(ctx, pool, &out))
+	require.NoError(t, cli.Backfill{Options: opts, Outbox: pgoutbox.Config{Table: testTable}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "wrote 0 intent(s)")
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'mail.welcome'`).Scan(&n))
 	require.Equal(t, 4, n)
@@ -148,7 +149,7 @@ func TestAcknowledgedPoisonNeedsNoHumanUntilMoreComes(t *testing.T) {
 	}
 	status := func(ack bool) (items []item, newPoison int) {
 		var out bytes.Buffer
-		_ = cli.Status{Config: app.Config{AMQP: pipelinetest.Rabbit(t)}, JSON: true, Acknowledge: ack, Actor: "ops@example.com"}.Run(ctx, pool, &out)
+		_ = cli.Status{Config: app.Config{AMQP: pipelinetest.Rabbit(t), Relay: pgoutbox.RelayConfig{Table: testTable}}, JSON: true, Acknowledge: ack, Actor: "ops@example.com"}.Run(ctx, pool, &out)
 		var rep struct {
 			Items     []item `json:"attention_items"`
 			PoisonNew int    `json:"poison_new"`

@@ -9,7 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/html"
 )
@@ -21,12 +23,10 @@ import (
 func TestPagesNameEveryControl(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	_, err := pool.Exec(context.Background(), `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
-		VALUES ('f1', 'stripe.charge', '{}', 7, 'publishing: NOT_FOUND', now() + interval '10 minutes')`)
-	require.NoError(t, err)
-	var poisonID, rowID int64
+	rowID := pipelinetest.InsertOutbox(t, pool, testTable, pipelinetest.OutboxRow{AggregateID: "f1", Topic: "stripe.charge",
+		Attempts: 7, LastError: "publishing: NOT_FOUND", AvailableAt: time.Now().Add(10 * time.Minute)})[0]
+	var poisonID int64
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM poison_messages`).Scan(&poisonID))
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM `+outboxSQL).Scan(&rowID))
 	browser := loggedIn(t, srv)
 	for _, path := range []string{"/console/", "/console/retrying", "/console/failing", "/console/poison", "/console/poison?group=1",
 		"/console/audit", "/console/poison/" + strconv.FormatInt(poisonID, 10), "/console/failing/" + strconv.FormatInt(rowID, 10), "/console/login",

@@ -59,7 +59,7 @@ func setupWith(t *testing.T, f func(*console.Config)) (*httptest.Server, *pgxpoo
 	pool := pipelinetest.Postgres(t)
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
-	cfg := console.Config{Token: token, Logger: slog.New(failOnRenderError{t})}
+	cfg := console.Config{Token: token, OutboxTable: testTable, Logger: slog.New(failOnRenderError{t})}
 	f(&cfg)
 	c, err := console.New(pool, store, cfg)
 	require.NoError(t, err)
@@ -784,7 +784,7 @@ func TestLoggingOutEndsTheSessionAndTokensAreTheSessions(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
-	c, err := console.New(pool, store, console.Config{Token: token, IdentityHeader: "X-Forwarded-Email", Logger: slog.New(failOnRenderError{t})})
+	c, err := console.New(pool, store, console.Config{Token: token, OutboxTable: testTable, IdentityHeader: "X-Forwarded-Email", Logger: slog.New(failOnRenderError{t})})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/console/", c)

@@ -125,7 +125,7 @@ func Schema(t testing.TB, extra ...migrations.Set) string {
 		}
 		if i == 0 {
 			// Before the application's sets: they may read the outbox.
-			if err := renameOutbox(ctx, pool, tbl); err != nil {
+			if err := RenameOutbox(ctx, pool, tbl); err != nil {
 				t.Fatalf("test schema %s: %v", schema, err)
 			}
 		}
@@ -216,10 +216,13 @@ func RequireDrained(t testing.TB, pool *pgxpool.Pool, timeout time.Duration) {
 	}
 }
 
-// renameOutbox gives the migrated outbox, its archive and its partitions
-// the name tbl says, with tbl's views in place of the default table's,
-// which go: a read of the outbox by its default name fails.
-func renameOutbox(ctx context.Context, pool *pgxpool.Pool, tbl pgoutbox.Table) error {
+// RenameOutbox gives the outbox Ferry's migrations made in pool's schema,
+// and its archive, the name tbl says (what Schema does under
+// FERRY_TEST_OUTBOX_TABLE), with tbl's operator views in place of the
+// default table's, which go: a read of the outbox by its default name
+// fails. For a test of a service whose outbox has another name
+// (FERRY_OUTBOX_TABLE). The default name changes nothing.
+func RenameOutbox(ctx context.Context, pool *pgxpool.Pool, tbl pgoutbox.Table) error {
 	def := pgoutbox.Table{}
 	if tbl.BaseName() == def.BaseName() {
 		return nil

@@ -61,7 +61,7 @@ func runChild(spec string) error {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{OrderedTopics: pub.OrderedTopics()}, logger)
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{Table: testTable, OrderedTopics: pub.OrderedTopics()}, logger)
 	if err != nil {
 		return err
 	}

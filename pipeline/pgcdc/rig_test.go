@@ -100,6 +100,9 @@ func (r *rig) relay(t *testing.T, pool *pgxpool.Pool, amqpURL string, cfg pgoutb
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	cfg.OrderedTopics = pub.OrderedTopics()
+	if cfg.Table == (pgoutbox.Table{}) {
+		cfg.Table = testTable
+	}
 	relay, err := pgoutbox.NewRelay(pool, pub, cfg, testLogger(t))
 	require.NoError(t, err)
 	return relay

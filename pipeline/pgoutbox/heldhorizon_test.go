@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/ferrytest"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
@@ -41,6 +42,7 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	_, err = migrations.Up(ctx, db)
 	require.NoError(t, err)
+	require.NoError(t, ferrytest.RenameOutbox(ctx, pool, testTable))
 	_, err = pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pgstattuple`)
 	require.NoError(t, err, "pgstattuple (postgresql-contrib)")
 

@@ -111,6 +111,7 @@ func startProducers(t *testing.T, pool *pgxpool.Pool) (produced *atomic.Int64, s
 // the rows the relay passed their dispatched_at, and the earlier relay
 // finds nothing left to send.
 func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
+	requireDefaultOutbox(t)
 	t.Parallel()
 	ctx := context.Background()
 	schema := pipelinetest.Schema(t)
@@ -163,7 +164,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	t.Logf("migrated with %d events produced before, %d relayed by the earlier relay", before, earlierSent.Load())
 
 	// This version's relay, as the app starts it.
-	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{
+	relay, err := pgoutbox.NewRelay(pool, pub, pgoutbox.RelayConfig{Table: testTable,
 		OrderedTopics: []string{"orders.placed"}, FailoverReplay: -1,
 		MarkEachRow: func(ctx context.Context) (bool, error) { return pgstatus.EarlierRelaysAlive(ctx, pool) },
 	}, slog.New(slog.DiscardHandler))
@@ -228,6 +229,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 // ones go to the current week's. `migrate down`, relays stopped, puts every
 // row back in one table.
 func TestMigrationToPartitionsUnderLoad(t *testing.T) {
+	requireDefaultOutbox(t)
 	t.Parallel()
 	ctx := context.Background()
 	schema := pipelinetest.Schema(t)

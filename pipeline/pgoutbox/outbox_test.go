@@ -158,7 +158,7 @@ func TestPublishTxRejectsBadInputBeforeWriting(t *testing.T) {
 			defer tx.Rollback()
 			// The good message first: a bad one in the same call must still
 			// leave nothing behind.
-			ob, err := pgoutbox.New(pgoutbox.Config{Ordered: func(topic string) bool { return topic == "t" }}, nil)
+			ob, err := pgoutbox.New(pgoutbox.Config{Table: testTable, Ordered: func(topic string) bool { return topic == "t" }}, nil)
 			require.NoError(t, err)
 			err = ob.PublishTx(context.Background(), tx, tc.topic, good, tc.msg)
 			require.ErrorContains(t, err, tc.want)

@@ -141,6 +141,9 @@ func newRelay(t *testing.T, pool *pgxpool.Pool, pub message.Publisher, cfg pgout
 	if o, ok := pub.(pipeline.Ordering); ok && cfg.OrderedTopics == nil {
 		cfg.OrderedTopics = o.OrderedTopics()
 	}
+	if cfg.Table == (pgoutbox.Table{}) {
+		cfg.Table = testTable
+	}
 	r, err := pgoutbox.NewRelay(pool, pub, cfg, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	return r
@@ -298,7 +301,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		SELECT 'a' || (g % 100), 't', '{}', now() FROM generate_series(1, 20000) g`)
 	require.NoError(t, err)
 	seed(t, pool, "t", 10, 3)
-	_, err = pool.Exec(ctx, `ANALYZE outbox`)
+	_, err = pool.Exec(ctx, `ANALYZE `+outboxSQL)
 	require.NoError(t, err)
 
 	explain := func(q string) string {
@@ -351,7 +354,7 @@ func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('r', $1, '{}'), ('r', $1, '{}'), ('n', 't', '{}')`, pipeline.RetryTopic)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `ANALYZE outbox`)
+	_, err = pool.Exec(ctx, `ANALYZE `+outboxSQL)
 	require.NoError(t, err)
 	var part string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` LIMIT 1`).Scan(&part))
@@ -453,7 +456,7 @@ func TestPendingReadsCountABatchInProgress(t *testing.T) {
 	require.NoError(t, err)
 	commit(atRange)
 	insert(pool, 7)
-	_, err = pool.Exec(ctx, `ANALYZE outbox`)
+	_, err = pool.Exec(ctx, `ANALYZE `+outboxSQL)
 	require.NoError(t, err)
 
 	n, err := testTable.PendingCount(ctx, pool)

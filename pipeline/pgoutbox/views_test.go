@@ -90,7 +90,7 @@ func TestViewsAgreeWithTheTypedReads(t *testing.T) {
 	require.EqualValues(t, 1, count(tbl.View(pgoutbox.StateDispatched)))
 
 	// Another table of the same shape gets views of its own.
-	_, err = pool.Exec(ctx, `CREATE TABLE events (LIKE outbox INCLUDING ALL)`)
+	_, err = pool.Exec(ctx, `CREATE TABLE events (LIKE `+outboxSQL+` INCLUDING ALL)`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO events SELECT * FROM `+outboxSQL)
 	require.NoError(t, err)

@@ -24,13 +24,13 @@ func TestPruneLedgerRemovesOnlyOldRows(t *testing.T) {
 		UNION ALL SELECT 'c', 'legacy-new', now() - interval '1 day', -1`)
 	require.NoError(t, err)
 
-	dry, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, DryRun: true, BatchSize: 10})
+	dry, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{Table: testTable, OlderThan: pgretention.DefaultLedgerRetention, DryRun: true, BatchSize: 10})
 	require.NoError(t, err)
 	require.EqualValues(t, 37, dry.Removed)
 	require.Equal(t, 2, dry.Batches, "a dry run says how many batches the real run takes")
 	require.Len(t, dry.Partitions.Partitions, 1)
 
-	res, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: pgretention.DefaultLedgerRetention, BatchSize: 10})
+	res, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{Table: testTable, OlderThan: pgretention.DefaultLedgerRetention, BatchSize: 10})
 	require.NoError(t, err)
 	require.EqualValues(t, 37, res.Removed)
 	require.Equal(t, 2, res.Batches, "the legacy partition's 10 + 2")
@@ -61,14 +61,14 @@ func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
 		('new-dispatched',    't', '{}', now() - interval '1 day',   now() - interval '1 day',   DEFAULT)`)
 	require.NoError(t, err)
 
-	dry, err := pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{OlderThan: pgretention.DefaultOutboxRetention, DryRun: true})
+	dry, err := pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{Table: testTable, OlderThan: pgretention.DefaultOutboxRetention, DryRun: true})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, dry.Removed)
 	require.NotNil(t, dry.Partitions)
 	require.Len(t, dry.Partitions.Partitions, 1)
 	require.EqualValues(t, 1, dry.Partitions.Moved)
 
-	res, err := pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{OlderThan: pgretention.DefaultOutboxRetention, Archive: true})
+	res, err := pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{Table: testTable, OlderThan: pgretention.DefaultOutboxRetention, Archive: true})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, res.Removed, "the old week's dispatched row whole, the legacy partition's old row by row")
 	require.Len(t, res.Partitions.Partitions, 1)
@@ -89,10 +89,10 @@ func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
 	require.Equal(t, []string{"old-pending", "legacy-recent", "new-dispatched"}, kept, "a pending row is never pruned, however old")
 	require.Equal(t, []string{"old-dispatched", "legacy-old"}, archived)
 
-	_, err = pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{OlderThan: 200 * 24 * time.Hour})
+	_, err = pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{Table: testTable, OlderThan: 200 * 24 * time.Hour})
 	require.ErrorContains(t, err, "longer than its partitions serve")
-	_, err = pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{OlderThan: time.Hour, Archive: true})
+	_, err = pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{Table: testTable, OlderThan: time.Hour, Archive: true})
 	require.Error(t, err, "only the outbox has an archive")
-	_, err = pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{})
+	_, err = pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{Table: testTable})
 	require.Error(t, err, "a retention is required")
 }

@@ -40,7 +40,7 @@ var (
 // test if it cannot be built.
 func Outbox(t testing.TB) *pgoutbox.Outbox {
 	t.Helper()
-	ob, err := pgoutbox.New(pgoutbox.Config{}, nil)
+	ob, err := pgoutbox.New(pgoutbox.Config{Table: OutboxTable(t)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
