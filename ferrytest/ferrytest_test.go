@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrytest"
@@ -129,4 +132,54 @@ func TestRunRouteWithTheLedgerRunsAnEffectOnce(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM processed_messages WHERE consumer = 'billing.record'`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// fatalRecorder keeps what a helper's Fatalf says and ends the helper's
+// goroutine as testing.T does.
+type fatalRecorder struct {
+	testing.TB
+	msg  string
+	logs []string
+}
+
+func (f *fatalRecorder) Helper() {}
+
+func (f *fatalRecorder) Fatalf(format string, a ...any) {
+	f.msg = fmt.Sprintf(format, a...)
+	runtime.Goexit()
+}
+
+func (f *fatalRecorder) Logf(format string, a ...any) {
+	f.logs = append(f.logs, fmt.Sprintf(format, a...))
+}
+
+// A pool whose search_path lacks Ferry's schema gets an error that says
+// so, not a bare "relation does not exist"; an empty database says it
+// checked nothing.
+func TestRequireStoredEventsDecodeSaysWhatItChecked(t *testing.T) {
+	schema := ferrytest.Schema(t)
+	run := func(pool *pgxpool.Pool) *fatalRecorder {
+		rec := &fatalRecorder{TB: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			ferrytest.RequireStoredEventsDecode(rec, pool, testTable(t))
+		}()
+		<-done
+		return rec
+	}
+	elsewhere := ferrytest.Pool(t, "public", "ferry-test-elsewhere")
+	rec := run(elsewhere)
+	require.Contains(t, rec.msg, "search_path")
+	require.Contains(t, rec.msg, "pgdb.Config.Schema")
+
+	rec = run(ferrytest.Pool(t, schema, "ferry-test-versions"))
+	require.Empty(t, rec.msg)
+	require.Contains(t, strings.Join(rec.logs, "\n"), "nothing checked")
+}
+
+func testTable(t *testing.T) pgoutbox.Table {
+	tbl, err := ferrytest.OutboxTable()
+	require.NoError(t, err)
+	return tbl
 }

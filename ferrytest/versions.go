@@ -29,7 +29,16 @@ import (
 // not checked. table is the outbox table (the zero Table for "outbox").
 func RequireStoredEventsDecode(t testing.TB, pool *pgxpool.Pool, table pgoutbox.Table, events ...evolve.Schema) {
 	t.Helper()
-	samples, err := pgstatus.VersionSamples(context.Background(), pool, table, 100)
+	ctx := context.Background()
+	var found bool
+	var searchPath string
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, current_setting('search_path')`, table.Quoted()).Scan(&found, &searchPath); err != nil {
+		t.Fatalf("ferrytest: RequireStoredEventsDecode: %v", err)
+	}
+	if !found {
+		t.Fatalf("ferrytest: RequireStoredEventsDecode: no outbox table %s in search_path %q: open the pool on Ferry's schema (search_path in the URL, or pgdb.Config.Schema), or pass the table as schema.table", table, searchPath)
+	}
+	samples, err := pgstatus.VersionSamples(ctx, pool, table, 100)
 	if err != nil {
 		t.Fatalf("ferrytest: reading the stored events: %v", err)
 	}
@@ -39,15 +48,25 @@ func RequireStoredEventsDecode(t testing.TB, pool *pgxpool.Pool, table pgoutbox.
 	}
 	var failures []string
 	unchecked := map[string]int{}
+	checked := map[string]int{} // "topic v<version> (place)" -> samples
 	for _, s := range samples {
 		e, ok := byName[s.Topic]
 		if !ok {
 			unchecked[s.Topic]++
 			continue
 		}
+		checked[fmt.Sprintf("%s version %q (%s)", s.Topic, s.Version, s.Place)]++
 		if err := e.Verify(s.Version, s.Payload); err != nil {
 			failures = append(failures, fmt.Sprintf("%s #%d (%s, version %q): %v", s.Place, s.ID, s.Topic, s.Version, err))
 		}
+	}
+	// Say what was checked: a pass over an empty database proves nothing,
+	// and the log shows it.
+	if len(checked) == 0 {
+		t.Logf("ferrytest: no stored event of the %d event type(s) given was found in %s, its archive or the poison store: nothing checked", len(events), table)
+	}
+	for _, k := range slices.Sorted(maps.Keys(checked)) {
+		t.Logf("ferrytest: decoded %d stored event(s) of %s", checked[k], k)
 	}
 	for _, topic := range slices.Sorted(maps.Keys(unchecked)) {
 		t.Logf("ferrytest: %d stored event(s) of topic %s not checked: no chain in events names it", unchecked[topic], topic)

@@ -21,8 +21,11 @@ type Route struct {
 	// Topic is the event topic the handler consumes.
 	Topic string
 	// Ordered marks handlers that need events of one aggregate in outbox
-	// order (a charge and its refund). Recorded in the route table now; the
-	// relay and partitioned queues honour it.
+	// order (a charge and its refund): the relay sends an aggregate's
+	// events of the topic one after another (a failing head holds the
+	// rest back), and the topic's queues are partitioned by aggregate
+	// (FERRY_AMQP_PARTITIONS), each with a single active consumer. A batch
+	// route cannot be ordered.
 	Ordered bool
 	// Handler processes one message. Return nil only when its effect is done.
 	// A route has a Handler or a Batch, not both.

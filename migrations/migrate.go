@@ -24,7 +24,9 @@ const VersionTable = "ferry_schema_version"
 type Set struct {
 	// Name identifies the set in messages and `ferry migrate status`.
 	Name string
-	// FS holds the "NNNNN_name.sql" files (go:embed them).
+	// FS holds the "NNNNN_name.sql" files at its root: //go:embed *.sql in
+	// the package that holds them, or fs.Sub(yours, "migrations") for an
+	// embed of migrations/*.sql (Validate names the fix).
 	FS fs.FS
 	// VersionTable is goose's bookkeeping table of this set; it must differ
 	// from every other set's.

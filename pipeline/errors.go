@@ -14,8 +14,9 @@ func (e permanentError) Unwrap() error { return e.err }
 
 // Permanent marks err as one that retrying cannot fix: a payload that does
 // not decode, a schema version nobody knows, a request the provider rejects
-// as invalid. The retry middleware gives up on it at once and the poison
-// queue takes the message with the reason. Permanent(nil) is nil.
+// as invalid. The in-process retry and the durable retry give up on it at
+// once, and the poison store takes the message with the reason (ferry
+// poison show). Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil

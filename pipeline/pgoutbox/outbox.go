@@ -26,13 +26,14 @@ type Outbox struct {
 // SetWaker makes the outbox wake the relays after each commit of events
 // it knows of: InTx's, and PublishTx's in a context that carries
 // pipeline.WithAfterCommit (the consumers' ledger transactions do). Other
-// commits are found by the relays' polling.
+// commits are found by the relays' probes and polls.
 func (o *Outbox) SetWaker(w *Waker) { o.waker.Store(w) }
 
 // Committed wakes the relays (SetWaker): call it after committing a
 // transaction you published into with PublishTx, when its context did not
-// carry pipeline.WithAfterCommit. Without either, the relays find the
-// events at their next poll (FERRY_RELAY_POLL_INTERVAL).
+// carry pipeline.WithAfterCommit. Without either, an idle relay finds the
+// events at its next probe (FERRY_RELAY_PROBE_INTERVAL, 10 ms by default),
+// or at its next poll (FERRY_RELAY_POLL_INTERVAL) with probing off.
 func (o *Outbox) Committed() {
 	if w := o.waker.Load(); w != nil {
 		w.Committed()
