@@ -2,8 +2,8 @@ package app
 
 import (
 	"context"
-	"time"
 
+	"github.com/ferry-dev/ferry/internal/periodic"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 )
 
@@ -30,28 +30,17 @@ func (a *App) Prune(ctx context.Context) ([]pgretention.Result, error) {
 	return []pgretention.Result{out, led, calls, archive}, nil
 }
 
-// runPruner prunes at start and every interval; a failed prune is logged
+// pruner prunes at start and every interval; a failed prune is logged
 // and tried again next time.
-func (a *App) runPruner(ctx context.Context) error {
-	t := time.NewTicker(a.cfg.Retention.Interval)
-	defer t.Stop()
-	for {
-		res, err := a.Prune(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			a.logger.Error("pruning failed", "error", err)
-		}
-		for _, r := range res {
-			if r.Removed > 0 {
-				a.logger.Info("pruned", "target", r.Target, "removed", r.Removed, "cutoff", r.Cutoff, "archived", r.Archive)
+func (a *App) pruner() periodic.Service {
+	return periodic.Service{Name: "pruner", Interval: a.cfg.Retention.Interval, Immediate: true, ErrorMessage: "pruning failed",
+		Tick: func(ctx context.Context) error {
+			res, err := a.Prune(ctx)
+			for _, r := range res {
+				if r.Removed > 0 {
+					a.logger.Info("pruned", "target", r.Target, "removed", r.Removed, "cutoff", r.Cutoff, "archived", r.Archive)
+				}
 			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+			return err
+		}}
 }

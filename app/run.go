@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ferry-dev/ferry/internal/periodic"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 )
 
@@ -122,20 +123,22 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 	if a.waker != nil {
 		g.Go(func() error { return a.waker.Run(ctx) })
 	}
+	// The background services, from one list (internal/periodic).
+	services := []periodic.Service{a.metrics.Refresher(a.pool, a.cfg.MetricsRefresh)}
 	if hb != nil {
 		hb.Counters = a.metrics.Counters
-		g.Go(func() error { hb.Run(ctx, pgstatus.DefaultHeartbeatInterval); return nil })
+		services = append(services, hb.Service(pgstatus.DefaultHeartbeatInterval))
 	}
+	if what.Pruner {
+		services = append(services, a.pruner())
+	}
+	g.Go(func() error { periodic.Start(ctx, a.logger, services...)(); return nil })
 	if what.Relay {
 		g.Go(func() error { return a.relay.Run(ctx) })
 		if a.cdc != nil {
 			g.Go(func() error { return a.cdc.Run(ctx) })
 		}
 	}
-	if what.Pruner {
-		g.Go(func() error { return a.runPruner(ctx) })
-	}
-	g.Go(func() error { a.metrics.RunRefresher(ctx, a.pool, a.cfg.MetricsRefresh, a.logger); return nil })
 	for _, s := range servers {
 		s.run(ctx, g, a.cfg.ShutdownTimeout)
 		a.addrs.Store(s.name, s.ln.Addr().String())

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ferry-dev/ferry/adoption/shadow"
+	"github.com/ferry-dev/ferry/internal/periodic"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
@@ -608,20 +609,23 @@ func boolGauge(b bool) float64 {
 
 // RunRefresher refreshes the gauges every interval until ctx ends.
 func (m *Metrics) RunRefresher(ctx context.Context, pool *pgxpool.Pool, interval time.Duration, logger *slog.Logger) {
+	m.Refresher(pool, interval).Run(ctx, logger)
+}
+
+// Refresher is the background service that refreshes the gauges every
+// interval (the first at once); a failed refresh counts in
+// ferry_metrics_refresh_errors_total and is logged when it changes.
+func (m *Metrics) Refresher(pool *pgxpool.Pool, interval time.Duration) periodic.Service {
 	if interval <= 0 {
 		interval = DefaultRefreshInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		if err := m.Refresh(ctx, pool); err != nil && ctx.Err() == nil {
-			m.refreshErrors.Inc()
-			logger.Warn("refreshing outbox metrics failed", "error", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	return periodic.Service{Name: "metrics-refresher", Interval: interval, Immediate: true,
+		ErrorMessage: "refreshing outbox metrics failed",
+		Tick: func(ctx context.Context) error {
+			err := m.Refresh(ctx, pool)
+			if err != nil && ctx.Err() == nil {
+				m.refreshErrors.Inc()
+			}
+			return err
+		}}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/internal/periodic"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
@@ -408,22 +409,31 @@ func (h *Heartbeat) beat(ctx context.Context) error {
 // Run beats every interval until ctx ends, then deletes the row: a clean
 // stop is not a death.
 func (h *Heartbeat) Run(ctx context.Context, interval time.Duration) {
+	h.Service(interval).Run(ctx, nil)
+}
+
+// Service is the heartbeat as a background service: a beat and a sample
+// of the counters every interval (the sample at start is the base the
+// first difference is taken from); the row is deleted once ctx ends. A
+// missed beat shows as staleness in ferry status, and is logged.
+func (h *Heartbeat) Service(interval time.Duration) periodic.Service {
 	if interval <= 0 {
 		interval = DefaultHeartbeatInterval
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	h.sample(ctx) // the base the first difference is taken from
-	for {
-		select {
-		case <-ctx.Done():
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_, _ = h.pool.Exec(dctx, `DELETE FROM ferry_instances WHERE instance_id = $1`, h.id)
-			cancel()
-			return
-		case <-t.C:
-			_ = h.beat(ctx) // a missed beat shows as staleness in ferry status; nothing else to do
+	started := false
+	return periodic.Service{Name: "heartbeat", Interval: interval, Immediate: true,
+		ErrorMessage: "heartbeat failed: this process shows as stale in ferry status",
+		Tick: func(ctx context.Context) error {
+			if !started {
+				started = true // NewHeartbeat beat already
+				h.sample(ctx)
+				return nil
+			}
+			err := h.beat(ctx)
 			h.sample(ctx)
-		}
-	}
+			return err
+		},
+		Stop: func(ctx context.Context) {
+			_, _ = h.pool.Exec(ctx, `DELETE FROM ferry_instances WHERE instance_id = $1`, h.id) // gone either way: StaleRetention removes it
+		}}
 }
