@@ -19,7 +19,7 @@ import (
 // event written before, during and after arrives once, in order per
 // aggregate; nothing is left for a safety net.
 func TestPartitionMigrationKeepsTheStream(t *testing.T) {
-	requireDefaultOutbox(t)
+	pipelinetest.RequireDefaultOutbox(t)
 	r := newRig(t)
 	ctx := context.Background()
 	db := pgdb.SQLDB(r.pool)

@@ -111,7 +111,7 @@ func startProducers(t *testing.T, pool *pgxpool.Pool) (produced *atomic.Int64, s
 // the rows the relay passed their dispatched_at, and the earlier relay
 // finds nothing left to send.
 func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
-	requireDefaultOutbox(t)
+	pipelinetest.RequireDefaultOutbox(t)
 	t.Parallel()
 	ctx := context.Background()
 	schema := pipelinetest.Schema(t)
@@ -229,7 +229,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 // ones go to the current week's. `migrate down`, relays stopped, puts every
 // row back in one table.
 func TestMigrationToPartitionsUnderLoad(t *testing.T) {
-	requireDefaultOutbox(t)
+	pipelinetest.RequireDefaultOutbox(t)
 	t.Parallel()
 	ctx := context.Background()
 	schema := pipelinetest.Schema(t)

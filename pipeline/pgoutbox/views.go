@@ -53,15 +53,17 @@ func (t Table) viewName(s RowState) string { return viewPrefix + t.BaseName() + 
 // table: ferry_outbox_pending for the default table's pending rows.
 func (t Table) View(s RowState) string { return t.beside(t.viewName(s)) }
 
-// viewSQL is the query of the view of state s.
+// viewSQL is the query of the view of state s. The failing and retrying
+// views read the pending one (RowStates creates it first): one statement
+// of what pending means.
 func (t Table) viewSQL(s RowState) string {
 	switch s {
 	case StatePending:
 		return `SELECT * FROM ` + t.pendingRows("o.*") + ` p`
 	case StateFailing:
-		return `SELECT * FROM ` + t.pendingRows("o.*") + ` p WHERE ` + failingRule
+		return `SELECT * FROM ` + t.View(StatePending) + ` p WHERE ` + failingRule
 	case StateRetrying:
-		return `SELECT * FROM ` + t.pendingRows("o.*") + ` p WHERE ` + retryRule
+		return `SELECT * FROM ` + t.View(StatePending) + ` p WHERE ` + retryRule
 	case StateDispatched:
 		return `SELECT o.* FROM ` + t.Quoted() + ` o WHERE ` + t.dispatchedCond("o")
 	}
