@@ -49,7 +49,24 @@ func AppConfig(schema string, rmq rabbit.Config) app.Config {
 func App(t testing.TB, opts app.Options, configure ...func(*app.Config)) *app.App {
 	t.Helper()
 	SkipShort(t)
-	cfg := AppConfig(Schema(t, opts.Migrations...), Rabbit(t))
+	a, _ := AppOn(t, Schema(t, opts.Migrations...), Rabbit(t), opts, configure...)
+	return a
+}
+
+// AppOn starts the application as App does, on a schema and a broker
+// namespace the test already has (Schema, Rabbit), which it neither makes
+// nor drops, and returns it with stop, which stops it now (the test's
+// cleanup stops it otherwise). For two releases of a service, one after
+// the other, on the same stored events and queues: start release 1 with
+// AppOn, publish, stop it, start release 2's options with AppOn on the
+// same schema and rmq, and RequireHandled (or RequireStoredEventsDecode)
+// proves release 1's events reach release 2. Migrations of opts not
+// applied yet are applied at start.
+func AppOn(t testing.TB, schema string, rmq rabbit.Config, opts app.Options, configure ...func(*app.Config)) (a *app.App, stop func()) {
+	t.Helper()
+	SkipShort(t)
+	cfg := AppConfig(schema, rmq)
+	opts.Migrate = true
 	for _, c := range configure {
 		c(&cfg)
 	}
@@ -65,17 +82,22 @@ func App(t testing.TB, opts app.Options, configure ...func(*app.Config)) *app.Ap
 		t.Fatalf("starting the application: %v", err)
 	}
 	TeardownTopology(t, a.Topology())
-	t.Cleanup(func() { _ = a.Close() })
-	stop, err := a.Start(context.Background(), app.All)
+	stopApp, err := a.Start(context.Background(), app.All)
 	if err != nil {
+		_ = a.Close()
 		t.Fatalf("starting the application: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("the application stopped with: %v", err)
-		}
-	})
-	return a
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			if err := stopApp(); err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("the application stopped with: %v", err)
+			}
+			_ = a.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return a, stop
 }
 
 // testWriter sends the application's log lines to the test's log, shown

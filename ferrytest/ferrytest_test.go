@@ -8,11 +8,14 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/ferrytest"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
@@ -182,4 +185,36 @@ func testTable(t *testing.T) pgoutbox.Table {
 	tbl, err := ferrytest.OutboxTable()
 	require.NoError(t, err)
 	return tbl
+}
+
+// AppOn runs a release on a schema and namespace the test keeps: an event
+// release 1 stored (it consumed another topic) is handled by release 2,
+// and stop ends release 1 first.
+func TestAppOnRunsReleasesOnOneSchema(t *testing.T) {
+	ctx := context.Background()
+	schema, rmq := ferrytest.Schema(t), ferrytest.Rabbit(t)
+	routes := func(topic string, handled *atomic.Int64) func(app.Deps) ([]handlers.Route, error) {
+		return func(app.Deps) ([]handlers.Route, error) {
+			return []handlers.Route{{Name: "release." + topic, Topic: topic, Handler: func(*message.Message) error {
+				handled.Add(1)
+				return nil
+			}}}, nil
+		}
+	}
+	var first, second atomic.Int64
+	a1, stop1 := ferrytest.AppOn(t, schema, rmq, app.Options{Routes: routes("release.other", &first)})
+	msg, err := pipeline.NewEvent(ctx, "r-1", map[string]int{"release": 1})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, a1.Pool(), func(tx pgx.Tx) error {
+		return a1.Outbox().PublishTx(ctx, pgoutbox.PgxTx(tx), "release.one", msg)
+	}))
+	stop1()
+	require.Error(t, a1.Pool().Ping(ctx), "stop closed release 1")
+
+	a2, _ := ferrytest.AppOn(t, schema, rmq, app.Options{Routes: routes("release.one", &second)})
+	require.Eventually(t, func() bool { return second.Load() == 1 }, 30*time.Second, 20*time.Millisecond, "release 2 handles release 1's event")
+	rows, err := a2.OutboxTable().Rows(ctx, a2.Pool(), pgoutbox.RowFilter{MessageID: msg.UUID})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Zero(t, first.Load())
 }

@@ -190,8 +190,8 @@ type RowFilter struct {
 func (t Table) Rows(ctx context.Context, q Reader, f RowFilter) ([]Row, error) {
 	done := t.dispatchedCond("o")
 	rows, err := q.Query(ctx, `SELECT `+rowColumns(done, true)+` FROM `+t.Quoted()+` o
-		WHERE (cardinality($1::bigint[]) = 0 OR o.id = ANY($1)) AND ($2 = '' OR o.topic = $2) AND ($3 = '' OR o.aggregate_id = $3)
-		  AND ($4::bool IS NULL OR $4 = NOT `+done+`) AND ($5 = '' OR o.message_uuid = $5)
+		WHERE (coalesce(cardinality($1::bigint[]), 0) = 0 OR o.id = ANY($1)) AND ($2 = '' OR o.topic = $2) AND ($3 = '' OR o.aggregate_id = $3)
+		  AND ($4::bool IS NULL OR $4 <> (`+done+`)) AND ($5 = '' OR o.message_uuid = $5)
 		ORDER BY o.id`, f.IDs, f.Topic, f.AggregateID, f.Pending, f.MessageID)
 	if err != nil {
 		return nil, fmt.Errorf("reading outbox rows: %w", err)

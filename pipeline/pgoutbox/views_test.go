@@ -89,6 +89,23 @@ func TestViewsAgreeWithTheTypedReads(t *testing.T) {
 	require.EqualValues(t, total, count(tbl.View(pgoutbox.StateRetrying)))
 	require.EqualValues(t, 1, count(tbl.View(pgoutbox.StateDispatched)))
 
+	// Rows agrees: every row without a filter, each with its state.
+	all, err := tbl.Rows(ctx, pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	require.Len(t, all, 9, "an empty filter chooses every row")
+	dispatched := 0
+	for _, r := range all {
+		if r.Dispatched {
+			dispatched++
+			require.Equal(t, "x", r.AggregateID)
+		}
+	}
+	require.Equal(t, 1, dispatched)
+	notYet := true
+	ofTopic, err := tbl.Rows(ctx, pool, pgoutbox.RowFilter{Pending: &notYet, Topic: "views.t"})
+	require.NoError(t, err)
+	require.Len(t, ofTopic, 7, "the pending rows of one topic")
+
 	// Another table of the same shape gets views of its own.
 	_, err = pool.Exec(ctx, `CREATE TABLE events (LIKE `+outboxSQL+` INCLUDING ALL)`)
 	require.NoError(t, err)
