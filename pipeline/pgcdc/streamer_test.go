@@ -166,7 +166,11 @@ func TestLargeTransactionIsStreamed(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 
-	got := r.collect(t, total, 5*time.Minute)
+	// A bound for a stuck stream, not a speed target (ferry bench measures
+	// the CDC relay): alone the 100,000 rows take about 220 s; under the
+	// race detector beside the rest of the suite on two cores, CI saw 96,500
+	// of them arrive in 5 minutes.
+	got := r.collect(t, total, 10*time.Minute)
 	require.Zero(t, requireInOrder(t, got, 0, total))
 	r.awaitPending(t, 0, 30*time.Second)
 	require.GreaterOrEqual(t, s.Stats().Streamed, int64(1), "the transaction was not streamed in progress")
