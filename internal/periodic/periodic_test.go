@@ -1,42 +1,24 @@
 package periodic_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/internal/periodic"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A service ticks at start when Immediate and then every interval; an
 // error repeated at every tick is logged once, its end once; Stop runs
 // after the context ends.
 func TestServiceTicksLogsChangesAndStops(t *testing.T) {
-	var logs syncBuffer
+	var logs pipelinetest.SyncBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	errs := []error{errors.New("down"), errors.New("down"), errors.New("down"), nil, nil}
 	ticked := make(chan error, 10)
