@@ -73,18 +73,25 @@ func readServerCPU() serverCPU {
 		}
 		comm := string(b[open+1 : end])
 		fields := strings.Fields(string(b[end+1:]))
-		if len(fields) < 13 {
+		if len(fields) < 15 {
 			continue
 		}
 		utime, _ := strconv.ParseUint(fields[11], 10, 64)
 		stime, _ := strconv.ParseUint(fields[12], 10, 64)
+		// A server's own children that exited (a PostgreSQL backend whose
+		// connection closed) take their CPU with them, unless it is counted
+		// where the parent reaped them: the postmaster's cutime and
+		// cstime. Without them a window in which sessions closed could
+		// read less database CPU than it used, even none.
+		cutime, _ := strconv.ParseUint(fields[13], 10, 64)
+		cstime, _ := strconv.ParseUint(fields[14], 10, 64)
 		switch {
 		case d.Name() == self:
 			s.self += utime + stime
 		case comm == "postgres":
-			s.postgres += utime + stime
+			s.postgres += utime + stime + cutime + cstime
 		case comm == "beam.smp":
-			s.rabbitmq += utime + stime
+			s.rabbitmq += utime + stime + cutime + cstime
 		}
 	}
 	return s
