@@ -5,11 +5,14 @@ import (
 	"time"
 )
 
-// Compatibility with relays and rows of versions before the append-only
-// lane (migration 00024, Ferry 0.24): a relay of an earlier version marks
-// each row it sends, and rows written before the migration have no tx.
-// Both paths go once no supported version writes such rows: in the
-// release after the next major one (see docs/upgrading.md).
+// Compatibility with relays and rows from before the append-only lane
+// (migration 00024): a relay of an earlier version marks each row it
+// sends (MarkEachRow, here), and rows written before the migration have
+// no tx (the slow lane takes them, slowCond). Both paths can go in the
+// first release that refuses to run beside a relay from before 00024 and
+// whose migrations give every row a tx (the legacy partition emptied by
+// retention); docs/operations.md, "Upgrading to migration 00024 on a live
+// system", says how a rolling upgrade uses them until then.
 
 // markCheckInterval is how often RelayConfig.MarkEachRow is asked.
 const markCheckInterval = 5 * time.Second
