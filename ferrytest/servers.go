@@ -228,7 +228,9 @@ func RenameOutbox(ctx context.Context, pool *pgxpool.Pool, tbl pgoutbox.Table) e
 		return nil
 	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		for _, s := range pgoutbox.RowStates {
+		// Newest first: the failing and retrying views read the pending one.
+		for i := len(pgoutbox.RowStates) - 1; i >= 0; i-- {
+			s := pgoutbox.RowStates[i]
 			if _, err := tx.Exec(ctx, `DROP VIEW `+def.View(s)); err != nil {
 				return fmt.Errorf("dropping %s: %w", def.View(s), err)
 			}
