@@ -330,11 +330,7 @@ func (o *Operator) act(ctx context.Context, p Stuck, by By, action, stmt string)
 
 // PendingCount counts the rows of the outbox table t not dispatched yet.
 func (t Table) PendingCount(ctx context.Context, q Reader) (int64, error) {
-	var n int64
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM `+t.pendingRows("1")+` p`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting pending outbox rows: %w", err)
-	}
-	return n, nil
+	return t.CountPending(ctx, q, PendingFilter{})
 }
 
 // dispatchedBefore is true of row o when it was dispatched before $1:

@@ -37,8 +37,14 @@ type Row struct {
 // rowColumns are Row's columns of outbox row o; done is the expression of
 // Dispatched; payload adds the payload (scanRowPayload).
 func rowColumns(done string, payload bool) string {
+	return rowColumnsCounting(done, `o.attempts`, payload)
+}
+
+// rowColumnsCounting is rowColumns with attempts the expression of
+// Attempts.
+func rowColumnsCounting(done, attempts string, payload bool) string {
 	cols := `o.id, coalesce(o.message_uuid, o.id::text), o.aggregate_id, o.topic, o.headers, o.created_at, o.available_at, o.dispatched_at, ` +
-		done + `, o.attempts, coalesce(o.last_error, '')`
+		done + `, ` + attempts + `, coalesce(o.last_error, '')`
 	if payload {
 		cols += `, COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8'))`
 	}
@@ -100,8 +106,8 @@ func (t Table) Find(ctx context.Context, q Reader, archived bool, id string, lim
 // is counted here.
 func (t Table) Intents(ctx context.Context, q Reader, aggregateID string, ids []string, limit int) ([]Row, error) {
 	done := t.dispatchedCond("o")
-	rows, err := q.Query(ctx, `SELECT o.id, coalesce(o.message_uuid, o.id::text), o.aggregate_id, o.topic, o.headers, o.created_at, o.available_at, o.dispatched_at, `+done+`,
-		CASE WHEN o.dispatched_at IS NULL AND o.attempts = 0 AND `+done+` THEN 1 ELSE o.attempts END, coalesce(o.last_error, '')
+	attempts := `CASE WHEN o.dispatched_at IS NULL AND o.attempts = 0 AND ` + done + ` THEN 1 ELSE o.attempts END`
+	rows, err := q.Query(ctx, `SELECT `+rowColumnsCounting(done, attempts, false)+`
 		FROM `+t.Quoted()+` o WHERE o.topic <> $1 AND (CASE WHEN $2 <> '' THEN o.aggregate_id = $2 ELSE o.message_uuid = ANY($3) END)
 		ORDER BY o.id LIMIT $4`, pipeline.RetryTopic, aggregateID, ids, limit)
 	if err != nil {
