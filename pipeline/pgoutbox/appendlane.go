@@ -71,7 +71,9 @@ func (r *Relay) appendBatch(ctx context.Context) (res BatchResult, took bool, er
 			b.Queue(r.appendOnly.slowSQL, held)
 		}
 		if pos.changed {
-			b.Queue(r.appendOnly.moveSQL, r.t.Key(), pos.snap, pos.cur, pos.lastTx, pos.lastID, pos.seq)
+			b.Queue(r.appendOnly.moveSQL, pgx.NamedArgs{
+				"key": r.t.Key(), "snap": pos.snap, "cur": pos.cur, "last_tx": pos.lastTx, "last_id": pos.lastID, "seq": pos.seq,
+			})
 		}
 	}
 	if len(claimed) == 0 {
@@ -221,11 +223,9 @@ func (r *Relay) lockKept(ctx context.Context, tx pgx.Tx, pos position, page []pa
 	for i, c := range page {
 		ids[i] = c.id
 	}
-	args := []any{ids}
-	if len(r.ordered) > 0 {
-		args = append(args, r.ordered, pos.snap, *pos.cur)
-	}
-	rows, err := tx.Query(ctx, r.appendOnly.lockKeptSQL, args...)
+	rows, err := tx.Query(ctx, r.appendOnly.lockKeptSQL, pgx.NamedArgs{
+		"ids": ids, "topics": r.ordered, "position": pos.snap, "range": *pos.cur,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("locking the outbox rows old enough to relay: %w", err)
 	}
@@ -268,7 +268,7 @@ func (r *Relay) restart(ctx context.Context, tx pgx.Tx, position, cur string) er
 		WHERE o.dispatched_at IS NULL AND NOT o.slow AND o.tx IS NOT NULL`); err != nil {
 		return fmt.Errorf("converting the outbox after a restore: %w", err)
 	}
-	if _, err := tx.Exec(ctx, r.appendOnly.moveSQL, r.t.Key(), cur, nil, nil, nil, 0); err != nil {
+	if _, err := tx.Exec(ctx, r.appendOnly.moveSQL, pgx.NamedArgs{"key": r.t.Key(), "snap": cur, "seq": 0}); err != nil {
 		return fmt.Errorf("starting the relay's position anew: %w", err)
 	}
 	return tx.Commit(ctx)
@@ -290,14 +290,10 @@ func (r *Relay) appendPage(ctx context.Context, tx pgx.Tx, pos position, size in
 		xip[i] = strconv.FormatUint(x, 10)
 	}
 	read := func(sql string, fromTx uint64, afterID int64, limit int) ([]pageRow, error) {
-		// $1 the range's snapshot, $2 and $3 where to start, $4 the
-		// limit, $5 the position's in-progress transactions; when
-		// ordered, $6 the ordered topics and $7 the position.
-		args := []any{*pos.cur, strconv.FormatUint(fromTx, 10), afterID, limit, xip}
-		if len(r.ordered) > 0 {
-			args = append(args, r.ordered, pos.snap)
-		}
-		rows, err := tx.Query(ctx, sql, args...)
+		rows, err := tx.Query(ctx, sql, pgx.NamedArgs{
+			"range": *pos.cur, "after_tx": strconv.FormatUint(fromTx, 10), "after_id": afterID, "limit": limit,
+			"xip": xip, "topics": r.ordered, "position": pos.snap,
+		})
 		if err != nil {
 			return nil, fmt.Errorf("reading outbox rows since the relay's position: %w", err)
 		}

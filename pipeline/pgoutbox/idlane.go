@@ -72,11 +72,7 @@ type lockedRow struct {
 
 // lockByID locks the rows of ids it can (lockSQL) and reads every one.
 func (r *Relay) lockByID(ctx context.Context, tx pgx.Tx, ids []int64) ([]lockedRow, error) {
-	args := []any{ids}
-	if len(r.ordered) > 0 {
-		args = append(args, r.ordered)
-	}
-	rows, err := tx.Query(ctx, r.lockSQL, args...)
+	rows, err := tx.Query(ctx, r.lockSQL, pgx.NamedArgs{"ids": ids, "topics": r.ordered})
 	if err != nil {
 		return nil, fmt.Errorf("locking outbox rows by id: %w", err)
 	}

@@ -108,8 +108,10 @@ func (t Table) Intents(ctx context.Context, q Reader, aggregateID string, ids []
 	done := t.dispatchedCond("o")
 	attempts := `CASE WHEN o.dispatched_at IS NULL AND o.attempts = 0 AND ` + done + ` THEN 1 ELSE o.attempts END`
 	rows, err := q.Query(ctx, `SELECT `+rowColumnsCounting(done, attempts, false)+`
-		FROM `+t.Quoted()+` o WHERE o.topic <> $1 AND (CASE WHEN $2 <> '' THEN o.aggregate_id = $2 ELSE o.message_uuid = ANY($3) END)
-		ORDER BY o.id LIMIT $4`, pipeline.RetryTopic, aggregateID, ids, limit)
+		FROM `+t.Quoted()+` o WHERE o.topic <> @retry_topic
+		  AND (CASE WHEN @aggregate <> '' THEN o.aggregate_id = @aggregate ELSE o.message_uuid = ANY(@ids) END)
+		ORDER BY o.id LIMIT @limit`,
+		pgx.NamedArgs{"retry_topic": pipeline.RetryTopic, "aggregate": aggregateID, "ids": ids, "limit": limit})
 	if err != nil {
 		return nil, fmt.Errorf("reading intents: %w", err)
 	}
@@ -154,11 +156,11 @@ func (t Table) CompareShadow(ctx context.Context, q Reader, legacy string, since
 	rows, err := q.Query(ctx, `
 		WITH intents AS (
 			SELECT DISTINCT topic, aggregate_id FROM `+t.Quoted()+`
-			WHERE created_at >= $1 AND ($2 = '' OR topic = $2) AND topic <> $4
-			  AND (shadowed OR headers->>'`+pipeline.MetaShadow+`' = 'true' OR topic = ANY($3))),
+			WHERE created_at >= @since AND (@topic = '' OR topic = @topic) AND topic <> @retry_topic
+			  AND (shadowed OR headers->>'`+pipeline.MetaShadow+`' = 'true' OR topic = ANY(@shadow_topics))),
 		legacy AS (
 			SELECT DISTINCT topic, aggregate_id FROM `+legacy+`
-			WHERE recorded_at >= $1 AND ($2 = '' OR topic = $2)),
+			WHERE recorded_at >= @since AND (@topic = '' OR topic = @topic)),
 		joined AS (
 			SELECT coalesce(i.topic, l.topic) AS topic, coalesce(i.aggregate_id, l.aggregate_id) AS aggregate_id,
 			       i.topic IS NOT NULL AS has_intent, l.topic IS NOT NULL AS has_legacy
@@ -166,12 +168,12 @@ func (t Table) CompareShadow(ctx context.Context, q Reader, legacy string, since
 		SELECT topic,
 		       count(*) FILTER (WHERE has_intent), count(*) FILTER (WHERE has_legacy),
 		       count(*) FILTER (WHERE has_intent AND has_legacy),
-		       coalesce((array_agg(aggregate_id ORDER BY aggregate_id) FILTER (WHERE has_legacy AND NOT has_intent))[1:$5], '{}'),
+		       coalesce((array_agg(aggregate_id ORDER BY aggregate_id) FILTER (WHERE has_legacy AND NOT has_intent))[1:@sample], '{}'),
 		       count(*) FILTER (WHERE has_legacy AND NOT has_intent),
-		       coalesce((array_agg(aggregate_id ORDER BY aggregate_id) FILTER (WHERE has_intent AND NOT has_legacy))[1:$5], '{}'),
+		       coalesce((array_agg(aggregate_id ORDER BY aggregate_id) FILTER (WHERE has_intent AND NOT has_legacy))[1:@sample], '{}'),
 		       count(*) FILTER (WHERE has_intent AND NOT has_legacy)
 		FROM joined GROUP BY topic ORDER BY topic`,
-		since, topic, shadowTopics, pipeline.RetryTopic, sample)
+		pgx.NamedArgs{"since": since, "topic": topic, "shadow_topics": shadowTopics, "retry_topic": pipeline.RetryTopic, "sample": sample})
 	if err != nil {
 		return nil, fmt.Errorf("comparing shadow intents with legacy effects: %w", err)
 	}
@@ -196,9 +198,11 @@ type RowFilter struct {
 func (t Table) Rows(ctx context.Context, q Reader, f RowFilter) ([]Row, error) {
 	done := t.dispatchedCond("o")
 	rows, err := q.Query(ctx, `SELECT `+rowColumns(done, true)+` FROM `+t.Quoted()+` o
-		WHERE (coalesce(cardinality($1::bigint[]), 0) = 0 OR o.id = ANY($1)) AND ($2 = '' OR o.topic = $2) AND ($3 = '' OR o.aggregate_id = $3)
-		  AND ($4::bool IS NULL OR $4 <> (`+done+`)) AND ($5 = '' OR o.message_uuid = $5)
-		ORDER BY o.id`, f.IDs, f.Topic, f.AggregateID, f.Pending, f.MessageID)
+		WHERE (coalesce(cardinality(@ids::bigint[]), 0) = 0 OR o.id = ANY(@ids)) AND (@topic = '' OR o.topic = @topic)
+		  AND (@aggregate = '' OR o.aggregate_id = @aggregate)
+		  AND (@pending::bool IS NULL OR @pending <> (`+done+`)) AND (@message = '' OR o.message_uuid = @message)
+		ORDER BY o.id`,
+		pgx.NamedArgs{"ids": f.IDs, "topic": f.Topic, "aggregate": f.AggregateID, "pending": f.Pending, "message": f.MessageID})
 	if err != nil {
 		return nil, fmt.Errorf("reading outbox rows: %w", err)
 	}

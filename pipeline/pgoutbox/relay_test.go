@@ -305,7 +305,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	require.NoError(t, err)
 
 	explain := func(q string) string {
-		q = strings.NewReplacer("$1", "100", "$2::text[]", "ARRAY['t']").Replace(q)
+		q = strings.NewReplacer("@limit", "100", "@topics::text[]", "ARRAY['t']").Replace(q)
 		rows, err := pool.Query(ctx, "EXPLAIN "+q)
 		require.NoError(t, err)
 		var plan []string

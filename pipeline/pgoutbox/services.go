@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ferry-dev/ferry/internal/periodic"
 )
 
@@ -97,10 +99,7 @@ func (r *Relay) loop(ctx context.Context) {
 // PollInterval, whichever comes first. A probe that fails (the database
 // gone) is not reported: the claim after PollInterval reports it.
 func (r *Relay) idle(ctx context.Context) {
-	var args []any
-	if len(r.ordered) > 0 {
-		args = append(args, r.ordered)
-	}
+	args := pgx.NamedArgs{"topics": r.ordered}
 	for deadline := time.Now().Add(r.cfg.PollInterval); ; {
 		left := time.Until(deadline)
 		if left <= 0 || !r.sleep(ctx, min(r.cfg.ProbeInterval, left)) {
@@ -108,7 +107,7 @@ func (r *Relay) idle(ctx context.Context) {
 		}
 		r.probes.Add(1)
 		var due bool
-		if err := r.pool.QueryRow(ctx, r.probeSQL, args...).Scan(&due); err == nil && due {
+		if err := r.pool.QueryRow(ctx, r.probeSQL, args).Scan(&due); err == nil && due {
 			return
 		}
 	}

@@ -28,11 +28,8 @@ func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
 		}
 	}()
 
-	args := []any{r.cfg.BatchSize}
-	if len(r.ordered) > 0 {
-		args = append(args, r.ordered)
-	}
-	claimed, err := collectClaimed(ctx, tx, r.claimSQL, args...)
+	args := pgx.NamedArgs{"limit": r.cfg.BatchSize, "topics": r.ordered}
+	claimed, err := collectClaimed(ctx, tx, r.claimSQL, args)
 	if err != nil {
 		return res, err
 	}
@@ -49,7 +46,8 @@ func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
 		// Rows behind heads the page did not reach: take their aggregates'
 		// runs from the heads (headsSQL). Rows this batch holds already
 		// come again; the others wait for the next claim.
-		runs, err := collectClaimed(ctx, tx, r.headsSQL, append(args, aggregates)...)
+		args["aggregates"] = aggregates
+		runs, err := collectClaimed(ctx, tx, r.headsSQL, args)
 		if err != nil {
 			return res, err
 		}

@@ -10,9 +10,9 @@ import (
 // The statements' catalogue, family "claim": the slow lane's claims, the
 // id lane's lock and the idle relay's probe (see lanes.go).
 
-// ClaimSQL is the slow lane's claim query for t (with $1 the batch
-// size and, when ordered, $2 the ordered topics), for EXPLAIN and
-// benchmarks.
+// ClaimSQL is the slow lane's claim query for t, for EXPLAIN and
+// benchmarks: its named arguments (pgx.NamedArgs) are @limit, the batch
+// size, and, when ordered, @topics, the ordered topics.
 func (t Table) ClaimSQL(ordered bool) string { return t.claimSQL(ordered, 0) }
 
 // claimSQL selects the slow lane's due, unclaimed rows (see lanes.go).
@@ -34,14 +34,14 @@ func (t Table) ClaimSQL(ordered bool) string { return t.claimSQL(ordered, 0) }
 // about to send.
 func (t Table) claimSQL(ordered bool, minAge time.Duration) string {
 	return t.claimColumns(ordered) + `
-		WHERE ` + t.dueSQL(ordered, minAge, "$2", true) + `
+		WHERE ` + t.dueSQL(ordered, minAge, true) + `
 		ORDER BY o.available_at
-		LIMIT $1
+		LIMIT @limit
 		FOR UPDATE OF o SKIP LOCKED`
 }
 
 // headsSQL claims, as claimSQL, the due rows of ordered topics of the
-// aggregates $3, in id order: each aggregate's run from its head. Rows
+// aggregates @aggregates, in id order: each aggregate's run from its head. Rows
 // held behind a failing head keep the due time they were written with,
 // earlier than the head's backoff, so claimSQL's page, in due time order,
 // can hold only rows behind heads it did not reach: with more such rows
@@ -54,10 +54,10 @@ func (t Table) claimSQL(ordered bool, minAge time.Duration) string {
 // for its heads took seconds per claim with 50,000 rows waiting.
 func (t Table) headsSQL(minAge time.Duration) string {
 	return t.claimColumns(true) + `
-		WHERE o.aggregate_id = ANY($3::text[]) AND o.topic = ANY($2::text[])
-		  AND ` + t.dueSQL(true, minAge, "$2", true) + `
+		WHERE o.aggregate_id = ANY(@aggregates::text[]) AND o.topic = ANY(@topics::text[])
+		  AND ` + t.dueSQL(true, minAge, true) + `
 		ORDER BY o.aggregate_id, o.id
-		LIMIT $1
+		LIMIT @limit
 		FOR UPDATE OF o SKIP LOCKED`
 }
 
@@ -69,9 +69,9 @@ func (t Table) claimColumns(ordered bool) string {
 		// Every earlier pending row is a slow one (the claims' condition):
 		// the previous is the nearest by the slow lane's (aggregate_id,
 		// id) index.
-		prev = `CASE WHEN o.topic = ANY($2::text[]) THEN (SELECT max(p.id) FROM ` + table + ` p
+		prev = `CASE WHEN o.topic = ANY(@topics::text[]) THEN (SELECT max(p.id) FROM ` + table + ` p
 		        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
-		          AND p.id < o.id AND p.topic = ANY($2::text[])) END`
+		          AND p.id < o.id AND p.topic = ANY(@topics::text[])) END`
 	}
 	return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 		       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
@@ -80,7 +80,7 @@ func (t Table) claimColumns(ordered bool) string {
 }
 
 // probeSQL asks whether a batch would find a row, without claiming
-// (topics, when ordered, the ordered topics as $1): a due row of the slow
+// (when ordered, @topics the ordered topics): a due row of the slow
 // lane, or a row the position has not passed. Index probes, no
 // transaction, no lock.
 func (t Table) probeSQL(ordered bool, minAge time.Duration) string {
@@ -89,38 +89,38 @@ func (t Table) probeSQL(ordered bool, minAge time.Duration) string {
 	if minAge > 0 {
 		young = ` AND o.created_at <= now() - ` + strconv.FormatInt(minAge.Microseconds(), 10) + ` * interval '1 microsecond'`
 	}
-	return `SELECT EXISTS (SELECT 1 FROM ` + table + ` o WHERE ` + t.dueSQL(ordered, minAge, "$1", false) + `)
+	return `SELECT EXISTS (SELECT 1 FROM ` + table + ` o WHERE ` + t.dueSQL(ordered, minAge, false) + `)
 		OR EXISTS (` + t.unpassedRows("1", table) + young + `)`
 }
 
 // dueSQL is the condition on outbox row o that makes it the slow lane's
-// claim: slow and pending, due, old enough, and, when ordered (topics the
-// placeholder of the ordered topics), the head of its aggregate or, with
+// claim: slow and pending, due, old enough, and, when ordered (@topics
+// the ordered topics), the head of its aggregate or, with
 // runs, behind due rows of the slow lane only (see claimSQL).
-func (t Table) dueSQL(ordered bool, minAge time.Duration, topics string, runs bool) string {
+func (t Table) dueSQL(ordered bool, minAge time.Duration, runs bool) string {
 	q := slowCond("o") + ` AND o.available_at <= now()`
 	if minAge > 0 {
 		q += ` AND o.created_at <= now() - ` + strconv.FormatInt(minAge.Microseconds(), 10) + ` * interval '1 microsecond'`
 	}
 	if ordered {
-		before := t.earlierPending("o", topics, "")
+		before := t.earlierPending("o", "")
 		if runs {
-			before = t.earlierPending("o", topics, "", `p.available_at > now()`)
+			before = t.earlierPending("o", "", `p.available_at > now()`)
 		}
 		q += `
-		  AND (o.topic <> ALL(` + topics + `::text[]) OR NOT ` + before + `)`
+		  AND (o.topic <> ALL(@topics::text[]) OR NOT ` + before + `)`
 	}
 	return q
 }
 
 // earlierPending is true when an earlier row of o's aggregate, of an
-// ordered topic (topics), is pending: with state of its own (the slow
+// ordered topic (@topics), is pending: with state of its own (the slow
 // lane's partial index), or not passed by the position yet (the
 // aggregate's rows since the position's oldest transaction, by the
 // (aggregate_id, tx) index). except, if set, is a condition on p that
 // leaves rows out; slowOnly, if given, one the slow rows must meet too to
 // count.
-func (t Table) earlierPending(o, topics, except string, slowOnly ...string) string {
+func (t Table) earlierPending(o, except string, slowOnly ...string) string {
 	table := t.Quoted()
 	if except != "" {
 		except = ` AND NOT (` + except + `)`
@@ -132,16 +132,16 @@ func (t Table) earlierPending(o, topics, except string, slowOnly ...string) stri
 	pos := t.positionSnap()
 	return `(EXISTS (SELECT 1 FROM ` + table + ` p
 		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND ` + slowCond("p") + slowExtra + `
-		          AND p.id < ` + o + `.id AND p.topic = ANY(` + topics + `::text[])` + except + `)
+		          AND p.id < ` + o + `.id AND p.topic = ANY(@topics::text[])` + except + `)
 		    OR EXISTS (SELECT 1 FROM ` + table + ` p
 		        WHERE p.aggregate_id = ` + o + `.aggregate_id AND p.tx >= pg_snapshot_xmin(` + pos + `)
 		          AND p.dispatched_at IS NULL AND NOT p.slow
-		          AND p.id < ` + o + `.id AND p.topic = ANY(` + topics + `::text[])` + except + `
+		          AND p.id < ` + o + `.id AND p.topic = ANY(@topics::text[])` + except + `
 		          AND NOT ` + t.passedCond("p") + `))`
 }
 
-// lockSQL is RelayIDs' query ($1 the ids, $2 the ordered topics when
-// ordered): every row of $1 with its topic and aggregate, and, for each row
+// lockSQL is RelayIDs' query (@ids the ids, @topics the ordered topics
+// when ordered): every row of @ids with its topic and aggregate, and, for each row
 // it could lock, what RelayIDs needs to decide. Another relay's locked rows
 // come back with locked false (read without waiting, at their committed
 // version: topic and aggregate never change), so RelayIDs knows which
@@ -151,7 +151,7 @@ func (t Table) lockSQL(ordered bool) string {
 	table := t.Quoted()
 	behind := `false`
 	if ordered {
-		behind = `(l.topic = ANY($2::text[]) AND ` + t.earlierPending("l", "$2", "p.id = ANY($1::bigint[])") + `)`
+		behind = `(l.topic = ANY(@topics::text[]) AND ` + t.earlierPending("l", "p.id = ANY(@ids::bigint[])") + `)`
 	}
 	return `WITH l AS (
 		SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
@@ -159,12 +159,12 @@ func (t Table) lockSQL(ordered bool) string {
 		       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false) AS shadow,
 		       ` + t.dispatchedCond("o") + ` AS done, o.available_at <= now() AS due
 		FROM ` + table + ` o
-		WHERE o.id = ANY($1::bigint[])
+		WHERE o.id = ANY(@ids::bigint[])
 		FOR UPDATE OF o SKIP LOCKED)
 	SELECT a.id, a.topic, a.aggregate_id, l.id IS NOT NULL,
 	       l.message_uuid, l.payload, l.headers, l.attempts, l.created_at, l.due_at, l.shadow, l.done, l.due,
 	       CASE WHEN l.id IS NULL THEN NULL ELSE ` + behind + ` END
 	FROM ` + table + ` a LEFT JOIN l ON l.id = a.id
-	WHERE a.id = ANY($1::bigint[])
+	WHERE a.id = ANY(@ids::bigint[])
 	ORDER BY a.id`
 }

@@ -28,9 +28,8 @@ type appendLane struct {
 	xipSQL, rangeSQL string
 	// lockKeptSQL locks, by id, the rows of a page read without a lock
 	// (xipSQL and rangeSQL are, when the relay has a MinAge) that are
-	// old enough for the relay, and reads them again: $1 the ids; when
-	// ordered, $2 the ordered topics, $3 the position and $4 the range's
-	// snapshot (unordered, the query has no use for them). A row
+	// old enough for the relay, and reads them again: @ids; when
+	// ordered, @topics, @position and @range too. A row
 	// dispatched or made slow since the page was read is not returned:
 	// its writer has it.
 	lockKeptSQL string
@@ -44,7 +43,6 @@ type appendLane struct {
 // takes: it skips a locked row, and that row then waited for the safety
 // net, MinAge later.
 func newAppendLane(tbl Table, ordered, lockLater bool) appendLane {
-	columns := func(snap, topics, pos string) string { return tbl.pageColumns(ordered, snap, topics, pos) }
 	// Waits for a row another writer holds (a relay of the per-row design
 	// during a rolling upgrade, the CDC relay): then reads it again, and
 	// skips it if that writer dispatched it.
@@ -55,12 +53,12 @@ func newAppendLane(tbl Table, ordered, lockLater bool) appendLane {
 		pageLock = ``
 	}
 	page := func(where string) string {
-		return columns("$1", "$6", "$7") + `
+		return tbl.pageColumns(ordered) + `
 		WHERE ` + where + `
-		  AND pg_visible_in_snapshot(o.tx, $1::pg_snapshot)
+		  AND pg_visible_in_snapshot(o.tx, @range::pg_snapshot)
 		  AND o.dispatched_at IS NULL AND NOT o.slow
 		ORDER BY o.tx, o.id
-		LIMIT $4` + pageLock
+		LIMIT @limit` + pageLock
 	}
 	return appendLane{
 		lockSQL: positionLockSQL,
@@ -69,16 +67,16 @@ func newAppendLane(tbl Table, ordered, lockLater bool) appendLane {
 		moveSQL: tbl.positionMoveSQL(),
 		slowSQL: tbl.markSlowSQL(),
 		// The rows of the transactions that were in progress at the
-		// position ($5, an array the planner can use as an index
-		// condition), from ($2, $3) on.
-		xipSQL: page(`o.tx = ANY($5::xid8[]) AND (o.tx, o.id) > ($2::xid8, $3::bigint)`),
-		// The newer transactions' rows, from ($2, $3) on (never below the
-		// position's xmax: appendPage sees to it), up to the range's xmax.
-		// (None is one of $5, all older: said so that both queries take
-		// the same arguments.)
-		rangeSQL: page(`(o.tx, o.id) > ($2::xid8, $3::bigint) AND o.tx < pg_snapshot_xmax($1::pg_snapshot) AND o.tx <> ALL($5::xid8[])`),
-		lockKeptSQL: columns("$4", "$2", "$3") + `
-		WHERE o.id = ANY($1::bigint[]) AND o.dispatched_at IS NULL AND NOT o.slow
+		// position (@xip, an array the planner can use as an index
+		// condition), from (@after_tx, @after_id) on.
+		xipSQL: page(`o.tx = ANY(@xip::xid8[]) AND (o.tx, o.id) > (@after_tx::xid8, @after_id::bigint)`),
+		// The newer transactions' rows, from (@after_tx, @after_id) on
+		// (never below the position's xmax: appendPage sees to it), up to
+		// the range's xmax. (None is one of @xip, all older: said so that
+		// both queries take the same arguments.)
+		rangeSQL: page(`(o.tx, o.id) > (@after_tx::xid8, @after_id::bigint) AND o.tx < pg_snapshot_xmax(@range::pg_snapshot) AND o.tx <> ALL(@xip::xid8[])`),
+		lockKeptSQL: tbl.pageColumns(ordered) + `
+		WHERE o.id = ANY(@ids::bigint[]) AND o.dispatched_at IS NULL AND NOT o.slow
 		ORDER BY o.tx, o.id` + lock,
 	}
 }
@@ -118,25 +116,26 @@ type snapshot struct {
 	xip        []uint64 // ascending
 }
 
-// heldCond is the column that says whether row o of a page is held; snap
-// is the range's snapshot, topics the ordered topics, pos the position.
+// heldCond is the column that says whether row o of a page is held
+// (@range the range's snapshot, @topics the ordered topics, @position the
+// position's).
 // Held: an earlier row of its ordered aggregate is pending with state of
 // its own, or is in this range and not passed yet but comes after it in
 // (tx, id) order (another transaction that took a smaller id and
 // committed in the same range).
-func (t Table) heldCond(ordered bool, snap, topics, pos string) string {
+func (t Table) heldCond(ordered bool) string {
 	if !ordered {
 		return `false`
 	}
 	table := t.Quoted()
-	return `(o.topic = ANY(` + topics + `::text[]) AND (
+	return `(o.topic = ANY(@topics::text[]) AND (
 	    EXISTS (SELECT 1 FROM ` + table + ` p
 	        WHERE p.aggregate_id = o.aggregate_id AND ` + slowCond("p") + `
-	          AND p.id < o.id AND p.topic = ANY(` + topics + `::text[]))
+	          AND p.id < o.id AND p.topic = ANY(@topics::text[]))
 	    OR EXISTS (SELECT 1 FROM ` + table + ` p
-	        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax(` + snap + `::pg_snapshot)
-	          AND pg_visible_in_snapshot(p.tx, ` + snap + `::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, ` + pos + `::pg_snapshot)
-	          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY(` + topics + `::text[]))))`
+	        WHERE p.aggregate_id = o.aggregate_id AND p.tx > o.tx AND p.tx < pg_snapshot_xmax(@range::pg_snapshot)
+	          AND pg_visible_in_snapshot(p.tx, @range::pg_snapshot) AND NOT pg_visible_in_snapshot(p.tx, @position::pg_snapshot)
+	          AND p.id < o.id AND p.dispatched_at IS NULL AND NOT p.slow AND p.topic = ANY(@topics::text[]))))`
 }
 
 // pageColumns is the SELECT of a page's rows (scanPageRow). Due is read at
@@ -144,10 +143,10 @@ func (t Table) heldCond(ordered bool, snap, topics, pos string) string {
 // before the range's snapshot was written by a transaction that began
 // before this statement, so a row written without a delay is always due,
 // never marked slow for a clock's sake.
-func (t Table) pageColumns(ordered bool, snap, topics, pos string) string {
+func (t Table) pageColumns(ordered bool) string {
 	return `SELECT o.id, o.message_uuid, o.aggregate_id, o.topic,
 	       COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8')), o.headers, o.attempts, o.created_at, COALESCE(o.due_at, o.created_at),
 	       COALESCE(o.headers->>'` + pipeline.MetaShadow + `' = 'true', false),
-	       o.tx::text, o.available_at <= statement_timestamp(), ` + t.heldCond(ordered, snap, topics, pos) + `
+	       o.tx::text, o.available_at <= statement_timestamp(), ` + t.heldCond(ordered) + `
 	FROM ` + t.Quoted() + ` o`
 }

@@ -23,15 +23,15 @@ func (t Table) positionReadSQL() string {
 	return `SELECT snap::text, cur::text, last_tx::text, last_id, seq FROM ` + t.Positions() + ` WHERE outbox_table = $1 ORDER BY seq DESC LIMIT 1`
 }
 
-// positionMoveSQL moves the position of the key $1 to ($2 snap, $3 cur,
-// $4 last_tx, $5 last_id), $6 the seq of the row read. A move is a new
+// positionMoveSQL moves the position of the key @key to (@snap, @cur,
+// @last_tx, @last_id), @seq the seq of the row read. A move is a new
 // row; every thousandth move removes the rows a thousand moves behind,
 // which no reader reaches any more. Its moved_at is the clock after the
 // range's snapshot was taken: every row the position passed was written
 // before it.
 //
 // The removal looks only at the rows from 3,000 below the newest row read
-// ($6) on: while a long transaction holds the horizon, the rows removed
+// (@seq) on: while a long transaction holds the horizon, the rows removed
 // before stay in the index as dead entries, and a removal from the table's
 // first row walked them all (68 ms per thousandth move after 168,000
 // moves, growing with the hold). Rows a narrow removal misses (a move's
@@ -40,7 +40,7 @@ func (t Table) positionReadSQL() string {
 func (t Table) positionMoveSQL() string {
 	p := t.Positions()
 	return `WITH moved AS (
-			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id, moved_at) VALUES ($1, $2::pg_snapshot, $3::pg_snapshot, $4::xid8, $5, clock_timestamp()) RETURNING seq)
-			DELETE FROM ` + p + ` WHERE outbox_table = $1 AND (SELECT seq FROM moved) % 1000 = 0 AND seq < (SELECT seq FROM moved) - 1000
-				AND seq >= CASE WHEN (SELECT seq FROM moved) % 100000 = 0 THEN 0 ELSE $6::bigint - 3000 END`
+			INSERT INTO ` + p + ` (outbox_table, snap, cur, last_tx, last_id, moved_at) VALUES (@key, @snap::pg_snapshot, @cur::pg_snapshot, @last_tx::xid8, @last_id, clock_timestamp()) RETURNING seq)
+			DELETE FROM ` + p + ` WHERE outbox_table = @key AND (SELECT seq FROM moved) % 1000 = 0 AND seq < (SELECT seq FROM moved) - 1000
+				AND seq >= CASE WHEN (SELECT seq FROM moved) % 100000 = 0 THEN 0 ELSE @seq::bigint - 3000 END`
 }

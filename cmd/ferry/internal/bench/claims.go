@@ -200,7 +200,7 @@ func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchC
 			return nil, err
 		}
 		t0 := time.Now()
-		rows, err := tx.Query(ctx, claim, bc.BatchSize)
+		rows, err := tx.Query(ctx, claim, pgx.NamedArgs{"limit": bc.BatchSize})
 		if err != nil {
 			_ = tx.Rollback(ctx)
 			return nil, err
