@@ -31,7 +31,9 @@ import (
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
 // Published is one outbox row as a test sees it.
@@ -206,22 +208,26 @@ func unhandled(pool *pgxpool.Pool, routes []handlers.Route) ([]string, error) {
 	if due > 0 {
 		missing = append(missing, strconv.FormatInt(due, 10)+" outbox row(s) still due")
 	}
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	if err != nil {
+		return nil, err
+	}
 	for _, r := range routes {
-		// The message id is the one the consumers key their ledger by:
-		// a retry's or requeue's ferry_message_id, else the row's UUID.
-		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxTable().View(pgoutbox.StateDispatched)+` o
-			WHERE o.topic = $1
-			  AND NOT EXISTS (SELECT 1 FROM processed_messages p WHERE p.consumer = $2
-			        AND p.message_id = coalesce(o.headers->>'ferry_message_id', o.message_uuid, o.id::text))
-			  AND NOT EXISTS (SELECT 1 FROM poison_messages x WHERE x.handler = $2
-			        AND x.message_id = coalesce(o.headers->>'ferry_message_id', o.message_uuid, o.id::text))`,
-			r.Topic, r.Name).Scan(&n)
+		sent, err := outboxTable().SentMessageIDs(ctx, pool, r.Topic)
+		if err != nil {
+			return nil, err
+		}
+		left, err := ledger.Unprocessed(ctx, r.Name, sent)
 		if err != nil {
 			return nil, fmt.Errorf("checking what %s handled: %w", r.Name, err)
 		}
-		if n > 0 {
-			missing = append(missing, fmt.Sprintf("%s: %d event(s) on %s not handled", r.Name, n, r.Topic))
+		if len(left) > 0 {
+			if left, err = pgpoison.NotPoisoned(ctx, pool, r.Name, left); err != nil {
+				return nil, fmt.Errorf("checking what %s handled: %w", r.Name, err)
+			}
+		}
+		if len(left) > 0 {
+			missing = append(missing, fmt.Sprintf("%s: %d event(s) on %s not handled", r.Name, len(left), r.Topic))
 		}
 	}
 	return missing, nil

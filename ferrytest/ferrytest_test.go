@@ -132,9 +132,45 @@ func TestRunRouteWithTheLedgerRunsAnEffectOnce(t *testing.T) {
 		require.NoError(t, ferrytest.RunRoute(t, route, msg.Copy(), ferrytest.RunConfig{Ledger: ledger}))
 	}
 	require.Equal(t, int32(1), runs.Load(), "the second delivery is a duplicate")
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM processed_messages WHERE consumer = 'billing.record'`).Scan(&n))
-	require.Equal(t, 1, n)
+	left, err := ledger.Unprocessed(context.Background(), route.Name, []string{msg.UUID, "other"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"other"}, left, "the ledger holds the one delivery it ran")
+}
+
+// RequireHandled waits for every sent event to be in its handler's ledger
+// or poison store, and says what is missing when one is in neither.
+func TestRequireHandledWantsTheLedgerOrThePoisonStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	tbl := pipelinetest.OutboxTable(t)
+	pipelinetest.InsertOutbox(t, pool, tbl,
+		pipelinetest.OutboxRow{MessageUUID: "m-1", AggregateID: "a", Topic: "invoice.issued", Dispatched: true},
+		pipelinetest.OutboxRow{MessageUUID: "m-2", AggregateID: "a", Topic: "invoice.issued", Dispatched: true},
+		// Another topic's event, which this handler does not owe.
+		pipelinetest.OutboxRow{MessageUUID: "m-3", AggregateID: "a", Topic: "other.topic", Dispatched: true})
+	routes := []handlers.Route{{Name: "billing.record", Topic: "invoice.issued"}}
+	requireHandled := func() string {
+		rec := &fatalRecorder{TB: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			ferrytest.RequireHandled(rec, pool, routes, 300*time.Millisecond)
+		}()
+		<-done
+		return rec.msg
+	}
+	require.Contains(t, requireHandled(), "billing.record: 2 event(s) on invoice.issued not handled")
+
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	_, err = ledger.Once(ctx, "billing.record", "m-1", nil, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m-2", Topic: "invoice.issued", Handler: "other.handler"})
+	require.Contains(t, requireHandled(), "billing.record: 1 event(s) on invoice.issued not handled", "another handler's poisoning is not this one's")
+
+	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m-2", Topic: "invoice.issued", Handler: "billing.record"})
+	require.Empty(t, requireHandled())
 }
 
 // fatalRecorder keeps what a helper's Fatalf says and ends the helper's

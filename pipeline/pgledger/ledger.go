@@ -50,6 +50,7 @@ type Ledger struct {
 	digestSQL  string
 	batchSQL   string
 	digestsSQL string
+	missingSQL string
 }
 
 // New returns a Ledger over pool.
@@ -74,6 +75,8 @@ func New(pool *pgxpool.Pool, cfg Config, logger *slog.Logger) (*Ledger, error) {
 			SELECT $1, m.id, m.digest FROM unnest($2::text[], $3::bytea[]) AS m(id, digest)
 			ON CONFLICT DO NOTHING RETURNING message_id`,
 		digestsSQL: `SELECT message_id, payload_sha256 FROM ` + t + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+		missingSQL: `SELECT m.id FROM unnest($2::text[]) WITH ORDINALITY AS m(id, n)
+			WHERE NOT EXISTS (SELECT 1 FROM ` + t + ` p WHERE p.consumer = $1 AND p.message_id = m.id) ORDER BY m.n`,
 	}, nil
 }
 
@@ -236,6 +239,17 @@ func (l *Ledger) Processed(ctx context.Context, consumer, messageID string) (boo
 		return false, fmt.Errorf("looking up message %s for %s: %w", messageID, consumer, err)
 	}
 	return true, nil
+}
+
+// Unprocessed returns the ids of messageIDs that consumer has not
+// processed, in their order: one statement for a set (a test waiting for
+// its events to be handled, a tool comparing what was sent).
+func (l *Ledger) Unprocessed(ctx context.Context, consumer string, messageIDs []string) ([]string, error) {
+	rows, err := l.pool.Query(ctx, l.missingSQL, consumer, messageIDs)
+	if err != nil {
+		return nil, fmt.Errorf("looking up %d message(s) for %s: %w", len(messageIDs), consumer, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // OnceBatch is Once for many messages of one consumer: one transaction

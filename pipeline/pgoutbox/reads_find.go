@@ -122,6 +122,20 @@ func (t Table) Intents(ctx context.Context, q Reader, aggregateID string, ids []
 	return out, nil
 }
 
+// SentMessageIDs returns, in id order, the message ids of topic's
+// dispatched rows as consumers key their ledger by them: a durable retry's
+// or requeue's original id (pipeline.MetaMessageID), else the row's UUID,
+// else its id. For tests and tools that ask whether every sent message was
+// handled (pgledger's Unprocessed, pgpoison's NotPoisoned).
+func (t Table) SentMessageIDs(ctx context.Context, q Reader, topic string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT coalesce(o.headers->>'`+pipeline.MetaMessageID+`', o.message_uuid, o.id::text)
+		FROM `+t.View(StateDispatched)+` o WHERE o.topic = $1 ORDER BY o.id`, topic)
+	if err != nil {
+		return nil, fmt.Errorf("reading the message ids sent on %s: %w", topic, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // WaitingRetries returns the durable retries still pending of the
 // messages with these ids (the retry row carries the original message's
 // id as its own), in id order.

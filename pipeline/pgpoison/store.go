@@ -352,6 +352,18 @@ func Depth(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
 	return out, rows.Err()
 }
 
+// NotPoisoned returns the ids of messageIDs that handler has not
+// poisoned, in their order (see pgledger's Unprocessed: together they say
+// which sent messages a handler has not dealt with yet).
+func NotPoisoned(ctx context.Context, pool *pgxpool.Pool, handler string, messageIDs []string) ([]string, error) {
+	rows, err := pool.Query(ctx, `SELECT m.id FROM unnest($2::text[]) WITH ORDINALITY AS m(id, n)
+		WHERE NOT EXISTS (SELECT 1 FROM `+Table+` x WHERE x.handler = $1 AND x.message_id = m.id) ORDER BY m.n`, handler, messageIDs)
+	if err != nil {
+		return nil, fmt.Errorf("looking up %d message(s) in the poison store of %s: %w", len(messageIDs), handler, err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // ArchiveTable keeps discarded messages (migration 00023) for Undo.
 const ArchiveTable = "ferry_poison_archive"
 
