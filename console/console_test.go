@@ -10,6 +10,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,6 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/console"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -67,17 +70,22 @@ func setupWith(t *testing.T, f func(*console.Config)) (*httptest.Server, *pgxpoo
 	mux.Handle("/console/", c)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	ctx := context.Background()
 	// Three of one group, a hostile one, and a huge one.
-	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, aggregate_id, payload, reason)
-		SELECT 'm' || g, 'stripe.charge', 'payments.charge', 'order-' || g, convert_to('{"order_id":' || g || '}', 'UTF8'),
-		       'gave up after 5 attempts: charging order ' || g || ': payment provider answered 503 from 10.0.0.' || g FROM generate_series(1, 3) g`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason, headers) VALUES
-		('evil', 'mail.send', 'notifications.mail', convert_to('{"x":"</pre><script>alert(1)</script>"}', 'UTF8'),
-		 E'<script>alert(1)</script> \x1b[31m owned \u202e txt', '{"<img src=x onerror=alert(1)>":"<b>x</b>"}'),
-		('huge', 'mail.send', 'notifications.mail', convert_to(repeat('A', 1000000), 'UTF8'), repeat('r', 20000), '{}')`)
-	require.NoError(t, err)
+	for g := 1; g <= 3; g++ {
+		pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{
+			MessageID: fmt.Sprint("m", g), Topic: "stripe.charge", Handler: "payments.charge", AggregateID: fmt.Sprint("order-", g),
+			Payload: fmt.Sprintf(`{"order_id":%d}`, g),
+			Reason:  fmt.Sprintf("gave up after 5 attempts: charging order %d: payment provider answered 503 from 10.0.0.%d", g, g),
+		})
+	}
+	pipelinetest.InsertPoison(t, pool,
+		pipelinetest.PoisonRow{
+			MessageID: "evil", Topic: "mail.send", Handler: "notifications.mail", Payload: `{"x":"</pre><script>alert(1)</script>"}`,
+			Reason: "<script>alert(1)</script> \x1b[31m owned \u202e txt", Headers: map[string]string{"<img src=x onerror=alert(1)>": "<b>x</b>"},
+		},
+		pipelinetest.PoisonRow{
+			MessageID: "huge", Topic: "mail.send", Handler: "notifications.mail", Payload: strings.Repeat("A", 1_000_000), Reason: strings.Repeat("r", 20_000),
+		})
 	return srv, pool
 }
 
@@ -110,8 +118,8 @@ func TestPagesEscapeAndBoundHostileContent(t *testing.T) {
 	require.Contains(t, body, `\x1b[31m`)
 	require.Less(t, len(body), 100_000, "a 20,000-character reason is cut in lists")
 
-	var evil, huge int64
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT (SELECT id FROM poison_messages WHERE message_id = 'evil'), (SELECT id FROM poison_messages WHERE message_id = 'huge')`).Scan(&evil, &huge))
+	evil := pipelinetest.PoisonIDs(t, pool, pgpoison.Filter{MessageID: "evil"})[0]
+	huge := pipelinetest.PoisonIDs(t, pool, pgpoison.Filter{MessageID: "huge"})[0]
 	code, body = get(t, c, srv.URL+"/console/poison/"+itoa(evil))
 	require.Equal(t, 200, code)
 	require.NotContains(t, body, "<script>alert(1)</script>")
@@ -176,9 +184,7 @@ func TestActionsNeedTheTokenAndAreAudited(t *testing.T) {
 	resp, body := post(browser, form, nil)
 	require.Equal(t, 200, resp.StatusCode)
 	require.Contains(t, body, `This will discard <b id="count">3</b> message(s)`)
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
-	require.Equal(t, 5, n, "the confirmation changes nothing")
+	require.Equal(t, 5, pipelinetest.CountPoisoned(t, pool, pgpoison.Filter{}), "the confirmation changes nothing")
 	confirm := between(body, `name="confirm" value="`, `"`)
 	require.NotEmpty(t, confirm)
 	confirmPage := body
@@ -188,17 +194,15 @@ func TestActionsNeedTheTokenAndAreAudited(t *testing.T) {
 	other := url.Values{"action": {"discard"}, "scope": {"filter"}, "handler": {"mail.send"}, "csrf": {csrf}, "confirm": {confirm}}
 	resp, _ = post(browser, other, nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "a confirmation is bound to the selection it was given for")
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
-	require.Equal(t, 5, n)
+	require.Equal(t, 5, pipelinetest.CountPoisoned(t, pool, pgpoison.Filter{}))
 	withConfirmation(form, confirmPage)
 	resp, _ = post(browser, form, nil)
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Contains(t, resp.Header.Get("Location"), "discarded+3")
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
-	require.Equal(t, 2, n)
-	var actor, action, scope string
-	var count int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT actor, action, scope, count FROM ferry_audit_log`).Scan(&actor, &action, &scope, &count))
+	require.Equal(t, 2, pipelinetest.CountPoisoned(t, pool, pgpoison.Filter{}))
+	audit := pipelinetest.Audited(t, pool, "")
+	require.Len(t, audit, 1)
+	actor, action, scope, count := audit[0].Actor, audit[0].Action, audit[0].Scope, audit[0].Count
 	require.Equal(t, "poison.discard", action)
 	require.Equal(t, 3, count)
 	require.Contains(t, scope, "handler=payments.charge")
@@ -276,10 +280,13 @@ func between(s, a, b string) string {
 func TestFailingRowsAreGroupedAndFiltered(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	_, err := pool.Exec(context.Background(), `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
-		SELECT 'a' || g, 'stripe.charge', '{}', g, 'publishing to exchange ' || g || ': NOT_FOUND', now() + interval '1 minute' FROM generate_series(1, 4) g;
-		INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error) VALUES ('b', 'mail.send', '{}', 2, E'<script>x</script> broker \x1b closed')`)
-	require.NoError(t, err)
+	var rows []pipelinetest.OutboxRow
+	for g := 1; g <= 4; g++ {
+		rows = append(rows, pipelinetest.OutboxRow{AggregateID: fmt.Sprint("a", g), Topic: "stripe.charge", Attempts: g,
+			LastError: fmt.Sprintf("publishing to exchange %d: NOT_FOUND", g), AvailableAt: time.Now().Add(time.Minute)})
+	}
+	rows = append(rows, pipelinetest.OutboxRow{AggregateID: "b", Topic: "mail.send", Attempts: 2, LastError: "<script>x</script> broker \x1b closed"})
+	pipelinetest.InsertOutbox(t, pool, testTable, rows...)
 	reader := loggedIn(t, srv)
 	code, body := get(t, reader, srv.URL+"/console/failing")
 	require.Equal(t, 200, code)
@@ -321,9 +328,7 @@ func TestCraftedLinksCannotActOrSpeak(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "an action named twice is refused")
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
-	require.Equal(t, 5, n)
+	require.Equal(t, 5, pipelinetest.CountPoisoned(t, pool, pgpoison.Filter{}))
 
 	for _, ck := range browser.Jar.Cookies(mustURL(t, srv.URL+"/console/")) {
 		exp, sig, _ := strings.Cut(ck.Value, ".")
@@ -352,18 +357,14 @@ func mustURL(t *testing.T, s string) *url.URL {
 func TestPagingReachesEveryPageWithTheFilter(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'p' || g, 'mail.send', CASE WHEN g % 2 = 0 THEN 'paged.even' ELSE 'paged.odd' END, '{}', 'boom ' || g FROM generate_series(1, 240) g`)
-	require.NoError(t, err)
-	var ids []int64
-	rows, err := pool.Query(context.Background(), `SELECT id FROM poison_messages WHERE handler = 'paged.even' ORDER BY id DESC`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id int64
-		require.NoError(t, rows.Scan(&id))
-		ids = append(ids, id)
+	var rows []pipelinetest.PoisonRow
+	for g := 1; g <= 240; g++ {
+		rows = append(rows, pipelinetest.PoisonRow{MessageID: fmt.Sprint("p", g), Topic: "mail.send", Handler: []string{"paged.even", "paged.odd"}[g%2],
+			Reason: fmt.Sprint("boom ", g)})
 	}
-	require.NoError(t, rows.Err())
+	pipelinetest.InsertPoison(t, pool, rows...)
+	ids := pipelinetest.PoisonIDs(t, pool, pgpoison.Filter{Handler: "paged.even"})
+	slices.Reverse(ids)
 	require.Len(t, ids, 120)
 
 	shown := func(body string) []int64 {
@@ -419,13 +420,15 @@ func TestPagingReachesEveryPageWithTheFilter(t *testing.T) {
 func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (message_uuid, aggregate_id, topic, payload, headers, available_at)
-		SELECT 'r' || g, 'o' || g, 'ferry.retry', '{}', jsonb_build_object('ferry_retry_queue', 'notifications.mail', 'ferry_attempt', '2',
-			'ferry_last_error', 'mailing order ' || g || ': SMTP 451 try later'), now() + interval '10 minutes' FROM generate_series(1, 4) g;
-		INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
-		SELECT 'f' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 2) g`)
-	require.NoError(t, err)
+	var rows []pipelinetest.OutboxRow
+	for g := 1; g <= 4; g++ {
+		rows = append(rows, pipelinetest.OutboxRow{MessageUUID: fmt.Sprint("r", g), AggregateID: fmt.Sprint("o", g), Topic: pipeline.RetryTopic,
+			Headers: map[string]string{"ferry_retry_queue": "notifications.mail", "ferry_attempt": "2",
+				"ferry_last_error": fmt.Sprintf("mailing order %d: SMTP 451 try later", g)},
+			AvailableAt: time.Now().Add(10 * time.Minute)})
+	}
+	pipelinetest.InsertOutbox(t, pool, testTable, rows...)
+	pipelinetest.InsertOutbox(t, pool, testTable, failingRows("f", 2)...)
 	browser := loggedIn(t, srv)
 
 	_, overview := get(t, browser, srv.URL+"/console/")
@@ -447,13 +450,12 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	code, body := post(form)
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `<b id="count">4</b>`)
-	var due int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
+	due, _ := dueRows(t, pool, pipeline.RetryTopic)
 	require.Zero(t, due, "the count changes nothing")
 	withConfirmation(form, body)
 	code, _ = post(form)
 	require.Equal(t, http.StatusSeeOther, code)
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'ferry.retry' AND available_at <= now()`).Scan(&due))
+	due, _ = dueRows(t, pool, pipeline.RetryTopic)
 	require.Equal(t, 4, due, "due at once")
 
 	_, failing := get(t, browser, srv.URL+"/console/failing")
@@ -464,16 +466,11 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 	withConfirmation(dform, body)
 	code, _ = post(dform)
 	require.Equal(t, http.StatusSeeOther, code)
-	var left int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'stripe.charge'`).Scan(&left))
-	require.Zero(t, left)
+	due, waiting := dueRows(t, pool, "stripe.charge")
+	require.Zero(t, due+waiting)
 	var actions []string
-	rows, err := pool.Query(ctx, `SELECT action || ' ' || count FROM ferry_audit_log ORDER BY id`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var a string
-		require.NoError(t, rows.Scan(&a))
-		actions = append(actions, a)
+	for _, e := range pipelinetest.Audited(t, pool, "") {
+		actions = append(actions, fmt.Sprint(e.Action, " ", e.Count))
 	}
 	require.Equal(t, []string{"outbox.retrying.retry-now 4", "outbox.failing.discard 2"}, actions)
 }
@@ -542,11 +539,12 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
 	ctx := context.Background()
-	var id, other int64
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+outboxSQL+` (message_uuid, aggregate_id, topic, payload, headers, attempts, last_error, available_at)
-		VALUES ('u-1', 'o-1', 'stripe.charge', '{"amount":5}', '{"tenant_id":"acme"}', 4, 'publishing: `+strings.Repeat("x", 300)+` END', now() + interval '1 hour') RETURNING id`).Scan(&id))
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
-		VALUES ('o-2', 'stripe.charge', '{}', 4, 'publishing: same', now() + interval '1 hour') RETURNING id`).Scan(&other))
+	inAnHour := time.Now().Add(time.Hour)
+	ids := pipelinetest.InsertOutbox(t, pool, testTable,
+		pipelinetest.OutboxRow{MessageUUID: "u-1", AggregateID: "o-1", Topic: "stripe.charge", Payload: `{"amount":5}`, Headers: map[string]string{"tenant_id": "acme"},
+			Attempts: 4, LastError: "publishing: " + strings.Repeat("x", 300) + " END", AvailableAt: inAnHour},
+		pipelinetest.OutboxRow{AggregateID: "o-2", Topic: "stripe.charge", Attempts: 4, LastError: "publishing: same", AvailableAt: inAnHour})
+	id, other := ids[0], ids[1]
 	browser := loggedIn(t, srv)
 
 	_, list := get(t, browser, srv.URL+"/console/failing")
@@ -562,11 +560,11 @@ func TestFailingRowDetailAndItsActions(t *testing.T) {
 	withConfirmation(form, body)
 	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", form)
 	require.Equal(t, http.StatusSeeOther, code)
-	var due, otherDue bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM `+outboxSQL+` WHERE id = $1`, id).Scan(&due))
-	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at <= now() FROM `+outboxSQL+` WHERE id = $1`, other).Scan(&otherDue))
-	require.True(t, due, "the row is due now")
-	require.False(t, otherDue, "only the row acted on")
+	rows, err := testTable.Rows(ctx, pool, pgoutbox.RowFilter{IDs: []int64{id, other}})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	require.False(t, rows[0].AvailableAt.After(time.Now()), "the row is due now")
+	require.True(t, rows[1].AvailableAt.After(time.Now()), "only the row acted on")
 	code, _ = get(t, browser, srv.URL+"/console/failing/999999")
 	require.Equal(t, http.StatusNotFound, code)
 }
@@ -583,11 +581,8 @@ func TestPoisonDetailActsOnItsMessage(t *testing.T) {
 	require.Contains(t, body, `<b id="count">1</b>`)
 	withConfirmation(form, body)
 	postForm(t, browser, srv.URL+"/console/actions", form)
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages WHERE id = 2`).Scan(&n))
-	require.Zero(t, n)
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM poison_messages`).Scan(&n))
-	require.Equal(t, 4, n, "the others stay")
+	require.NotContains(t, pipelinetest.PoisonIDs(t, pool, pgpoison.Filter{}), int64(2))
+	require.Equal(t, 4, pipelinetest.CountPoisoned(t, pool, pgpoison.Filter{}), "the others stay")
 }
 
 // postForm posts form as the browser c would and returns the status and
@@ -683,24 +678,26 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	t.Parallel()
 	const capRows = console.MaxActionRows + 200
 	srv, pool := setupWith(t, func(c *console.Config) { c.MaxBackgroundRows = capRows })
-	ctx := context.Background()
 	insert := func(from, to int) {
 		t.Helper()
-		_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-			SELECT 'bulk-' || g, 'bulk.topic', 'bulk.handler', '\x7b7d'::bytea, 'bulk failure ' || g FROM generate_series($1::int, $2::int) g`, from, to)
-		require.NoError(t, err)
+		var rows []pipelinetest.PoisonRow
+		for g := from; g <= to; g++ {
+			rows = append(rows, pipelinetest.PoisonRow{MessageID: fmt.Sprint("bulk-", g), Topic: "bulk.topic", Handler: "bulk.handler", Reason: fmt.Sprint("bulk failure ", g)})
+		}
+		pipelinetest.InsertPoison(t, pool, rows...)
 	}
 	left := func() (n int, first string) {
 		t.Helper()
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(min(message_id) FILTER (WHERE id = (SELECT min(id) FROM poison_messages WHERE handler = 'bulk.handler')), '')
-			FROM poison_messages WHERE handler = 'bulk.handler'`).Scan(&n, &first))
-		return n, first
+		left := pipelinetest.Poisoned(t, pool, pgpoison.Filter{Handler: "bulk.handler"})
+		if len(left) > 0 {
+			first = left[0].MessageID
+		}
+		return len(left), first
 	}
 	insert(1, capRows+5)
 	browser := loggedIn(t, srv)
 	_, page := get(t, browser, srv.URL+"/console/poison?handler=bulk.handler")
-	var fp string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT fingerprint FROM poison_messages WHERE message_id = 'bulk-1'`).Scan(&fp))
+	fp := pipelinetest.Poisoned(t, pool, pgpoison.Filter{MessageID: "bulk-1"})[0].Fingerprint
 	form := url.Values{"csrf": {between(page, `name="csrf" value="`, `"`)}, "action": {"discard"}, "scope": {"group"}, "fingerprint": {fp}, "handler": {"bulk.handler"}}
 	code, body := postForm(t, browser, srv.URL+"/console/actions", form)
 	require.Equal(t, http.StatusOK, code, body)
@@ -733,8 +730,12 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	n, _ = left()
 	require.Equal(t, 10, n, "nothing was done a second time")
 
-	var entries, ids int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(jsonb_array_length(detail->'ids')), 0) FROM ferry_audit_log WHERE action = 'poison.discard'`).Scan(&entries, &ids))
+	discards := pipelinetest.Audited(t, pool, "poison.discard")
+	entries, ids := len(discards), 0
+	for _, e := range discards {
+		listed, _ := e.Detail["ids"].([]any)
+		ids += len(listed)
+	}
 	require.Equal(t, capRows, ids, "the audit keeps every id discarded")
 	require.Equal(t, 3, entries, "one entry per page of 500, each in its page's transaction")
 
@@ -752,23 +753,18 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	require.Equal(t, http.StatusConflict, code, "an undo works once")
 
 	// The same for outbox rows: failing rows confirmed, more fail, the click.
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
-		SELECT 'f' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 3) g`)
-	require.NoError(t, err)
+	pipelinetest.InsertOutbox(t, pool, testTable, failingRows("f", 3)...)
 	_, failing := get(t, browser, srv.URL+"/console/failing")
 	oform := url.Values{"csrf": {between(failing, `name="csrf" value="`, `"`)}, "kind": {"failing"}, "action": {"retry-now"}, "scope": {"group"},
 		"fingerprint": {html.UnescapeString(between(failing, `name="fingerprint" value="`, `"`))}}
 	code, body = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, `<b id="count">3</b>`)
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, attempts, last_error, available_at)
-		SELECT 'g' || g, 'stripe.charge', '{}', 3, 'publishing to exchange x: NOT_FOUND', now() + interval '10 minutes' FROM generate_series(1, 2) g`)
-	require.NoError(t, err)
+	pipelinetest.InsertOutbox(t, pool, testTable, failingRows("g", 2)...)
 	withConfirmation(oform, body)
 	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
 	require.Equal(t, http.StatusSeeOther, code)
-	var due, waiting int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE available_at <= now()), count(*) FILTER (WHERE available_at > now()) FROM `+outboxSQL+` WHERE topic = 'stripe.charge'`).Scan(&due, &waiting))
+	due, waiting := dueRows(t, pool, "stripe.charge")
 	require.Equal(t, 3, due, "the three confirmed are due")
 	require.Equal(t, 2, waiting, "the two that failed after the confirmation wait for one of their own")
 	code, _ = postForm(t, browser, srv.URL+"/console/outbox-actions", oform)
@@ -790,10 +786,8 @@ func TestLoggingOutEndsTheSessionAndTokensAreTheSessions(t *testing.T) {
 	mux.Handle("/console/", c)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	ctx := context.Background()
-	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'm' || g, 't', 'h', '\x7b7d'::bytea, 'provider said no' FROM generate_series(1, 3) g`)
-	require.NoError(t, err)
+	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{Reason: "provider said no"}, pipelinetest.PoisonRow{Reason: "provider said no"},
+		pipelinetest.PoisonRow{Reason: "provider said no"})
 
 	login := func(email string) (*http.Client, string) {
 		t.Helper()
@@ -813,8 +807,7 @@ func TestLoggingOutEndsTheSessionAndTokensAreTheSessions(t *testing.T) {
 	bob, bobCSRF := login("bob@example.com")
 	require.NotEqual(t, aliceCSRF, bobCSRF, "each session has its own form token")
 
-	var id int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT min(id) FROM poison_messages`).Scan(&id))
+	id := pipelinetest.PoisonIDs(t, pool, pgpoison.Filter{})[0]
 	form := url.Values{"csrf": {aliceCSRF}, "action": {"discard"}, "scope": {"selected"}, "id": {strconv.FormatInt(id, 10)}}
 	code, body := postForm(t, alice, srv.URL+"/console/actions", form)
 	require.Equal(t, http.StatusOK, code, body)
@@ -839,9 +832,7 @@ func TestLoggingOutEndsTheSessionAndTokensAreTheSessions(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, code)
 	code, _ = postForm(t, kept, srv.URL+"/console/actions", form)
 	require.Equal(t, http.StatusUnauthorized, code, "the session ended on the server")
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM poison_messages`).Scan(&n))
-	require.Equal(t, 3, n, "nothing was discarded after logging out")
+	require.Equal(t, 3, pipelinetest.CountPoisoned(t, pool, pgpoison.Filter{}), "nothing was discarded after logging out")
 
 	// Bob's own confirmation works, and the audit names him.
 	bobForm = url.Values{"csrf": {bobCSRF}, "action": {"discard"}, "scope": {"selected"}, "id": {strconv.FormatInt(id, 10)}}
@@ -849,9 +840,9 @@ func TestLoggingOutEndsTheSessionAndTokensAreTheSessions(t *testing.T) {
 	withConfirmation(bobForm, body)
 	code, _ = postForm(t, bob, srv.URL+"/console/actions", bobForm)
 	require.Equal(t, http.StatusSeeOther, code)
-	var actor string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT actor FROM ferry_audit_log WHERE action = 'poison.discard'`).Scan(&actor))
-	require.Contains(t, actor, "bob@example.com")
+	discards := pipelinetest.Audited(t, pool, "poison.discard")
+	require.Len(t, discards, 1)
+	require.Contains(t, discards[0].Actor, "bob@example.com")
 }
 
 // The search page finds a message across the stores by aggregate, message
