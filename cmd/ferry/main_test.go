@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,17 +14,23 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/ferrytest"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -301,19 +308,10 @@ func TestPoisonAndStatusCommands(t *testing.T) {
 	t.Setenv("FERRY_AMQP_NAMESPACE", pipelinetest.UniqueName("ferrytest.")+".")
 	pool := pipelinetest.Pool(t, schema, "ferry-test-cli")
 	hostile := "\x1b[2J\x1b[31mowned\u202etxt.exe " + strings.Repeat("x", 5000)
-	_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason, headers)
-		VALUES ($1, 'mail.send', 'notifications.mail', '{"a":1}', $1, '{"ferry_error_history":"[{\"attempt\":1,\"at\":\"t\",\"error\":\"first\"}]"}'),
-		       ('plain', 'mail.send', 'notifications.mail', 'raw bytes', 'boom', '{}')`, hostile)
-	require.NoError(t, err)
-	var ids []int64
-	rows, err := pool.Query(context.Background(), `SELECT id FROM poison_messages ORDER BY id`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id int64
-		require.NoError(t, rows.Scan(&id))
-		ids = append(ids, id)
-	}
-	require.Len(t, ids, 2)
+	ids := pipelinetest.InsertPoison(t, pool,
+		pipelinetest.PoisonRow{MessageID: hostile, Topic: "mail.send", Handler: "notifications.mail", Payload: `{"a":1}`, Reason: hostile,
+			Headers: map[string]string{"ferry_error_history": `[{"attempt":1,"at":"t","error":"first"}]`}},
+		pipelinetest.PoisonRow{MessageID: "plain", Topic: "mail.send", Handler: "notifications.mail", Payload: "raw bytes", Reason: "boom"})
 
 	cmd := func(args ...string) (int, string, string) {
 		var out, errOut strings.Builder
@@ -418,10 +416,11 @@ func TestShadowReportAndBackfillCommands(t *testing.T) {
 	t.Setenv("FERRY_SHADOW_TOPICS", "mail.send")
 	pool := pipelinetest.Pool(t, schema, "ferry-test-cli")
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, shadowed, dispatched_at)
-		VALUES ('m1', 'o-1', 'mail.send', '{}', true, now()), ('m2', 'o-2', 'mail.send', '{}', true, now());
-		INSERT INTO ferry_legacy_effects (topic, aggregate_id) VALUES ('mail.send', 'o-2'), ('mail.send', 'o-3')`)
-	require.NoError(t, err)
+	tbl := pipelinetest.OutboxTable(t)
+	pipelinetest.InsertOutbox(t, pool, tbl,
+		pipelinetest.OutboxRow{MessageUUID: "m1", AggregateID: "o-1", Topic: "mail.send", Shadowed: true, Dispatched: true},
+		pipelinetest.OutboxRow{MessageUUID: "m2", AggregateID: "o-2", Topic: "mail.send", Shadowed: true, Dispatched: true})
+	recordLegacy(t, pool, "o-2", "o-3")
 	cmd := func(args ...string) (int, string, string) {
 		var out, errOut strings.Builder
 		code := run(args, &out, &errOut)
@@ -444,18 +443,18 @@ func TestShadowReportAndBackfillCommands(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.False(t, rep.Agree)
 	require.Equal(t, 1, rep.Topics[0].Matched)
-	_, err = pool.Exec(ctx, `INSERT INTO ferry_legacy_effects (topic, aggregate_id) VALUES ('mail.send', 'o-1');
-		INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, headers) VALUES ('m3', 'o-3', 'mail.send', '{}', '{"shadow_mode":"true"}')`)
-	require.NoError(t, err)
+	recordLegacy(t, pool, "o-1")
+	pipelinetest.InsertOutbox(t, pool, tbl,
+		pipelinetest.OutboxRow{MessageUUID: "m3", AggregateID: "o-3", Topic: "mail.send", Headers: map[string]string{pipeline.MetaShadow: "true"}})
 	code, out, _ = cmd("shadow", "report", "--topic", "mail.send")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "agree")
 
-	_, err = pool.Exec(ctx, `CREATE TABLE signups (id int, welcomed bool); INSERT INTO signups SELECT g, false FROM generate_series(1, 12) g`)
+	_, err := pool.Exec(ctx, `CREATE TABLE signups (id int, welcomed bool); INSERT INTO signups SELECT g, false FROM generate_series(1, 12) g`)
 	require.NoError(t, err)
 	q := `SELECT id AS aggregate_id, json_build_object('user_id', id) AS payload FROM signups WHERE NOT welcomed`
-	var before int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&before))
+	before, err := tbl.Rows(ctx, pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
 	code, out, _ = cmd("backfill", "--name", "welcome", "--topic", "mail.welcome", "--query", q, "--spread", "30m")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "would write 12 intent(s) (dry run: nothing written")
@@ -469,9 +468,20 @@ func TestShadowReportAndBackfillCommands(t *testing.T) {
 		require.Equal(t, 0, code, out)
 	}
 	require.Contains(t, out, `"already_written": 12`)
-	var after int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&after))
-	require.Equal(t, before+12, after, "twice --apply, each intent once")
+	after, err := tbl.Rows(ctx, pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	require.Len(t, after, len(before)+12, "twice --apply, each intent once")
+}
+
+// recordLegacy records the legacy system's mail.send effects on these
+// aggregates, as its code does (shadow.RecordLegacy).
+func recordLegacy(t *testing.T, pool *pgxpool.Pool, aggregates ...string) {
+	t.Helper()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	for _, a := range aggregates {
+		require.NoError(t, shadow.RecordLegacy(context.Background(), db, "mail.send", a))
+	}
 }
 
 // The edge cases of configuration an operator met: each refused at start,
@@ -594,11 +604,15 @@ func TestStatusShowsDurableRetries(t *testing.T) {
 	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
 	t.Setenv("FERRY_AMQP_URL", pipelinetest.AMQPURL())
 	pool := pipelinetest.Pool(t, schema, "ferry-test-cli-retry")
-	_, err := pool.Exec(context.Background(), `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, headers, available_at)
-		SELECT 'm' || g, 'o' || g, 'ferry.retry', '{}', jsonb_build_object('ferry_retry_queue', 'notifications.mail', 'ferry_attempt', '3',
-			'ferry_last_error', 'mailing order ' || g || ': SMTP RCPT TO: 451 try again later', 'ferry_first_failed_at', '2026-12-03T10:00:00Z'),
-			now() + interval '1 minute' FROM generate_series(1, 35) g`)
-	require.NoError(t, err)
+	var rows []pipelinetest.OutboxRow
+	for g := 1; g <= 35; g++ {
+		rows = append(rows, pipelinetest.OutboxRow{MessageUUID: fmt.Sprint("m", g), AggregateID: fmt.Sprint("o", g), Topic: pipeline.RetryTopic,
+			Headers: map[string]string{"ferry_retry_queue": "notifications.mail", "ferry_attempt": "3",
+				"ferry_last_error":      fmt.Sprintf("mailing order %d: SMTP RCPT TO: 451 try again later", g),
+				"ferry_first_failed_at": "2026-12-03T10:00:00Z"},
+			AvailableAt: time.Now().Add(time.Minute)})
+	}
+	pipelinetest.InsertOutbox(t, pool, pipelinetest.OutboxTable(t), rows...)
 	var out, errOut strings.Builder
 	require.Equal(t, 3, run([]string{"status"}, &out, &errOut), errOut.String())
 	require.Contains(t, out.String(), "durable retries: 35 message(s) waiting for their handler")
@@ -634,10 +648,13 @@ func TestPoisonListTotalsFiltersWidthAndJSON(t *testing.T) {
 	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
 	t.Setenv("FERRY_DATABASE_SCHEMA", schema)
 	pool := pipelinetest.Pool(t, schema, "ferry-test-cli-list")
-	_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason, correlation_id, headers)
-		SELECT 'm' || g, 'mail.send', 'notifications.mail', convert_to('{"n":' || g || '}', 'UTF8'), repeat('long reason ', 30), 'corr-' || (g % 2),
-			'{"ferry_error_history":"[{\"attempt\":1,\"at\":\"t\",\"error\":\"first\"}]"}' FROM generate_series(1, 7) g`)
-	require.NoError(t, err)
+	var rows []pipelinetest.PoisonRow
+	for g := 1; g <= 7; g++ {
+		rows = append(rows, pipelinetest.PoisonRow{MessageID: fmt.Sprint("m", g), Topic: "mail.send", Handler: "notifications.mail",
+			Payload: fmt.Sprintf(`{"n":%d}`, g), Reason: strings.Repeat("long reason ", 30), CorrelationID: fmt.Sprint("corr-", g%2),
+			Headers: map[string]string{"ferry_error_history": `[{"attempt":1,"at":"t","error":"first"}]`}})
+	}
+	pipelinetest.InsertPoison(t, pool, rows...)
 	cmd := func(args ...string) (int, string) {
 		var out, errOut strings.Builder
 		code := run(args, &out, &errOut)
