@@ -9,10 +9,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
@@ -56,18 +58,21 @@ func TestStoreRoundTrip(t *testing.T) {
 	require.Len(t, res.Requeued, 2, "payloads go back byte for byte, JSON or not")
 	require.Empty(t, res.Skipped)
 
-	var topic string
-	var headers map[string]string
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT topic, headers FROM outbox WHERE message_uuid = $1`, res.MessageIDs[0]).Scan(&topic, &headers))
+	tbl := pipelinetest.OutboxTable(t)
+	back, err := tbl.Rows(context.Background(), pool, pgoutbox.RowFilter{MessageID: res.MessageIDs[0]})
+	require.NoError(t, err)
+	require.Len(t, back, 1)
+	topic, headers := back[0].Topic, back[0].Headers
 	require.Equal(t, "a.topic", topic)
 	require.Equal(t, "1", headers[pipeline.MetaMessageID], "the message keeps its id")
 	require.NotContains(t, headers, pipeline.MetaAttempt, "the attempt count is reset")
 	require.NotContains(t, headers, wmw.ReasonForPoisonedKey)
 	require.Equal(t, "corr", headers[pipeline.MetaCorrelationID])
 
-	var raw []byte
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT payload_raw FROM outbox WHERE topic = 'b.topic'`).Scan(&raw))
-	require.Equal(t, all[1].Payload, raw, "the non-JSON payload is back in the outbox byte for byte")
+	back, err = tbl.Rows(context.Background(), pool, pgoutbox.RowFilter{Topic: "b.topic"})
+	require.NoError(t, err)
+	require.Len(t, back, 1)
+	require.Equal(t, all[1].Payload, back[0].Payload, "the non-JSON payload is back in the outbox byte for byte")
 
 	left, err := store.List(context.Background(), "", 0)
 	require.NoError(t, err)
@@ -100,9 +105,7 @@ func TestRequeueSkipsWhatCannotBeStoredAndDryRunAgrees(t *testing.T) {
 	require.Len(t, dry.Requeued, 3)
 	require.Len(t, dry.Skipped, 1)
 	require.Contains(t, dry.Skipped[0].Why, "message has no UUID")
-	var outbox int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&outbox))
-	require.Zero(t, outbox, "a dry run writes nothing")
+	require.Empty(t, outboxRows(t, pool), "a dry run writes nothing")
 
 	res, err := store.Requeue(context.Background(), pgpoison.Selector{Topic: "a.topic"}, pgpoison.Run{Actor: "test"})
 	require.NoError(t, err)
@@ -126,9 +129,11 @@ func TestRequeueSkipsWhatCannotBeStoredAndDryRunAgrees(t *testing.T) {
 func TestEachPagesByID(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
-	_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'm' || g, CASE WHEN g % 2 = 0 THEN 'even' ELSE 'odd' END, 'h', '\x7b7d'::bytea, 'r' FROM generate_series(1, 1234) g`)
-	require.NoError(t, err)
+	var rows []pipelinetest.PoisonRow
+	for g := 1; g <= 1234; g++ {
+		rows = append(rows, pipelinetest.PoisonRow{Topic: []string{"even", "odd"}[g%2], Reason: "r"})
+	}
+	pipelinetest.InsertPoison(t, pool, rows...)
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
 	var ids []int64
@@ -212,8 +217,7 @@ func TestFingerprintsSeparateWhatDiffers(t *testing.T) {
 		`mailing order 5: SMTP DATA: 452 4.3.1 insufficient storage`,
 	}
 	for i, r := range reasons {
-		_, err := pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ($1, 't', 'h', '{}', $2)`, fmt.Sprint(i), r)
-		require.NoError(t, err)
+		pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: fmt.Sprint(i), Reason: r})
 	}
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
@@ -250,15 +254,12 @@ func TestActionAndItsAuditCommitTogether(t *testing.T) {
 	gone, err := store.Discard(ctx, pgpoison.Selector{IDs: []int64{all[0].ID, all[1].ID}}, pgpoison.Run{Actor: "ops@test"})
 	require.NoError(t, err)
 	require.Len(t, gone, 2)
-	var actor, action string
-	var count int
-	var ids []int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT actor, action, count, ARRAY(SELECT jsonb_array_elements_text(detail->'ids')::bigint) FROM ferry_audit_log`).
-		Scan(&actor, &action, &count, &ids))
-	require.Equal(t, "ops@test", actor)
-	require.Equal(t, "poison.discard", action)
-	require.Equal(t, 2, count)
-	require.Equal(t, []int64{all[0].ID, all[1].ID}, ids, "the audit keeps the ids")
+	audit := pipelinetest.Audited(t, pool, "")
+	require.Len(t, audit, 1)
+	require.Equal(t, "ops@test", audit[0].Actor)
+	require.Equal(t, "poison.discard", audit[0].Action)
+	require.Equal(t, 2, audit[0].Count)
+	require.Equal(t, []any{float64(all[0].ID), float64(all[1].ID)}, audit[0].Detail["ids"], "the audit keeps the ids")
 
 	// The audit log refuses writes: the requeue is rolled back with it.
 	_, err = pool.Exec(ctx, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$;
@@ -269,9 +270,15 @@ func TestActionAndItsAuditCommitTogether(t *testing.T) {
 	left, err := store.List(ctx, "", 0)
 	require.NoError(t, err)
 	require.Len(t, left, 1, "the message is still poisoned: no action without its audit")
-	var outbox int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&outbox))
-	require.Zero(t, outbox, "nothing was requeued")
+	require.Empty(t, outboxRows(t, pool), "nothing was requeued")
+}
+
+// outboxRows is every row of the test's outbox.
+func outboxRows(t *testing.T, pool *pgxpool.Pool) []pgoutbox.Row {
+	t.Helper()
+	rows, err := pipelinetest.OutboxTable(t).Rows(context.Background(), pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	return rows
 }
 
 // A discard is undoable: its messages wait in the archive under the run's
@@ -306,9 +313,7 @@ func TestADiscardCanBeUndoneUntilItsRetention(t *testing.T) {
 	archived, err := store.Archived(ctx, "run-one")
 	require.NoError(t, err)
 	require.Equal(t, 2, archived)
-	var runInAudit string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT detail->>'run' FROM ferry_audit_log WHERE action = 'poison.discard' ORDER BY id LIMIT 1`).Scan(&runInAudit))
-	require.Equal(t, "run-one", runInAudit, "the audit entry names the run to undo")
+	require.Equal(t, "run-one", pipelinetest.Audited(t, pool, "poison.discard")[0].Detail["run"], "the audit entry names the run to undo")
 
 	res, err := store.Undo(ctx, "run-one", "test")
 	require.NoError(t, err)
@@ -322,9 +327,7 @@ func TestADiscardCanBeUndoneUntilItsRetention(t *testing.T) {
 	n, err = store.Count(ctx, pgpoison.Filter{})
 	require.NoError(t, err)
 	require.Equal(t, 4, n, "only run-one came back")
-	var undoCount int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count FROM ferry_audit_log WHERE action = 'poison.undo'`).Scan(&undoCount))
-	require.Equal(t, 2, undoCount)
+	require.Equal(t, 2, pipelinetest.Audited(t, pool, "poison.undo")[0].Count)
 	_, err = store.Undo(ctx, "run-one", "test")
 	require.ErrorIs(t, err, pgpoison.ErrNothingToUndo)
 
