@@ -36,17 +36,12 @@ func TestDurableRetryWritesTheNextAttemptIntoTheOutbox(t *testing.T) {
 		return func(*message.Message) ([]*message.Message, error) { return nil, err }
 	}
 	retries := func() (n int, attempt, queue, id string, due time.Duration) {
-		rows, err := pool.Query(ctx, `SELECT headers->>$2, headers->>$3, headers->>$4, extract(epoch FROM available_at - now())
-			FROM outbox WHERE topic = $1 ORDER BY id DESC`, pipeline.RetryTopic, pipeline.MetaAttempt, pipeline.MetaRetryQueue, pipeline.MetaMessageID)
+		rows, err := pipelinetest.OutboxTable(t).Rows(ctx, pool, pgoutbox.RowFilter{Topic: pipeline.RetryTopic})
 		require.NoError(t, err)
-		defer rows.Close()
-		for rows.Next() {
-			var secs float64
-			if n == 0 {
-				require.NoError(t, rows.Scan(&attempt, &queue, &id, &secs))
-				due = time.Duration(secs * float64(time.Second))
-			}
-			n++
+		if n = len(rows); n > 0 {
+			newest := rows[n-1]
+			attempt, queue, id = newest.Headers[pipeline.MetaAttempt], newest.Headers[pipeline.MetaRetryQueue], newest.Headers[pipeline.MetaMessageID]
+			due = time.Until(newest.AvailableAt)
 		}
 		return
 	}

@@ -80,9 +80,7 @@ func TestRelayModeCDCCommands(t *testing.T) {
 		return active
 	}, 30*time.Second, 50*time.Millisecond, "the CDC relay never streamed its slot: %s", relayErr.String())
 
-	var id int64
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a-1', 'cdc.cli', '{"n":1}') RETURNING id`).Scan(&id))
+	id := pipelinetest.InsertOutbox(t, pool, pgoutbox.Table{}, pipelinetest.OutboxRow{AggregateID: "a-1", Topic: "cdc.cli", Payload: `{"n":1}`})[0]
 	require.Eventually(t, func() bool {
 		rows, _ := pgoutbox.Table{}.Rows(context.Background(), pool, pgoutbox.RowFilter{IDs: []int64{id}})
 		return len(rows) == 1 && rows[0].Dispatched

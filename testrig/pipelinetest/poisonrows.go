@@ -3,10 +3,12 @@ package pipelinetest
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
@@ -33,37 +35,57 @@ type PoisonRow struct {
 	PoisonedAt time.Time
 }
 
-// InsertPoison writes rows into the poison store and returns their ids, in
-// order. A row without MessageID gets "m<i>" (its index in rows).
-func InsertPoison(t testing.TB, q RowWriter, rows ...PoisonRow) []int64 {
+// InsertPoison writes rows into the poison store, in one statement, and
+// returns their ids, in order. A row without MessageID gets "m<i>" (its
+// index in rows).
+func InsertPoison(t testing.TB, q RowQuerier, rows ...PoisonRow) []int64 {
 	t.Helper()
-	ids := make([]int64, len(rows))
+	n := len(rows)
+	var (
+		messageIDs, topics, handlers, aggregates = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		payloads, headers, reasons, correlations = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		permanent                                = make([]bool, n)
+		attempts                                 = make([]int, n)
+		at                                       = make([]*time.Time, n)
+	)
 	for i, r := range rows {
-		headers := []byte("{}")
+		h := []byte("{}")
 		if r.Headers != nil {
 			var err error
-			if headers, err = json.Marshal(r.Headers); err != nil {
+			if h, err = json.Marshal(r.Headers); err != nil {
 				t.Fatal(err)
 			}
 		}
-		r.MessageID = or(r.MessageID, "m"+strconv.Itoa(i))
-		attempts := r.Attempts
-		if attempts == 0 {
-			attempts = 1
-		}
-		err := q.QueryRow(context.Background(), `INSERT INTO `+pgpoison.Table+`
+		messageIDs[i], topics[i], handlers[i], aggregates[i] = or(r.MessageID, "m"+strconv.Itoa(i)), or(r.Topic, "t"), or(r.Handler, "h"), r.AggregateID
+		payloads[i], headers[i], reasons[i], correlations[i] = or(r.Payload, "{}"), string(h), or(r.Reason, "failed"), r.CorrelationID
+		permanent[i], attempts[i], at[i] = r.Permanent, max(r.Attempts, 1), timeOrNil(r.PoisonedAt)
+	}
+	res, err := q.Query(context.Background(), `INSERT INTO `+pgpoison.Table+`
 			(message_id, topic, handler, aggregate_id, payload, headers, reason, correlation_id, permanent, attempts,
 			 first_failed_at, last_failed_at, poisoned_at)
-			VALUES ($1, $2, $3, $4, convert_to($5, 'UTF8'), $6::jsonb, $7, $8, $9, $10,
-			        coalesce($11, now()), coalesce($11, now()), coalesce($11, now()))
-			RETURNING id`,
-			r.MessageID, or(r.Topic, "t"), or(r.Handler, "h"), r.AggregateID, or(r.Payload, "{}"), headers,
-			or(r.Reason, "failed"), r.CorrelationID, r.Permanent, attempts, timeOrNil(r.PoisonedAt)).Scan(&ids[i])
-		if err != nil {
-			t.Fatalf("pipelinetest.InsertPoison: row %d: %v", i, err)
-		}
+		SELECT m, tp, h, a, convert_to(p, 'UTF8'), hd::jsonb, r, c, pm, n, coalesce(at, now()), coalesce(at, now()), coalesce(at, now())
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bool[], $10::int[], $11::timestamptz[])
+		     WITH ORDINALITY AS x(m, tp, h, a, p, hd, r, c, pm, n, at, i)
+		ORDER BY i
+		RETURNING id`,
+		messageIDs, topics, handlers, aggregates, payloads, headers, reasons, correlations, permanent, attempts, at)
+	if err != nil {
+		t.Fatalf("pipelinetest.InsertPoison: %v", err)
 	}
+	ids, err := pgx.CollectRows(res, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatalf("pipelinetest.InsertPoison: %v", err)
+	}
+	// Ids come from the sequence in the SELECT's order; sorted, they are
+	// the rows' in order whatever order RETURNING gives them back in.
+	slices.Sort(ids)
 	return ids
+}
+
+// RowQuerier is what InsertPoison writes with: a pool, a connection or a
+// transaction.
+type RowQuerier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // Poisoned returns what the poison store holds that f chooses, oldest

@@ -24,7 +24,9 @@ import (
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // The console in a real headless Chromium (Debian's, installed by
@@ -68,10 +70,8 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 		publishEvent(t, h, "work.outage-ledger", "account-7", map[string]int{"entry": i})
 	}
 	eventually(t, "three poisoned", func() bool { return len(h.poisoned(t)) == 3 })
-	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES
-		('evil', 'mail.send', 'notifications.mail', convert_to('{"x":"<img src=x onerror=window.__pwned=1>"}', 'UTF8'),
-		 E'<script>window.__pwned=1</script> \x1b[2J owned')`)
-	require.NoError(t, err)
+	evilID := pipelinetest.InsertPoison(t, h.app.Pool(), pipelinetest.PoisonRow{MessageID: "evil", Topic: "mail.send", Handler: "notifications.mail",
+		Payload: `{"x":"<img src=x onerror=window.__pwned=1>"}`, Reason: "<script>window.__pwned=1</script> \x1b[2J owned"})[0]
 	srv := httptest.NewServer(h.app.AdminHandler())
 	defer srv.Close()
 	shots := os.Getenv("FERRY_CONSOLE_SCREENSHOTS") // docs/ when refreshing the pictures of docs/operations.md
@@ -260,8 +260,6 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 
 	// An action from a message's detail page: discard the hostile one,
 	// after its count.
-	var evilID int64
-	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT id FROM poison_messages WHERE message_id = 'evil'`).Scan(&evilID))
 	run("detail action", chromedp.Navigate(fmt.Sprintf("%s/console/poison/%d", srv.URL, evilID)), chromedp.WaitVisible("#detail-discard"),
 		shot("console-detail.png"), chromedp.Click("#detail-discard"), chromedp.WaitVisible("#count"), chromedp.Text("#count", &count))
 	require.Equal(t, "1", strings.TrimSpace(count))
@@ -272,11 +270,8 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 
 	// Paging under a filter: 120 mails behind the filter, pages of 50; the
 	// third page holds the oldest 20 and the filter is still applied.
-	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'bulk-' || g, 'mail.send', 'bulk.mail', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 120) g;
-		INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'sms-' || g, 'sms.send', 'bulk.sms', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 30) g`)
-	require.NoError(t, err)
+	poisonMany(t, h, "bulk-", "mail.send", "bulk.mail", "SMTP 451 for mail ", 120)
+	poisonMany(t, h, "sms-", "sms.send", "bulk.sms", "SMTP 451 for mail ", 30)
 	var pager, handlerField, third string
 	run("page 1 under a filter", chromedp.Navigate(srv.URL+"/console/poison"), chromedp.WaitVisible("#filter"),
 		chromedp.SendKeys("#f-handler", "bulk.mail"), chromedp.Click("#apply-filter"))
@@ -306,8 +301,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	// there), and at 400 px wide no page is wider than the screen.
 	axe, err := os.ReadFile("testdata/axe-core/axe.min.js")
 	require.NoError(t, err)
-	var poisonID int64
-	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT min(id) FROM poison_messages`).Scan(&poisonID))
+	poisonID := pipelinetest.PoisonIDs(t, h.app.Pool(), pgpoison.Filter{})[0]
 	holds, err := pgstatus.HeldPartitions(context.Background(), h.app.Pool())
 	require.NoError(t, err)
 	require.NotEmpty(t, holds)
@@ -346,9 +340,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	require.Equal(t, "handler=bulk.mail", in)
 	// The group grows between the confirmation and the click: only the
 	// 120 shown go.
-	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'late-' || g, 'mail.send', 'bulk.mail', '{}', 'SMTP 451 for mail ' || g FROM generate_series(1, 10) g`)
-	require.NoError(t, err)
+	poisonMany(t, h, "late-", "mail.send", "bulk.mail", "SMTP 451 for mail ", 10)
 	// What the confirmation form posts, to post it again afterwards.
 	var form string
 	run("keep the confirmation form", chromedp.Evaluate(`new URLSearchParams(new FormData(document.querySelector("#confirm").form)).toString()`, &form))
@@ -358,7 +350,8 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	var mails, sms int
 	counts := func() {
 		t.Helper()
-		require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE handler = 'bulk.mail'), count(*) FILTER (WHERE handler = 'bulk.sms') FROM poison_messages`).Scan(&mails, &sms))
+		mails = pipelinetest.CountPoisoned(t, h.app.Pool(), pgpoison.Filter{Handler: "bulk.mail"})
+		sms = pipelinetest.CountPoisoned(t, h.app.Pool(), pgpoison.Filter{Handler: "bulk.sms"})
 	}
 	counts()
 	require.Equal(t, 10, mails, "the 10 that arrived after the confirmation stay")
@@ -382,9 +375,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 
 	// 200,000 in one confirmation: the click answers at once with a job
 	// page that shows progress and then the result; nothing is re-sent.
-	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'flood-' || g, 'mail.send', 'flood.mail', '{}', 'SMTP 452 mailbox full for ' || g FROM generate_series(1, 200000) g`)
-	require.NoError(t, err)
+	poisonMany(t, h, "flood-", "mail.send", "flood.mail", "SMTP 452 mailbox full for ", 200_000)
 	var floodCount, jobState, jobResult string
 	run("discard 200,000", chromedp.Navigate(srv.URL+"/console/poison?handler=flood.mail"), chromedp.WaitVisible("#groups"),
 		chromedp.Click(`#groups button[value="discard"]`, chromedp.NodeVisible), chromedp.WaitVisible("#background"),
@@ -406,12 +397,22 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	t.Logf("200,000 discarded in the background in %s", time.Since(clicked).Round(time.Second))
 	run("job result", chromedp.Evaluate(`(document.querySelector("#job-result") || {}).textContent || ""`, &jobResult), shot("console-job-done.png"))
 	require.Contains(t, jobResult, "discarded 200000 message(s)")
-	var flood int
-	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT count(*) FROM poison_messages WHERE handler = 'flood.mail'`).Scan(&flood))
-	require.Zero(t, flood)
+	require.Zero(t, pipelinetest.CountPoisoned(t, h.app.Pool(), pgpoison.Filter{Handler: "flood.mail"}))
 
 	run("narrow screenshot", emulation.SetDeviceMetricsOverride(400, 900, 1, true), chromedp.Navigate(srv.URL+"/console/"), chromedp.WaitReady("main"), shot("console-overview-400px.png"))
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Fatal("the browser run timed out")
 	}
+}
+
+// poisonMany poisons n messages of handler on topic, prefix1…prefixn, each
+// with reason followed by its number.
+func poisonMany(t *testing.T, h *harness, prefix, topic, handler, reason string, n int) {
+	t.Helper()
+	rows := make([]pipelinetest.PoisonRow, n)
+	for i := range rows {
+		g := strconv.Itoa(i + 1)
+		rows[i] = pipelinetest.PoisonRow{MessageID: prefix + g, Topic: topic, Handler: handler, Reason: reason + g}
+	}
+	pipelinetest.InsertPoison(t, h.app.Pool(), rows...)
 }
