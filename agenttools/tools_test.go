@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
+	"github.com/ferry-dev/ferry/pipeline/pgtoolcalls"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -78,9 +79,12 @@ func setup(t testing.TB, ts ...agenttools.Tool) (*agenttools.Runner, *pgxpool.Po
 
 func counts(t testing.TB, pool *pgxpool.Pool) (notes, intents, calls int) {
 	t.Helper()
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT (SELECT count(*) FROM notes), (SELECT count(*) FROM outbox), (SELECT count(*) FROM ferry_tool_calls)`).Scan(&notes, &intents, &calls))
-	return
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM notes`).Scan(&notes))
+	recorded, err := pgtoolcalls.CountBefore(context.Background(), pool, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	rows, err := pipelinetest.OutboxTable(t).Rows(context.Background(), pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	return notes, len(rows), int(recorded)
 }
 
 func TestRunnerKeyedCalls(t *testing.T) {
@@ -160,8 +164,10 @@ func TestRunnerDelayedIntentAndKeyWindow(t *testing.T) {
 	again, err := r.Call(ctx, "note", "", json.RawMessage(`{"text":"later","later":true}`))
 	require.NoError(t, err)
 	require.True(t, again.Replay, "the same arguments within the window are the same call")
-	var delay time.Duration
-	require.NoError(t, pool.QueryRow(ctx, `SELECT available_at - created_at FROM outbox`).Scan(&delay))
+	rows, err := pipelinetest.OutboxTable(t).Rows(ctx, pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	delay := rows[0].AvailableAt.Sub(rows[0].CreatedAt)
 	require.InDelta(t, (3 * time.Minute).Seconds(), delay.Seconds(), 1, "the intent waits in the same table")
 
 	st, err := r.Call(ctx, agenttools.IntentStatusName, "", json.RawMessage(`{"aggregate_id":"note"}`))
@@ -342,12 +348,9 @@ func TestIntentStatusShowsNoPersonalData(t *testing.T) {
 	_, pool := setup(t)
 	ctx := context.Background()
 	reason := "payment provider answered 400: customer erin@example.com, card 4242 4242 4242 4242, Kunde ung\xfcltig " + strings.Repeat("x", 1<<20)
-	_, err := pool.Exec(ctx, `INSERT INTO outbox (message_uuid, aggregate_id, topic, payload, attempts, last_error) VALUES ('m-1', 'o-1', 'stripe.charge', '{}', 2, $1)`,
-		pipelineClean(reason))
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ('m-1', 'stripe.charge', 'payments.charge', '{}', $1)`,
-		pipelineClean(reason))
-	require.NoError(t, err)
+	pipelinetest.InsertOutbox(t, pool, pipelinetest.OutboxTable(t),
+		pipelinetest.OutboxRow{MessageUUID: "m-1", AggregateID: "o-1", Topic: "stripe.charge", Attempts: 2, LastError: pipelineClean(reason)})
+	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m-1", Topic: "stripe.charge", Handler: "payments.charge", Reason: pipelineClean(reason)})
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
