@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/adoption/backfill"
@@ -29,13 +31,13 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
 	// Written 40 days ago, into that week's partition.
-	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers, dispatched_at, created_at, part)
-		SELECT 'orders.placed', 'a' || g, '{}', '{}', now() - interval '40 days', now() - interval '40 days', ferry_outbox_part(now() - interval '40 days')
-		FROM generate_series(1, 5) g`)
-	require.NoError(t, err)
+	old := time.Now().Add(-40 * 24 * time.Hour)
+	for g := 1; g <= 5; g++ {
+		pipelinetest.InsertOutbox(t, pool, testTable, pipelinetest.OutboxRow{Topic: "orders.placed", AggregateID: fmt.Sprint("a", g), CreatedAt: old, Dispatched: true, DispatchedAt: old})
+	}
 
 	var out bytes.Buffer
-	err = cli.Prune{Target: pgretention.Ledger, Options: pgretention.Options{Table: testTable, OlderThan: time.Minute, BatchSize: 10}}.Run(ctx, pool, &out)
+	err := cli.Prune{Target: pgretention.Ledger, Options: pgretention.Options{Table: testTable, OlderThan: time.Minute, BatchSize: 10}}.Run(ctx, pool, &out)
 	var usage cli.UsageError
 	require.ErrorAs(t, err, &usage, "the ledger must outlast redeliveries")
 	require.NoError(t, cli.Prune{Target: pgretention.Outbox, Options: pgretention.Options{Table: testTable, OlderThan: 30 * 24 * time.Hour, BatchSize: 2, DryRun: true}}.Run(ctx, pool, &out))
@@ -46,8 +48,7 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	require.Contains(t, out.String(), "removed 5 row(s)")
 
 	// An action on the poison store shows in the audit.
-	_, err = pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ('m1', 't', 'h', '\x7b7d'::bytea, 'r')`)
-	require.NoError(t, err)
+	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m1", Reason: "r"})
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
 	require.NoError(t, cli.PoisonAction{Action: "discard", Selector: pgpoison.Selector{All: true}, Actor: "ops@test"}.Run(ctx, store, &bytes.Buffer{}))
@@ -58,8 +59,9 @@ func TestPruneAuditAndShadowReportRunWithoutFlags(t *testing.T) {
 	require.Error(t, cli.Audit{Limit: 0}.Run(ctx, pool, &out))
 
 	// A legacy effect with no shadow intent: the report disagrees, exit 1.
-	_, err = pool.Exec(ctx, `INSERT INTO `+shadow.Table+` (topic, aggregate_id) VALUES ('mail.welcome', 'u-1')`)
-	require.NoError(t, err)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	require.NoError(t, shadow.RecordLegacy(ctx, db, "mail.welcome", "u-1"))
 	out.Reset()
 	err = cli.ShadowReport{Since: time.Hour, OutboxTable: testTable}.Run(ctx, pool, &out)
 	var exit cli.ExitError
@@ -74,10 +76,9 @@ func TestStatusRunsWithoutFlags(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
-	_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ('m1', 't', 'h', '\x7b7d'::bytea, 'r')`)
-	require.NoError(t, err)
+	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m1", Reason: "r"})
 	var out bytes.Buffer
-	err = cli.Status{Config: app.Config{AMQP: pipelinetest.Rabbit(t), Relay: pgoutbox.RelayConfig{Table: testTable}}, ExitCode: true, JSON: true}.Run(ctx, pool, &out)
+	err := cli.Status{Config: app.Config{AMQP: pipelinetest.Rabbit(t), Relay: pgoutbox.RelayConfig{Table: testTable}}, ExitCode: true, JSON: true}.Run(ctx, pool, &out)
 	var exit cli.ExitError
 	require.True(t, errors.As(err, &exit) && exit.Code == cli.ExitAttention, "%v", err)
 	var rep struct {
@@ -117,9 +118,12 @@ func TestBackfillRunsWithoutFlags(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, cli.Backfill{Options: opts, Outbox: pgoutbox.Config{Table: testTable}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "would write 4 intent(s)")
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL).Scan(&n))
-	require.Zero(t, n, "a dry run writes nothing")
+	count := func(f pgoutbox.RowFilter) int {
+		rows, err := testTable.Rows(ctx, pool, f)
+		require.NoError(t, err)
+		return len(rows)
+	}
+	require.Zero(t, count(pgoutbox.RowFilter{}), "a dry run writes nothing")
 	opts.Apply = true
 	out.Reset()
 	require.NoError(t, cli.Backfill{Options: opts, Outbox: pgoutbox.Config{Table: testTable}}.Run(ctx, pool, &out))
@@ -127,8 +131,7 @@ func TestBackfillRunsWithoutFlags(t *testing.T) {
 	out.Reset()
 	require.NoError(t, cli.Backfill{Options: opts, Outbox: pgoutbox.Config{Table: testTable}}.Run(ctx, pool, &out))
 	require.Contains(t, out.String(), "wrote 0 intent(s)")
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'mail.welcome'`).Scan(&n))
-	require.Equal(t, 4, n)
+	require.Equal(t, 4, count(pgoutbox.RowFilter{Topic: "mail.welcome"}))
 }
 
 // Old poison does not keep exit 3 forever: `status --acknowledge` records
@@ -139,8 +142,7 @@ func TestAcknowledgedPoisonNeedsNoHumanUntilMoreComes(t *testing.T) {
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
 	poison := func(id string) {
-		_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason) VALUES ($1, 't', 'h', '\x7b7d'::bytea, 'r')`, id)
-		require.NoError(t, err)
+		pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: id, Reason: "r"})
 	}
 	type item struct {
 		Kind  string `json:"kind"`

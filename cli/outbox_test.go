@@ -3,8 +3,11 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/cli"
@@ -19,9 +22,10 @@ func TestOutboxActionRefusesMoreThanMaxAndActsOnTheGroup(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
-	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers, attempts, last_error, available_at, message_uuid)
-		SELECT 'orders.placed', 'a' || g, '{}', '{}', 2, 'exchange not found', now() + interval '1 hour', gen_random_uuid()::text FROM generate_series(1, 4) g`)
-	require.NoError(t, err)
+	for g := 1; g <= 4; g++ {
+		pipelinetest.InsertOutbox(t, pool, testTable, pipelinetest.OutboxRow{Topic: "orders.placed", AggregateID: fmt.Sprint("a", g), Attempts: 2,
+			LastError: "exchange not found", AvailableAt: time.Now().Add(time.Hour), MessageUUID: watermill.NewUUID()})
+	}
 	ops, err := pgoutbox.NewOperator(pool, testTable)
 	require.NoError(t, err)
 	var fp string
@@ -42,9 +46,9 @@ func TestOutboxActionRefusesMoreThanMaxAndActsOnTheGroup(t *testing.T) {
 	out.Reset()
 	require.NoError(t, cli.OutboxAction{Action: "retry-now", Stuck: group, Max: 10, Actor: "test"}.Run(ctx, ops, &out))
 	require.Contains(t, out.String(), "retry-now: 4 row(s)")
-	var due int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE available_at <= now()`).Scan(&due))
-	require.Equal(t, 4, due)
+	due, err := testTable.CountPending(ctx, pool, pgoutbox.PendingFilter{Due: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 4, due)
 
 	out.Reset()
 	require.NoError(t, cli.OutboxFailing{Limit: 10}.Run(ctx, ops, &out))

@@ -20,9 +20,9 @@ func TestPoisonCommandsRunWithoutFlags(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
-	_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'm' || g, 'orders.placed', 'billing.charge', '\x7b7d'::bytea, 'provider 400' FROM generate_series(1, 3) g`)
-	require.NoError(t, err)
+	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{Topic: "orders.placed", Handler: "billing.charge", Reason: "provider 400"},
+		pipelinetest.PoisonRow{Topic: "orders.placed", Handler: "billing.charge", Reason: "provider 400"},
+		pipelinetest.PoisonRow{Topic: "orders.placed", Handler: "billing.charge", Reason: "provider 400"})
 	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
 	recs, err := store.List(ctx, "", 0)
@@ -46,9 +46,9 @@ func TestPoisonCommandsRunWithoutFlags(t *testing.T) {
 	left, err = store.List(ctx, "", 0)
 	require.NoError(t, err)
 	require.Len(t, left, 2)
-	var entries int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ferry_audit_log WHERE action = 'poison.discard' AND detail->'ids' @> to_jsonb($1::bigint)`, recs[0].ID).Scan(&entries))
-	require.Equal(t, 1, entries)
+	discards := pipelinetest.Audited(t, pool, "poison.discard")
+	require.Len(t, discards, 1)
+	require.Equal(t, []any{float64(recs[0].ID)}, discards[0].Detail["ids"])
 
 	require.Error(t, cli.PoisonAction{Action: "requeue", Selector: pgpoison.Selector{}}.Run(ctx, store, &out), "a selector that names nothing is refused")
 }

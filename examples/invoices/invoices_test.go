@@ -62,15 +62,15 @@ func TestInvoicesDeliveredTwiceSentOnce(t *testing.T) {
 	id, err := invoices.Issue(ctx, a.Pool(), a.Outbox(), "acme", "bob", 1200)
 	require.NoError(t, err)
 	ferrytest.RequireHandled(t, a.Pool(), a.Routes(), 30*time.Second)
-	var issued string
-	require.NoError(t, a.Pool().QueryRow(ctx, `SELECT message_uuid FROM outbox WHERE topic = $1 AND aggregate_id = $2`,
-		invoices.TopicIssued, strconv.FormatInt(id, 10)).Scan(&issued))
+	events := func(topic string) []pgoutbox.Row {
+		rows, err := a.OutboxTable().Rows(ctx, a.Pool(), pgoutbox.RowFilter{Topic: topic, AggregateID: strconv.FormatInt(id, 10)})
+		require.NoError(t, err)
+		return rows
+	}
+	issued := events(invoices.TopicIssued)[0].MessageID
 
 	ferrytest.Redeliver(t, a, issued, 30*time.Second)
-	var sentEvents int
-	require.NoError(t, a.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE topic = $1 AND aggregate_id = $2`,
-		invoices.TopicSent, strconv.FormatInt(id, 10)).Scan(&sentEvents))
-	require.Equal(t, 1, sentEvents, "the redelivery ran no effect: one invoice.sent event")
+	require.Len(t, events(invoices.TopicSent), 1, "the redelivery ran no effect: one invoice.sent event")
 }
 
 // syncBuffer is a buffer exec's copier writes while the test reads it.
@@ -177,9 +177,10 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT sent_at IS NOT NULL FROM invoices WHERE id = $1`, orphan).Scan(&orphanSent))
 	require.True(t, sent, "the handler marked the invoice sent; logs:\n%s", logs.String())
 	require.False(t, orphanSent, "an event without tenant never reaches the handler")
-	var followTenant string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'tenant_id' FROM outbox WHERE topic = $1`, invoices.TopicSent).Scan(&followTenant))
-	require.Equal(t, "acme", followTenant, "the follow-up event was written in the ledger transaction, with the tenant the link put in the context")
+	follow, err := pgoutbox.Table{}.Rows(ctx, pool, pgoutbox.RowFilter{Topic: invoices.TopicSent})
+	require.NoError(t, err)
+	require.Len(t, follow, 1)
+	require.Equal(t, "acme", follow[0].Headers["tenant_id"], "the follow-up event was written in the ledger transaction, with the tenant the link put in the context")
 
 	list, err := cmd("poison", "list", "--json")
 	require.NoError(t, err, list)

@@ -148,3 +148,22 @@ func (r *Relay) replay(ctx context.Context, tx pgx.Tx, res *Replay) error {
 
 // failoverUnknown is the log line of a failed CheckFailover.
 const failoverUnknown = "relay could not check the database's timeline for a failover"
+
+// TimelineRecord is what the relay recorded of the server's timeline
+// (ferry_relay_timelines): the timeline it last saw and its last replay.
+type TimelineRecord struct {
+	Timeline int64
+	// ReplayedFrom is the timeline the last replay left, nil before any.
+	ReplayedFrom *int64
+	ReplayedRows *int64
+	ReplayedAt   *time.Time
+}
+
+// Timeline reads what the relay of t recorded of the server's timeline;
+// pgx.ErrNoRows before a relay of t ran on it.
+func (t Table) Timeline(ctx context.Context, q Reader) (TimelineRecord, error) {
+	var r TimelineRecord
+	err := q.QueryRow(ctx, `SELECT timeline, replayed_from, replayed_rows, replayed_at FROM `+t.Timelines()+` WHERE outbox_table = $1`, t.Key()).
+		Scan(&r.Timeline, &r.ReplayedFrom, &r.ReplayedRows, &r.ReplayedAt)
+	return r, err
+}

@@ -38,7 +38,7 @@ type OutboxRow struct {
 	DispatchedAt time.Time
 	Shadowed     bool
 	// Part, if set, is the row's weekly partition (pgweeks); default the
-	// current week's.
+	// week of CreatedAt (now if unset).
 	Part *int
 }
 
@@ -86,7 +86,7 @@ func InsertOutbox(t testing.TB, q RowWriter, tbl pgoutbox.Table, rows ...OutboxR
 		err := q.QueryRow(context.Background(), `INSERT INTO `+tbl.Quoted()+`
 			(message_uuid, aggregate_id, topic, payload, headers, available_at, created_at, attempts, last_error, slow, dispatched_at, shadowed, part)
 			VALUES (nullif($1, ''), $2, $3, $4::jsonb, coalesce($5::jsonb, '{}'), coalesce($6, now()), coalesce($7, now()), $8, nullif($9, ''), $10, $11, $12,
-			        coalesce($13, ferry_outbox_part(now())))
+			        coalesce($13, ferry_outbox_part(coalesce($7, now()))))
 			RETURNING id`,
 			r.MessageUUID, r.AggregateID, r.Topic, payload, headers, timeOrNil(r.AvailableAt), timeOrNil(r.CreatedAt), r.Attempts, r.LastError,
 			r.Slow, dispatchedAt, r.Shadowed, r.Part).Scan(&ids[i])

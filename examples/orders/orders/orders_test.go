@@ -3,6 +3,7 @@ package orders_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/agenttools"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -33,9 +35,16 @@ func setup(t *testing.T) (*orders.Service, *pgxpool.Pool, *sql.DB) {
 
 func counts(t *testing.T, pool *pgxpool.Pool) (ordersN, outboxN int) {
 	t.Helper()
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox)`).Scan(&ordersN, &outboxN))
-	return ordersN, outboxN
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&ordersN))
+	return ordersN, len(outboxRows(t, pool))
+}
+
+// outboxRows is every event in the outbox, in id order.
+func outboxRows(t *testing.T, pool *pgxpool.Pool) []pgoutbox.Row {
+	t.Helper()
+	rows, err := pgoutbox.Table{}.Rows(context.Background(), pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	return rows
 }
 
 var valid = orders.Input{UserID: "alice", Amount: 1200, Currency: "JPY", IdempotencyKey: "k-1"}
@@ -87,14 +96,14 @@ func TestCreateOrderWritesOrderAndTwoEvents(t *testing.T) {
 	require.False(t, res.Deduped)
 	require.NotZero(t, res.OrderID)
 
-	rows, err := pool.Query(context.Background(), `SELECT topic, aggregate_id, payload->>'order_id' FROM outbox ORDER BY id`)
-	require.NoError(t, err)
 	var got []string
-	for rows.Next() {
-		var topic, agg, orderID string
-		require.NoError(t, rows.Scan(&topic, &agg, &orderID))
-		require.Equal(t, agg, orderID)
-		got = append(got, topic)
+	for _, r := range outboxRows(t, pool) {
+		var payload struct {
+			OrderID json.Number `json:"order_id"`
+		}
+		require.NoError(t, json.Unmarshal(r.Payload, &payload))
+		require.Equal(t, r.AggregateID, payload.OrderID.String())
+		got = append(got, r.Topic)
 	}
 	require.Equal(t, []string{orders.TopicChargeRequested, orders.TopicMailRequested}, got)
 }

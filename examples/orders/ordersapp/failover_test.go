@@ -193,35 +193,56 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 		missing, err := missingOrders()
 		require.NoError(t, err)
 		for _, id := range missing {
-			var dispatched *time.Time
-			var attempts, ledger int
-			var lastError *string
-			_ = conn.QueryRow(ctx, `SELECT dispatched_at, attempts, last_error FROM outbox WHERE topic = 'ha.order' AND aggregate_id = $1::text`, id).Scan(&dispatched, &attempts, &lastError)
-			_ = conn.QueryRow(ctx, `SELECT count(*) FROM processed_messages p JOIN outbox e ON e.message_uuid::text = p.message_id WHERE e.aggregate_id = $1::text`, id).Scan(&ledger)
+			var row pgoutbox.Row
+			var ledger int
+			if rows, _ := (pgoutbox.Table{}).Rows(ctx, conn, pgoutbox.RowFilter{Topic: "ha.order", AggregateID: strconv.Itoa(int(id))}); len(rows) == 1 {
+				row = rows[0]
+				_ = conn.QueryRow(ctx, `SELECT count(*) FROM processed_messages WHERE message_id = $1`, row.MessageID).Scan(&ledger)
+			}
 			externalMu.Lock()
 			calls := external[id]
 			externalMu.Unlock()
 			ackedAt, _ := acked.Load(id)
-			t.Logf("order %d: acknowledged %v (crash %s, back %s); outbox dispatched_at %v attempts %d last_error %v; ledger rows %d; external calls %d",
-				id, ackedAt, crashed.Format(time.RFC3339Nano), back.Format(time.RFC3339Nano), dispatched, attempts, lastError, ledger, calls)
+			t.Logf("order %d: acknowledged %v (crash %s, back %s); outbox row dispatched %v attempts %d last_error %q; ledger rows %d; external calls %d",
+				id, ackedAt, crashed.Format(time.RFC3339Nano), back.Format(time.RFC3339Nano), row.Dispatched, row.Attempts, row.LastError, ledger, calls)
 		}
 		t.FailNow()
 	}
 	// The relay saw the promotion (a new timeline) and sent again what was
 	// dispatched just before it: the effects a lost ledger commit took
 	// with it run again, the others are dropped by the ledger.
-	var timeline int64
-	var replayedFrom, replayedRows *int64
-	require.NoError(t, conn.QueryRow(ctx, `SELECT timeline, replayed_from, replayed_rows FROM ferry_relay_timelines WHERE outbox_table = 'outbox'`).Scan(&timeline, &replayedFrom, &replayedRows))
+	tl, err := pgoutbox.Table{}.Timeline(ctx, conn)
+	require.NoError(t, err)
+	timeline, replayedFrom, replayedRows := tl.Timeline, tl.ReplayedFrom, tl.ReplayedRows
 	require.NotNil(t, replayedFrom, "the relay replayed after the promotion")
 	require.Greater(t, timeline, *replayedFrom)
 	require.Positive(t, *replayedRows)
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT order_id) FROM ha_effects`).Scan(&effects, &distinct))
 	require.Equal(t, distinct, effects, "no effect twice")
 	// Consistent whatever was lost: an order and its event together.
-	var orphanOrders, orphanEvents int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM ha_orders o WHERE NOT EXISTS (SELECT 1 FROM outbox e WHERE e.topic = 'ha.order' AND e.aggregate_id = o.id::text)`).Scan(&orphanOrders))
-	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM outbox e WHERE e.topic = 'ha.order' AND NOT EXISTS (SELECT 1 FROM ha_orders o WHERE o.id::text = e.aggregate_id)`).Scan(&orphanEvents))
+	events, err := pgoutbox.Table{}.Rows(ctx, conn, pgoutbox.RowFilter{Topic: "ha.order"})
+	require.NoError(t, err)
+	evented := map[string]bool{}
+	for _, e := range events {
+		evented[e.AggregateID] = true
+	}
+	orderRows, err := conn.Query(ctx, `SELECT id::text FROM ha_orders`)
+	require.NoError(t, err)
+	orderIDs, err := pgx.CollectRows(orderRows, pgx.RowTo[string])
+	require.NoError(t, err)
+	orphanOrders, ordered := 0, map[string]bool{}
+	for _, id := range orderIDs {
+		ordered[id] = true
+		if !evented[id] {
+			orphanOrders++
+		}
+	}
+	orphanEvents := 0
+	for id := range evented {
+		if !ordered[id] {
+			orphanEvents++
+		}
+	}
 	require.Zero(t, orphanOrders, "an order without its event")
 	require.Zero(t, orphanEvents, "an event without its order")
 	var r failoverResult
@@ -301,12 +322,14 @@ func lostLedgerCommit(t *testing.T, replay bool) {
 			<-release
 		}
 	})
+	messageIDs := map[int64]string{}
 	order := func(id int64) {
 		require.NoError(t, a.Outbox().InTx(ctx, a.Pool(), func(ctx context.Context, _ pgoutbox.Querier, p *pgoutbox.Pending) error {
 			evt, err := pipeline.NewEvent(ctx, strconv.FormatInt(id, 10), map[string]int64{"id": id})
 			if err != nil {
 				return err
 			}
+			messageIDs[id] = evt.UUID
 			return p.PublishEvents(ctx, pipeline.Outgoing{Topic: "ha.order", Msg: evt})
 		}))
 	}
@@ -338,7 +361,7 @@ func lostLedgerCommit(t *testing.T, replay bool) {
 	require.Eventually(t, func() bool { return count(primary, `SELECT count(*) FROM pg_stat_replication`) == 0 }, time.Minute, 50*time.Millisecond)
 	close(release)
 	require.Eventually(t, func() bool {
-		return count(primary, `SELECT count(*) FROM processed_messages p JOIN outbox e ON e.message_uuid = p.message_id WHERE e.aggregate_id = '2'`) == 1
+		return count(primary, `SELECT count(*) FROM processed_messages WHERE message_id = $1`, messageIDs[2]) == 1
 	}, time.Minute, 50*time.Millisecond, "order 2's ledger commit on the primary")
 	time.Sleep(time.Second) // the consumer's ack follows its commit within milliseconds
 	require.Zero(t, count(standby, `SELECT count(*) FROM ha_effects WHERE order_id = 2`), "the standby lacks order 2's effect")

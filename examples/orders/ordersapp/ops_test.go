@@ -49,15 +49,15 @@ func TestMetricsStatusAndAdminEndpoints(t *testing.T) {
 	eventually(t, "the effects", func() bool { return len(h.provider.Charges()) == 1 && len(h.sink.Mails()) == 1 })
 	pipelinetest.RequireDrained(t, h.app.Pool(), 10*time.Second)
 	// A row that keeps failing, as the third alert watches for.
-	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload, attempts, last_error, available_at)
-		VALUES ('stuck', 'stripe.charge', '{}', 7, 'broker said no', now() + interval '1 hour')`)
-	require.NoError(t, err)
+	tbl := h.app.OutboxTable()
+	pipelinetest.InsertOutbox(t, h.app.Pool(), tbl, pipelinetest.OutboxRow{AggregateID: "stuck", Topic: "stripe.charge", Attempts: 7,
+		LastError: "broker said no", AvailableAt: time.Now().Add(time.Hour)})
 	// A week 40 days old still holding a row: past retention (30 days)
 	// and the prune that should have cleared it, as a lock or a stopped
 	// prune leaves it.
-	_, err = h.app.Pool().Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload, created_at, dispatched_at, part)
-		VALUES ('old', 'stripe.charge', '{}', now() - interval '40 days', now() - interval '40 days', ferry_outbox_part(now() - interval '40 days'))`)
-	require.NoError(t, err)
+	old := time.Now().Add(-40 * 24 * time.Hour)
+	pipelinetest.InsertOutbox(t, h.app.Pool(), tbl, pipelinetest.OutboxRow{AggregateID: "old", Topic: "stripe.charge", CreatedAt: old,
+		Dispatched: true, DispatchedAt: old})
 	require.NoError(t, h.app.Metrics().Refresh(context.Background(), h.app.Pool()))
 
 	admin := h.app.AdminHandler()
@@ -202,8 +202,7 @@ func TestTraceFollowsOneTraceIDAcrossHops(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 
-	var headers map[string]string
-	require.NoError(t, h.app.Pool().QueryRow(context.Background(), `SELECT headers FROM outbox WHERE topic = $1`, orders.TopicChargeRequested).Scan(&headers))
+	headers := h.outboxRows(t, pgoutbox.RowFilter{Topic: orders.TopicChargeRequested})[0].Headers
 	require.Equal(t, traceID, headers[pipeline.MetaTraceID], "the outbox row carries the request's trace")
 
 	select {
