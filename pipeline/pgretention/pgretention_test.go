@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -53,13 +55,16 @@ func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, created_at, dispatched_at, part) VALUES
-		('old-dispatched',    't', '{}', now() - interval '40 days', now() - interval '40 days', ferry_outbox_part(now() - interval '40 days')),
-		('old-pending',       't', '{}', now() - interval '40 days', NULL,                       ferry_outbox_part(now() - interval '40 days')),
-		('legacy-old',        't', '{}', now() - interval '40 days', now() - interval '40 days', -1),
-		('legacy-recent',     't', '{}', now() - interval '1 day',   now() - interval '1 day',   -1),
-		('new-dispatched',    't', '{}', now() - interval '1 day',   now() - interval '1 day',   DEFAULT)`)
-	require.NoError(t, err)
+	old, recent, legacy := time.Now().Add(-40*24*time.Hour), time.Now().Add(-24*time.Hour), -1
+	sent := func(aggregate string, at time.Time, part *int) pipelinetest.OutboxRow {
+		return pipelinetest.OutboxRow{AggregateID: aggregate, Topic: "t", CreatedAt: at, Dispatched: true, DispatchedAt: at, Part: part}
+	}
+	pipelinetest.InsertOutbox(t, pool, testTable,
+		sent("old-dispatched", old, nil),
+		pipelinetest.OutboxRow{AggregateID: "old-pending", Topic: "t", CreatedAt: old},
+		sent("legacy-old", old, &legacy),
+		sent("legacy-recent", recent, &legacy),
+		sent("new-dispatched", recent, nil))
 
 	dry, err := pgretention.Prune(ctx, pool, pgretention.Outbox, pgretention.Options{Table: testTable, OlderThan: pgretention.DefaultOutboxRetention, DryRun: true})
 	require.NoError(t, err)
@@ -74,18 +79,16 @@ func TestPruneOutboxKeepsPendingAndRecentRows(t *testing.T) {
 	require.Len(t, res.Partitions.Partitions, 1)
 	require.EqualValues(t, 1, res.Partitions.Moved, "the pending row moved to the current week")
 	var kept, archived []string
-	for q, dst := range map[string]*[]string{
-		`SELECT aggregate_id FROM ` + outboxSQL + ` ORDER BY id`:  &kept,
-		`SELECT aggregate_id FROM ` + archiveSQL + ` ORDER BY id`: &archived,
-	} {
-		rows, err := pool.Query(ctx, q)
-		require.NoError(t, err)
-		for rows.Next() {
-			var a string
-			require.NoError(t, rows.Scan(&a))
-			*dst = append(*dst, a)
-		}
+	rows, err := testTable.Rows(ctx, pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	for _, r := range rows {
+		kept = append(kept, r.AggregateID)
 	}
+	// The archive has no reader of its own but SQL: it is the operators'.
+	arch, err := pool.Query(ctx, `SELECT aggregate_id FROM `+archiveSQL+` ORDER BY id`)
+	require.NoError(t, err)
+	archived, err = pgx.CollectRows(arch, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"old-pending", "legacy-recent", "new-dispatched"}, kept, "a pending row is never pruned, however old")
 	require.Equal(t, []string{"old-dispatched", "legacy-old"}, archived)
 

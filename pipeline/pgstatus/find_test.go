@@ -4,9 +4,11 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -19,22 +21,26 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
+	sent := func(uuid, topic string, ago time.Duration) pipelinetest.OutboxRow {
+		at := time.Now().Add(-ago)
+		return pipelinetest.OutboxRow{MessageUUID: uuid, AggregateID: "order-7", Topic: topic, CreatedAt: at, Dispatched: true, DispatchedAt: at}
+	}
+	pipelinetest.InsertOutbox(t, pool, testTable,
+		pipelinetest.OutboxRow{MessageUUID: "m-pending", AggregateID: "order-7", Topic: "orders.placed", Headers: map[string]string{"correlation_id": "corr-7", "trace_id": "trace-7"}},
+		withHeaders(sent("m-handled", "orders.paid", 5*time.Minute), map[string]string{"correlation_id": "corr-7"}),
+		sent("m-retry", "mail.send", 4*time.Minute),
+		sent("m-held", "ledger.post", 3*time.Minute),
+		sent("m-poison", "stripe.charge", 2*time.Minute),
+		sent("m-broker", "sms.send", time.Minute),
+		sent("m-behind", "ledger.post", 30*time.Second),
+		pipelinetest.OutboxRow{MessageUUID: "m-other", AggregateID: "order-8", Topic: "orders.placed"},
+		pipelinetest.OutboxRow{MessageUUID: "r-1", AggregateID: "order-7", Topic: pipeline.RetryTopic, AvailableAt: time.Now().Add(2 * time.Minute),
+			Headers: map[string]string{"ferry_message_id": "m-retry", "ferry_retry_queue": "notifications.mail", "ferry_attempt": "3", "ferry_last_error": "SMTP 451 try later"}})
+	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m-poison", Topic: "stripe.charge", Handler: "payments.charge", AggregateID: "order-7",
+		Reason: "card declined", CorrelationID: "corr-7"})
 	_, err := pool.Exec(ctx, `
-		INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, headers, message_uuid, created_at, dispatched_at) VALUES
-		  ('order-7', 'orders.placed', '{}', '{"correlation_id":"corr-7","trace_id":"trace-7"}', 'm-pending', now(), NULL),
-		  ('order-7', 'orders.paid', '{}', '{"correlation_id":"corr-7"}', 'm-handled', now() - interval '5 minutes', now() - interval '5 minutes'),
-		  ('order-7', 'mail.send', '{}', '{}', 'm-retry', now() - interval '4 minutes', now() - interval '4 minutes'),
-		  ('order-7', 'ledger.post', '{}', '{}', 'm-held', now() - interval '3 minutes', now() - interval '3 minutes'),
-		  ('order-7', 'stripe.charge', '{}', '{}', 'm-poison', now() - interval '2 minutes', now() - interval '2 minutes'),
-		  ('order-7', 'sms.send', '{}', '{}', 'm-broker', now() - interval '1 minute', now() - interval '1 minute'),
-		  ('order-7', 'ledger.post', '{}', '{}', 'm-behind', now() - interval '30 seconds', now() - interval '30 seconds'),
-		  ('order-8', 'orders.placed', '{}', '{}', 'm-other', now(), NULL);
-		INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, headers, message_uuid, available_at) VALUES
-		  ('order-7', 'ferry.retry', '{}', '{"ferry_message_id":"m-retry","ferry_retry_queue":"notifications.mail","ferry_attempt":"3","ferry_last_error":"SMTP 451 try later"}', 'r-1', now() + interval '2 minutes');
 		INSERT INTO processed_messages (consumer, message_id) VALUES ('billing.paid', 'm-handled');
 		INSERT INTO ferry_held_partitions (consumer, message_id, since, attempt, last_error) VALUES ('ledger.post@3', 'm-held', now(), 4, 'ledger answered 503');
-		INSERT INTO poison_messages (message_id, topic, handler, aggregate_id, payload, reason, correlation_id) VALUES
-		  ('m-poison', 'stripe.charge', 'payments.charge', 'order-7', '\x7b7d', 'card declined', 'corr-7');
 		INSERT INTO ferry_poison_archive (id, message_id, topic, handler, consumer, aggregate_id, payload, headers, reason, permanent, attempts,
 		  first_failed_at, last_failed_at, poisoned_at, correlation_id, discarded_by, discard_run) VALUES
 		  (999, 'm-discarded', 'push.send', 'push', 'push', 'order-7', '\x7b7d', '{}', 'no device', true, 1, now(), now(), now(), '', 'ops@example.com', 'run-9')`)
@@ -84,4 +90,9 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	require.Empty(t, found.Trails)
 	_, err = pgstatus.Find(ctx, pool, testTable, nil, strings.Repeat("x", 600), 50)
 	require.Error(t, err)
+}
+
+func withHeaders(r pipelinetest.OutboxRow, h map[string]string) pipelinetest.OutboxRow {
+	r.Headers = h
+	return r
 }
