@@ -254,3 +254,26 @@ func TestAppOnRunsReleasesOnOneSchema(t *testing.T) {
 	require.Len(t, rows, 1)
 	require.Zero(t, first.Load())
 }
+
+// Redeliver reaches an ordered route's partition: the copy goes through
+// the relay's publisher, which routes by aggregate (the plain publisher
+// sent it to no queue, and the test timed out blaming the handler).
+func TestRedeliverReachesAnOrderedRoute(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var runs atomic.Int64
+	a := ferrytest.App(t, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "ledger.post", Topic: "ledger.entry", Ordered: true, Handler: func(*message.Message) error {
+			runs.Add(1)
+			return nil
+		}}}, nil
+	}})
+	msg, err := pipeline.NewEvent(ctx, "account-1", map[string]int{"amount": 5})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, a.Pool(), func(tx pgx.Tx) error {
+		return a.Outbox().PublishTx(ctx, pgoutbox.PgxTx(tx), "ledger.entry", msg)
+	}))
+	ferrytest.RequireHandled(t, a.Pool(), a.Routes(), 30*time.Second)
+	ferrytest.Redeliver(t, a, msg.UUID, 30*time.Second)
+	require.EqualValues(t, 1, runs.Load(), "the copy was a duplicate")
+}

@@ -52,7 +52,10 @@ func Redeliver(t testing.TB, a *app.App, messageID string, timeout time.Duration
 		msg.Metadata.Set(pipeline.MetaAggregateID, aggregate)
 	}
 	before := a.Stats().Duplicates
-	if err := a.Publisher().Publish(topic, msg); err != nil {
+	// The relay's publisher, which routes an ordered topic's message to
+	// its aggregate's partition: a.Publisher sends to unordered topics only,
+	// and a copy sent with it to an ordered topic reached no queue.
+	if err := a.BatchPublisher().Publish(topic, msg); err != nil {
 		t.Fatalf("ferrytest: Redeliver: publishing the copy of %s: %v", messageID, err)
 	}
 	deadline := time.Now().Add(timeout)

@@ -29,6 +29,9 @@ type Row struct {
 	Dispatched bool
 	Attempts   int
 	LastError  string
+	// Shadowed: a shadow intent the relay marked dispatched without
+	// publishing it (adoption/shadow).
+	Shadowed bool
 	// Payload is the bytes as published (payload_raw, or the jsonb as
 	// text), read only by the reads that say so (Operator.Row).
 	Payload []byte
@@ -44,7 +47,7 @@ func rowColumns(done string, payload bool) string {
 // Attempts.
 func rowColumnsCounting(done, attempts string, payload bool) string {
 	cols := `o.id, coalesce(o.message_uuid, o.id::text), o.aggregate_id, o.topic, o.headers, o.created_at, o.available_at, o.dispatched_at, ` +
-		done + `, ` + attempts + `, coalesce(o.last_error, '')`
+		done + `, ` + attempts + `, coalesce(o.last_error, ''), o.shadowed`
 	if payload {
 		cols += `, COALESCE(o.payload_raw, convert_to(o.payload::text, 'UTF8'))`
 	}
@@ -52,7 +55,7 @@ func rowColumnsCounting(done, attempts string, payload bool) string {
 }
 
 func (r *Row) fields(headers *map[string]any) []any {
-	return []any{&r.ID, &r.MessageID, &r.AggregateID, &r.Topic, headers, &r.CreatedAt, &r.AvailableAt, &r.DispatchedAt, &r.Dispatched, &r.Attempts, &r.LastError}
+	return []any{&r.ID, &r.MessageID, &r.AggregateID, &r.Topic, headers, &r.CreatedAt, &r.AvailableAt, &r.DispatchedAt, &r.Dispatched, &r.Attempts, &r.LastError, &r.Shadowed}
 }
 
 // setHeaders keeps the headers as the relay publishes them: strings as

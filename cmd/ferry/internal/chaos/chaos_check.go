@@ -176,10 +176,22 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 	if rep.AuditEvents+rep.Poisoned < expectAudit {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("%d audit events committed but %d arrived", expectAudit, rep.AuditEvents))
 	}
-	if err := a.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM `+pgoutbox.Table{}.View(pgoutbox.StatePending)+` o WHERE available_at <= now()),
-		count(*) FILTER (WHERE attempts > 1), count(*) FILTER (WHERE topic = $1) FROM outbox`, pipeline.RetryTopic).
-		Scan(&rep.PendingDue, &rep.RelayRetries, &rep.DurableRetries); err != nil {
+	due, err := a.OutboxTable().CountPending(ctx, a.Pool(), pgoutbox.PendingFilter{Due: true})
+	if err != nil {
 		return err
+	}
+	rep.PendingDue = int(due)
+	outboxRows, err := a.OutboxTable().Rows(ctx, a.Pool(), pgoutbox.RowFilter{})
+	if err != nil {
+		return err
+	}
+	for _, r := range outboxRows {
+		if r.Attempts > 1 {
+			rep.RelayRetries++
+		}
+		if r.Topic == pipeline.RetryTopic {
+			rep.DurableRetries++
+		}
 	}
 	if rep.PendingDue > 0 {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("%d due rows left undispatched", rep.PendingDue))
