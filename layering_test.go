@@ -1,6 +1,7 @@
 package ferry_test
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -243,5 +244,74 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Nothing outside pgoutbox and the migrations names the outbox's tables in
+// SQL or dispatched_at, tests, examples and commands included: they ask
+// pgoutbox's typed reads, the views or the test rig's row factory, so that
+// every suite passes with the outbox renamed and no reader counts a row
+// sent at its first try (dispatched_at NULL) as pending. The exceptions
+// say why.
+func TestNothingOutsidePgoutboxNamesTheOutbox(t *testing.T) {
+	allowed := map[string]string{
+		"testrig/pipelinetest/outboxrows.go": "the row factory writes the states only the relay makes",
+		"layering_test.go":                   "this rule",
+	}
+	allowedDirs := map[string]string{
+		"pipeline/pgoutbox": "the owner",
+		"migrations":        "the schema",
+		// The bench loads, empties and vacuums the table it measures and
+		// marks rows as the per-row design did, to compare against it.
+		"cmd/ferry/internal/bench": "measures the table itself",
+	}
+	names := regexp.MustCompile(`(?i)\b(from|into|update|join|table|truncate|analyze|on)\s+(?:only\s+)?(?:"?[a-z_]+"?\.)?"?(outbox|outbox_archive|outbox_legacy|ferry_relay_positions|ferry_relay_timelines)\b"?(?:[^_a-z]|$)`)
+	var found []string
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "node_modules") && path != "." {
+			return filepath.SkipDir
+		}
+		dir := filepath.ToSlash(filepath.Dir(path))
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || allowed[filepath.ToSlash(path)] != "" || allowedDirs[dir] != "" {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			return err
+		}
+		tags := map[*ast.BasicLit]bool{}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if fd, ok := n.(*ast.Field); ok && fd.Tag != nil {
+				tags[fd.Tag] = true
+			}
+			return true
+		})
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING || tags[lit] {
+				return true
+			}
+			s, err := strconv.Unquote(lit.Value)
+			if err != nil {
+				return true
+			}
+			if strings.Contains(s, "dispatched_at") {
+				found = append(found, path+": dispatched_at")
+			}
+			for _, m := range names.FindAllStringSubmatch(s, -1) {
+				found = append(found, fmt.Sprintf("%s: %q", path, strings.TrimSpace(m[0])))
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range found {
+		t.Errorf("%s: ask pgoutbox's typed reads (Rows, CountPending, SentMessageIDs, Timeline…), its views or pipelinetest.InsertOutbox", f)
 	}
 }

@@ -367,7 +367,7 @@ const benchTopic = "bench.event"
 
 // insertEventsSQL writes $2 pending events of topic $1, the size of
 // create_order's (payload and headers).
-const insertEventsSQL = `INSERT INTO outbox (aggregate_id, topic, payload, headers)
+var insertEventsSQL = `INSERT INTO ` + outboxSQL + ` (aggregate_id, topic, payload, headers)
 	SELECT (g % 1000)::text, $1,
 	       jsonb_build_object('order_id', g, 'user_id', 'user-' || (g % 977), 'amount', 1200, 'currency', 'JPY'),
 	       jsonb_build_object('schema_version', '1', 'correlation_id', md5(g::text))
@@ -376,14 +376,14 @@ const insertEventsSQL = `INSERT INTO outbox (aggregate_id, topic, payload, heade
 // preload writes n pending events straight into the outbox: loading is not
 // what is measured. Payload and headers are the size of create_order's.
 func preload(ctx context.Context, pool *pgxpool.Pool, topic string, n int) error {
-	if _, err := pool.Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
+	if _, err := pool.Exec(ctx, `TRUNCATE `+outboxSQL+` RESTART IDENTITY`); err != nil {
 		return fmt.Errorf("truncating outbox: %w", err)
 	}
 	_, err := pool.Exec(ctx, insertEventsSQL, topic, n)
 	if err != nil {
 		return fmt.Errorf("preloading %d events: %w", n, err)
 	}
-	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
+	_, err = pool.Exec(ctx, `VACUUM ANALYZE `+outboxSQL)
 	return err
 }
 

@@ -179,20 +179,20 @@ func benchClaimCost(ctx context.Context, cfg app.Config, bc BenchConfig, logger 
 func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchConfig) (latencies, error) {
 	for done := 0; done < history; done += 1_000_000 {
 		n := min(1_000_000, history-done)
-		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, headers, created_at, available_at, dispatched_at, attempts)
+		if _, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, headers, created_at, available_at, dispatched_at, attempts)
 			SELECT (g % 1000)::text, $1, jsonb_build_object('order_id', g), '{"schema_version":"1"}',
 			       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', 1
 			FROM generate_series(1, $2::int) g`, benchTopic, n); err != nil {
 			return nil, fmt.Errorf("loading history: %w", err)
 		}
 	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+outboxSQL); err != nil {
 		return nil, err
 	}
 	claim := pgoutbox.Table{}.ClaimSQL(false)
 	var lat latencies
 	for range bc.ClaimRounds {
-		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, slow) SELECT g::text, $1, '{}', true FROM generate_series(1, $2::int) g`, benchTopic, bc.BatchSize); err != nil {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, slow) SELECT g::text, $1, '{}', true FROM generate_series(1, $2::int) g`, benchTopic, bc.BatchSize); err != nil {
 			return nil, err
 		}
 		tx, err := pool.Begin(ctx)
@@ -228,7 +228,7 @@ func claimRounds(ctx context.Context, pool *pgxpool.Pool, history int, bc BenchC
 		}
 		rows.Close()
 		lat = append(lat, time.Since(t0))
-		if _, err := tx.Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id = ANY($1)`, ids); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE `+outboxSQL+` SET dispatched_at = now() WHERE id = ANY($1)`, ids); err != nil {
 			_ = tx.Rollback(ctx)
 			return nil, err
 		}

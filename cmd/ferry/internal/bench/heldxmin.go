@@ -31,7 +31,7 @@ import (
 const ScenarioHeldXmin = "held_xmin"
 
 // outboxDeadSQL counts the dead row versions in the outbox's partitions.
-const outboxDeadSQL = `SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = 'outbox'::regclass`
+var outboxDeadSQL = `SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = '` + outboxSQL + `'::regclass`
 
 func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
 	// autovacuum on with a short naptime: what a busy production server
@@ -97,7 +97,7 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		n := bc.HeldXminEvents
 		// A week six weeks ago, and legacy rows of 40 days ago beside one
 		// of today (so that the legacy partition is pruned row by row).
-		if _, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload, created_at, dispatched_at, part)
+		if _, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, created_at, dispatched_at, part)
 			SELECT 'r-' || g % 100, $1, '{}'::jsonb, now() - interval '42 days', now() - interval '42 days', ferry_outbox_part(now() - interval '42 days')
 			FROM generate_series(1, $2) g
 			UNION ALL SELECT 'l-' || g % 100, $1, '{}', now() - interval '40 days', now() - interval '40 days', -1 FROM generate_series(1, $2) g
@@ -176,7 +176,7 @@ func benchHeldXmin(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		}
 	}
 	runMode := func(held, cdc bool) ([]round, error) {
-		if _, err := pool.Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
+		if _, err := pool.Exec(ctx, `TRUNCATE `+outboxSQL+` RESTART IDENTITY`); err != nil {
 			return nil, err
 		}
 		if held {

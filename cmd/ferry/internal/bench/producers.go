@@ -27,13 +27,13 @@ import (
 const ScenarioProducerConcurrency = "producer_concurrency"
 
 // The 00004 trigger, put back for the comparison.
-const benchNotifyTrigger = `CREATE FUNCTION ferry_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+var benchNotifyTrigger = `CREATE FUNCTION ferry_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('ferry_outbox', TG_TABLE_SCHEMA);
     RETURN NULL;
 END
 $$;
-CREATE TRIGGER outbox_notify AFTER INSERT ON outbox FOR EACH STATEMENT EXECUTE FUNCTION ferry_outbox_notify()`
+CREATE TRIGGER outbox_notify AFTER INSERT ON ` + outboxSQL + ` FOR EACH STATEMENT EXECUTE FUNCTION ferry_outbox_notify()`
 
 func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
 	maxWriters := 0
@@ -111,7 +111,7 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 			_, err := sch.pool.Exec(ctx, benchNotifyTrigger)
 			return err
 		}
-		_, err := sch.pool.Exec(ctx, `DROP TRIGGER IF EXISTS outbox_notify ON outbox; DROP FUNCTION IF EXISTS ferry_outbox_notify()`)
+		_, err := sch.pool.Exec(ctx, `DROP TRIGGER IF EXISTS outbox_notify ON `+outboxSQL+`; DROP FUNCTION IF EXISTS ferry_outbox_notify()`)
 		return err
 	}
 	type variant struct {
@@ -141,7 +141,7 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 					return benchReport{}, err
 				}
 				results[n][v.name] = append(results[n][v.name], tps)
-				if _, err := sch.pool.Exec(ctx, `TRUNCATE outbox, orders`); err != nil {
+				if _, err := sch.pool.Exec(ctx, `TRUNCATE `+outboxSQL+`, orders`); err != nil {
 					return benchReport{}, err
 				}
 			}

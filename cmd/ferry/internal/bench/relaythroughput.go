@@ -301,10 +301,10 @@ func waitDepth(br *benchBroker, want int, timeout time.Duration) (int, error) {
 // rawUpdateLoop is the database's limit: mark the preloaded rows dispatched
 // in batches, from conc connections, with nothing else to do.
 func rawUpdateLoop(ctx context.Context, pool *pgxpool.Pool, events, batch, conc int) (float64, error) {
-	if _, err := pool.Exec(ctx, `UPDATE outbox SET dispatched_at = NULL, attempts = 0`); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE `+outboxSQL+` SET dispatched_at = NULL, attempts = 0`); err != nil {
 		return 0, err
 	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`); err != nil {
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+outboxSQL); err != nil {
 		return 0, err
 	}
 	var next atomic.Int64
@@ -322,7 +322,7 @@ func rawUpdateLoop(ctx context.Context, pool *pgxpool.Pool, events, batch, conc 
 				for id := from; id < from+int64(batch) && id <= int64(events); id++ {
 					ids = append(ids, id)
 				}
-				if _, err := pool.Exec(ctx, `UPDATE outbox SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`, ids); err != nil {
+				if _, err := pool.Exec(ctx, `UPDATE `+outboxSQL+` SET dispatched_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`, ids); err != nil {
 					errs <- err
 					return
 				}
