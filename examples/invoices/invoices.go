@@ -69,17 +69,13 @@ func (e Issued) Validate() error {
 // snippet:begin issue
 // Issue writes an invoice and its invoice.issued event in one transaction.
 func Issue(ctx context.Context, pool *pgxpool.Pool, outbox *pgoutbox.Outbox, tenant, customer string, amountCents int64) (id int64, err error) {
+	ctx = pipeline.ContextWithTenantID(ctx, tenant)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `INSERT INTO invoices (tenant_id, customer, amount_cents) VALUES ($1, $2, $3) RETURNING id`,
 			tenant, customer, amountCents).Scan(&id); err != nil {
 			return fmt.Errorf("inserting invoice: %w", err)
 		}
-		evt, err := pipeline.NewEvent(pipeline.ContextWithTenantID(ctx, tenant), strconv.FormatInt(id, 10),
-			Issued{InvoiceID: id, Customer: customer, AmountCents: amountCents})
-		if err != nil {
-			return err
-		}
-		return outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), TopicIssued, evt)
+		return outbox.Publish(ctx, tx, TopicIssued, strconv.FormatInt(id, 10), Issued{InvoiceID: id, Customer: customer, AmountCents: amountCents})
 	})
 	return id, err
 }
@@ -113,11 +109,7 @@ func Routes(d app.Deps) ([]handlers.Route, error) {
 			if _, err := tx.Exec(ctx, `UPDATE invoices SET sent_at = now() WHERE id = $1`, e.InvoiceID); err != nil {
 				return err
 			}
-			evt, err := pipeline.NewEvent(ctx, strconv.FormatInt(e.InvoiceID, 10), map[string]int64{"invoice_id": e.InvoiceID})
-			if err != nil {
-				return err
-			}
-			return d.Outbox.PublishTx(ctx, pgoutbox.PgxTx(tx), TopicSent, evt)
+			return d.Outbox.Publish(ctx, tx, TopicSent, strconv.FormatInt(e.InvoiceID, 10), map[string]int64{"invoice_id": e.InvoiceID})
 		}),
 	}}, nil
 }

@@ -72,6 +72,20 @@ func IssueInvoice(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, 
 
 // snippet:end publish-tx
 
+// snippet:begin publish
+// Issue is IssueInvoice on a pgx transaction, in the fewest lines:
+// Publish is pipeline.NewEvent and PublishTx in one call.
+func Issue(ctx context.Context, pool *pgxpool.Pool, outbox *pgoutbox.Outbox, invoiceID, customer string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO invoices (id, customer) VALUES ($1, $2)`, invoiceID, customer); err != nil {
+			return err
+		}
+		return outbox.Publish(ctx, tx, "invoice.issued", invoiceID, InvoiceIssued{InvoiceID: invoiceID, Customer: customer})
+	})
+}
+
+// snippet:end publish
+
 // snippet:begin follow-up
 // MarkMailed runs inside a handler: its event commits with the handler's
 // ledger row, or not at all.

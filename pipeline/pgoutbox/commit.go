@@ -46,6 +46,16 @@ func (p *Pending) PublishEvents(ctx context.Context, events ...pipeline.Outgoing
 	return p.o.PublishEventsTx(ctx, p.capture, events...)
 }
 
+// Publish queues one event on topic (pipeline.NewEvent(ctx, aggregateID,
+// payload) and PublishEvents in one call).
+func (p *Pending) Publish(ctx context.Context, topic, aggregateID string, payload any) error {
+	evt, err := pipeline.NewEvent(ctx, aggregateID, payload)
+	if err != nil {
+		return err
+	}
+	return p.PublishEvents(ctx, pipeline.Outgoing{Topic: topic, Msg: evt})
+}
+
 // Queue adds a statement to send with the events and the COMMIT (in the
 // order queued, events and statements alike), for a write whose result
 // the function does not need (a status row, a stored response): it costs

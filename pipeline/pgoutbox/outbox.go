@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/internal/republish"
@@ -51,6 +52,22 @@ func New(cfg Config, logger *slog.Logger) (*Outbox, error) {
 
 // Table is the outbox table the Outbox writes.
 func (o *Outbox) Table() Table { return o.adapter.Table }
+
+// Publish writes one event on topic inside tx, the pgx transaction of the
+// business write (or a handler's ledger transaction,
+// pgledger.TxFromContext): pipeline.NewEvent(ctx, aggregateID, payload)
+// and PublishTx in one call, the shape most services need. It refuses what
+// they refuse.
+func (o *Outbox) Publish(ctx context.Context, tx pgx.Tx, topic, aggregateID string, payload any) error {
+	if tx == nil {
+		return errors.New("pgoutbox: Publish needs a transaction")
+	}
+	evt, err := pipeline.NewEvent(ctx, aggregateID, payload)
+	if err != nil {
+		return err
+	}
+	return o.PublishTx(ctx, PgxTx(tx), topic, evt)
+}
 
 // PublishTx writes msgs for topic into the outbox as part of tx. Nothing is
 // visible to the relay until tx commits, and nothing remains if it rolls

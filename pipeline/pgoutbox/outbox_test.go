@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -196,4 +197,37 @@ func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
 		topics = append(topics, topic)
 	}
 	require.Equal(t, []string{"stripe.charge", "mail.send"}, topics)
+}
+
+// Publish is NewEvent and PublishTx in one call, on a pgx transaction and
+// on InTx's Pending: the event commits with the transaction, carries its
+// aggregate and JSON payload, and what NewEvent or PublishTx refuses is
+// refused before anything is written.
+func TestPublishWritesOneEventInTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	ob, err := pgoutbox.New(pgoutbox.Config{Table: testTable, Ordered: func(topic string) bool { return topic == "ordered" }}, nil)
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return ob.Publish(ctx, tx, "invoice.issued", "inv-1", map[string]int{"amount": 5})
+	}))
+	require.NoError(t, ob.InTx(ctx, pool, func(ctx context.Context, _ pgoutbox.Querier, p *pgoutbox.Pending) error {
+		return p.Publish(ctx, "invoice.sent", "inv-1", map[string]int{"amount": 5})
+	}))
+	rows, err := testTable.Rows(ctx, pool, pgoutbox.RowFilter{AggregateID: "inv-1"})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	require.Equal(t, "invoice.issued", rows[0].Topic)
+	require.Equal(t, "invoice.sent", rows[1].Topic)
+	require.JSONEq(t, `{"amount":5}`, string(rows[0].Payload))
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return ob.Publish(ctx, tx, "ordered", "", map[string]int{"amount": 5})
+	})
+	require.Error(t, err, "an ordered topic needs an aggregate")
+	require.Error(t, ob.Publish(ctx, nil, "invoice.issued", "inv-2", nil), "no transaction")
+	rows, err = testTable.Rows(ctx, pool, pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	require.Len(t, rows, 2, "nothing written by the refused calls")
 }
