@@ -2,6 +2,8 @@ package pgretention_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -19,12 +21,19 @@ func TestPruneLedgerRemovesOnlyOldRows(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, part)
-		SELECT 'c', 'old-' || g, now() - interval '22 days', ferry_outbox_part(now() - interval '22 days') FROM generate_series(1, 25) g
-		UNION ALL SELECT 'c', 'new-' || g, now() - interval '13 days', ferry_outbox_part(now() - interval '13 days') FROM generate_series(1, 5) g
-		UNION ALL SELECT 'c', 'legacy-old-' || g, now() - interval '15 days', -1 FROM generate_series(1, 12) g
-		UNION ALL SELECT 'c', 'legacy-new', now() - interval '1 day', -1`)
-	require.NoError(t, err)
+	day, legacy := 24*time.Hour, -1
+	var rows []pipelinetest.LedgerRow
+	for g := 1; g <= 25; g++ {
+		rows = append(rows, pipelinetest.LedgerRow{Consumer: "c", MessageID: fmt.Sprint("old-", g), ProcessedAt: time.Now().Add(-22 * day)})
+	}
+	for g := 1; g <= 5; g++ {
+		rows = append(rows, pipelinetest.LedgerRow{Consumer: "c", MessageID: fmt.Sprint("new-", g), ProcessedAt: time.Now().Add(-13 * day)})
+	}
+	for g := 1; g <= 12; g++ {
+		rows = append(rows, pipelinetest.LedgerRow{Consumer: "c", MessageID: fmt.Sprint("legacy-old-", g), ProcessedAt: time.Now().Add(-15 * day), Part: &legacy})
+	}
+	rows = append(rows, pipelinetest.LedgerRow{Consumer: "c", MessageID: "legacy-new", ProcessedAt: time.Now().Add(-day), Part: &legacy})
+	pipelinetest.InsertLedger(t, pool, rows...)
 
 	dry, err := pgretention.Prune(ctx, pool, pgretention.Ledger, pgretention.Options{Table: testTable, OlderThan: pgretention.DefaultLedgerRetention, DryRun: true, BatchSize: 10})
 	require.NoError(t, err)
@@ -37,14 +46,18 @@ func TestPruneLedgerRemovesOnlyOldRows(t *testing.T) {
 	require.EqualValues(t, 37, res.Removed)
 	require.Equal(t, 2, res.Batches, "the legacy partition's 10 + 2")
 	require.Equal(t, dry.Partitions.Partitions, res.Partitions.Partitions, "25 rows in one week, emptied whole")
-	var left []string
-	rows, err := pool.Query(ctx, `SELECT message_id FROM processed_messages ORDER BY message_id`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		left = append(left, id)
+	var all []string
+	for _, r := range rows {
+		all = append(all, r.MessageID)
 	}
+	pruned := pipelinetest.Unprocessed(t, pool, "c", all...)
+	var left []string
+	for _, id := range all {
+		if !slices.Contains(pruned, id) {
+			left = append(left, id)
+		}
+	}
+	slices.Sort(left)
 	require.Equal(t, []string{"legacy-new", "new-1", "new-2", "new-3", "new-4", "new-5"}, left)
 }
 

@@ -38,8 +38,8 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 			Headers: map[string]string{"ferry_message_id": "m-retry", "ferry_retry_queue": "notifications.mail", "ferry_attempt": "3", "ferry_last_error": "SMTP 451 try later"}})
 	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m-poison", Topic: "stripe.charge", Handler: "payments.charge", AggregateID: "order-7",
 		Reason: "card declined", CorrelationID: "corr-7"})
+	pipelinetest.InsertLedger(t, pool, pipelinetest.LedgerRow{Consumer: "billing.paid", MessageID: "m-handled"})
 	_, err := pool.Exec(ctx, `
-		INSERT INTO processed_messages (consumer, message_id) VALUES ('billing.paid', 'm-handled');
 		INSERT INTO ferry_held_partitions (consumer, message_id, since, attempt, last_error) VALUES ('ledger.post@3', 'm-held', now(), 4, 'ledger answered 503');
 		INSERT INTO ferry_poison_archive (id, message_id, topic, handler, consumer, aggregate_id, payload, headers, reason, permanent, attempts,
 		  first_failed_at, last_failed_at, poisoned_at, correlation_id, discarded_by, discard_run) VALUES
