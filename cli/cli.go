@@ -242,22 +242,46 @@ func (c *CLI) flagSet(path []string, cmd *Command) (*flag.FlagSet, RunFunc) {
 
 func (c *CLI) runCommand(ctx context.Context, path []string, cmd *Command, args []string) error {
 	fs, run := c.flagSet(path, cmd)
-	if err := fs.Parse(args); err != nil {
+	positional, err := parseInterspersed(fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			c.printCommandHelp(c.env.Stdout, path, cmd)
 			return err
 		}
 		return UsageError{err}
 	}
-	if cmd.Args == "" && fs.NArg() > 0 {
-		return usagef("unexpected argument %q", fs.Arg(0))
+	if cmd.Args == "" && len(positional) > 0 {
+		return usagef("unexpected argument %q", positional[0])
 	}
 	if cmd.Name != "help" && cmd.Name != "version" {
 		for _, w := range app.UnknownVariables(os.Environ(), c.env.Options.EnvVars) {
 			fmt.Fprintf(c.env.Stderr, "%s: warning: %s\n", c.env.Name, w)
 		}
 	}
-	return run(ctx, fs.Args())
+	return run(ctx, positional)
+}
+
+// parseInterspersed parses flags anywhere among the arguments, before and
+// after the positional ones, as the docs write command lines ("ferry pause
+// payments.charge --reason …"): the standard flag package stops at the
+// first argument that is not a flag, and the flags after it were taken
+// for arguments. "--" ends the flags: what follows is positional, even if
+// it starts with "-".
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional, args = append(positional, rest[0]), rest[1:]
+	}
 }
 
 // synopsis is the command line of cmd: its name, flags and arguments.

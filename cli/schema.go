@@ -77,6 +77,11 @@ func (o SchemaCheck) Run(ctx context.Context, w io.Writer) error {
 	if o.Mode == "" {
 		o.Mode = evolve.DefaultMode
 	}
+	if strings.HasPrefix(o.Ref, "-") {
+		// git would take it for one of its options (--output=FILE writes a
+		// file): a ref never starts with "-".
+		return UsageError{fmt.Errorf("--ref %q: a git ref does not start with \"-\"", o.Ref)}
+	}
 	var previous evolve.Snapshot
 	data, err := o.read(ctx)
 	switch {
@@ -146,7 +151,7 @@ func (o SchemaCheck) read(ctx context.Context) ([]byte, error) {
 		path = "./" + path
 	}
 	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "git", "show", o.Ref+":"+path)
+	cmd := exec.CommandContext(ctx, "git", "show", "--end-of-options", o.Ref+":"+path)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {

@@ -97,4 +97,10 @@ func TestSchemaCheckInAServicesCI(t *testing.T) {
 	code, out = schemaCLI(t, changed)("--ref", "no-such-ref")
 	require.Equal(t, 1, code, out)
 	require.Contains(t, out, "git show")
+	// A ref that git would read as its own option is refused: it wrote
+	// the file --output names.
+	code, out = schemaCLI(t, changed)("--ref=--output=written")
+	require.Equal(t, 2, code, out)
+	require.Contains(t, out, `a git ref does not start with "-"`)
+	require.NoFileExists(t, filepath.Join(dir, "written"))
 }

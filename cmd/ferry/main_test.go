@@ -351,7 +351,11 @@ func TestPoisonAndStatusCommands(t *testing.T) {
 	require.Contains(t, out, "attempt history")
 	require.Contains(t, out, "#1  t  first")
 	require.Contains(t, out, `"a": 1`)
-	code, _, errOut := cmd("poison", "show", "999999")
+	// Flags after the argument, as the docs write command lines.
+	code, out, errOut := cmd("poison", "show", strconv.FormatInt(ids[0], 10), "--json")
+	require.Equal(t, 0, code, errOut)
+	require.True(t, json.Valid([]byte(out)), out)
+	code, _, errOut = cmd("poison", "show", "999999")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "no such poisoned message")
 
