@@ -162,6 +162,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"ferry_poison_archive":   {"pipeline/pgpoison"},
 		"ferry_handler_pauses":   {"pipeline/pgpause"},
 		"ferry_jobs":             {"pipeline/pgjobs"},
+		"ferry_confirmations":    {"pipeline/pgconfirm"},
 	}
 	// The outbox's tables are read through pgoutbox's typed reads and
 	// views only, by reports too.
@@ -172,6 +173,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"pgpoison.Table":        {"pipeline/pgpoison", "pipeline/pgstatus"},
 		"pgpoison.ArchiveTable": {"pipeline/pgpoison", "pipeline/pgstatus"},
 		"pgjobs.Table":          {"pipeline/pgjobs"},
+		"pgconfirm.Table":       {"pipeline/pgconfirm"},
 		"pgpause.Table":         {"pipeline/pgpause"},
 		"pgtoolcalls.Table":     {"pipeline/pgtoolcalls", "agenttools"},
 		"shadow.Table":          {"adoption/shadow", "pipeline/pgstatus", "metrics"},

@@ -19,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgfilter"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
@@ -145,59 +146,9 @@ func (o PoisonAction) Run(ctx context.Context, store *pgpoison.Store, w io.Write
 	})
 }
 
-// ParseFilter reads --filter: key=value pairs, comma-separated (handler,
-// aggregate, text, fingerprint, since, until; since and until take a
-// duration back from now or an RFC 3339 time).
-func ParseFilter(v string) (pgpoison.Filter, error) {
-	var f pgpoison.Filter
-	for _, part := range strings.Split(v, ",") {
-		if part = strings.TrimSpace(part); part == "" {
-			continue
-		}
-		k, val, ok := strings.Cut(part, "=")
-		if !ok {
-			return f, fmt.Errorf("want key=value, got %q", part)
-		}
-		switch k {
-		case "handler":
-			f.Handler = val
-		case "aggregate":
-			f.AggregateID = val
-		case "text":
-			f.Text = val
-		case "fingerprint":
-			f.Fingerprint = val
-		case "correlation":
-			f.CorrelationID = val
-		case "message":
-			f.MessageID = val
-		case "since", "until":
-			t, err := timeOrAgo(val)
-			if err != nil {
-				return f, fmt.Errorf("%s: %w", k, err)
-			}
-			if k == "since" {
-				f.Since = t
-			} else {
-				f.Until = t
-			}
-		default:
-			return f, fmt.Errorf("unknown key %q (handler, aggregate, text, fingerprint, correlation, message, since, until)", k)
-		}
-	}
-	return f, nil
-}
-
-func timeOrAgo(v string) (time.Time, error) {
-	if d, err := time.ParseDuration(v); err == nil && d > 0 {
-		return time.Now().Add(-d), nil
-	}
-	t, err := time.Parse(time.RFC3339, v)
-	if err != nil {
-		return t, errors.New("want a duration back from now (24h) or an RFC 3339 time")
-	}
-	return t, nil
-}
+// ParseFilter reads --filter: key=value pairs, comma-separated, the
+// console's filter words (pgfilter.Parse).
+func ParseFilter(v string) (pgpoison.Filter, error) { return pgfilter.Parse(v) }
 
 func listGroups(ctx context.Context, w io.Writer, store *pgpoison.Store, f pgpoison.Filter, asJSON bool) error {
 	f.AfterID, f.Limit = 0, 0

@@ -6,16 +6,17 @@ import (
 	"html/template"
 	"net/url"
 	"strconv"
-	"time"
 
+	"github.com/ferry-dev/ferry/pipeline/pgfilter"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
-// filterFrom reads the poison filter from a query or a form.
+// filterFrom reads the poison filter from a query or a form: the keys of
+// pgfilter (the command line's --filter words), "q" read as "text" (the
+// search box of links made before), and the page's "after".
 func filterFrom(v url.Values) (pgpoison.Filter, error) {
-	f := pgpoison.Filter{Topic: v.Get("topic"), Handler: v.Get("handler"), AggregateID: v.Get("aggregate"),
-		Text: v.Get("q"), Fingerprint: v.Get("fingerprint"), CorrelationID: v.Get("correlation"), MessageID: v.Get("message"), Limit: pageSize}
-	var errs []error
+	f, err := pgfilter.FromValues(v)
+	errs := []error{err}
 	if s := v.Get("after"); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || n < 0 {
@@ -23,26 +24,7 @@ func filterFrom(v url.Values) (pgpoison.Filter, error) {
 		}
 		f.AfterID = n
 	}
-	for name, dst := range map[string]*time.Time{"since": &f.Since, "until": &f.Until} {
-		s := v.Get(name)
-		if s == "" {
-			continue
-		}
-		if d, err := time.ParseDuration(s); err == nil && d > 0 {
-			*dst = time.Now().Add(-d)
-			continue
-		}
-		t, err := time.Parse(time.RFC3339, s)
-		if err != nil {
-			if t2, err2 := time.Parse("2006-01-02T15:04", s); err2 == nil {
-				t, err = t2, nil
-			}
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s must be a duration back from now (24h) or a time (2026-12-03T10:00)", name))
-		}
-		*dst = t
-	}
+	f.Limit = pageSize
 	return f, errors.Join(errs...)
 }
 
@@ -50,13 +32,17 @@ func filterFrom(v url.Values) (pgpoison.Filter, error) {
 // on into its forms and links. Anything else in a crafted link (an action,
 // a scope, a confirmation) is dropped, so a click on one button cannot
 // carry another's meaning.
-var filterKeys = []string{"topic", "handler", "aggregate", "q", "fingerprint", "correlation", "message", "since", "until"}
+var filterKeys = pgfilter.Keys
 
-// filterValues is the filter part of v, one value per key.
+// filterValues is the filter part of v, one value per key ("q" as "text").
 func filterValues(v url.Values) url.Values {
 	out := url.Values{}
 	for _, k := range filterKeys {
-		if s := v.Get(k); s != "" {
+		s := v.Get(k)
+		if k == "text" && s == "" {
+			s = v.Get("q")
+		}
+		if s != "" {
 			out.Set(k, s)
 		}
 	}
@@ -66,8 +52,9 @@ func filterValues(v url.Values) url.Values {
 // filterFields are the filter's hidden inputs, in a fixed order.
 func filterFields(v url.Values) [][2]string {
 	var out [][2]string
+	fv := filterValues(v)
 	for _, k := range filterKeys {
-		if s := v.Get(k); s != "" {
+		if s := fv.Get(k); s != "" {
 			out = append(out, [2]string{k, s})
 		}
 	}
