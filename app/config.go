@@ -18,6 +18,7 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
+	"github.com/ferry-dev/ferry/pipeline/pgconfirm"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
@@ -95,6 +96,10 @@ type Config struct {
 	// or a tunnel on the host makes every request look local, and the
 	// console shows payloads and failure reasons.
 	ConsoleOpenReads bool
+	// ConsoleConfirmTTL is how long a console confirmation can be acted
+	// on (it binds the ids it counted). FERRY_CONSOLE_CONFIRM_TTL; default
+	// 10m.
+	ConsoleConfirmTTL time.Duration
 	// MetricsRefresh is how often the outbox gauges are recomputed. FERRY_METRICS_REFRESH.
 	MetricsRefresh time.Duration
 	// HTTPAddr is where the application's HTTP API (Options.HTTP) listens.
@@ -350,6 +355,7 @@ func EnvVars() []EnvVar {
 			c.ConsoleOpenReads = b
 			return nil
 		}},
+		{"FERRY_CONSOLE_CONFIRM_TTL", pgconfirm.DefaultTTL.String(), "how long a console confirmation can be acted on: it binds the ids it counted, and later they may not be what the operator would choose", durationVar(func(c *Config) *time.Duration { return &c.ConsoleConfirmTTL })},
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "listen address of the application's HTTP API (Options.HTTP)", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},
 		{"FERRY_MCP_TOKEN", "(none: /mcp and /tools need no token; keep FERRY_HTTP_ADDR on loopback)", "Bearer token of the agent tool endpoints /mcp and /tools (at least 16 characters)", func(c *Config, v string) error { c.MCPToken = v; return nil }},

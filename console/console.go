@@ -97,6 +97,10 @@ type Config struct {
 	// many more there are). Over MaxActionRows the action runs in the
 	// background with a page of its own. Default DefaultMaxBackgroundRows.
 	MaxBackgroundRows int
+	// ConfirmTTL is how long a confirmation page can be acted on: it
+	// binds the ids it counted, and minutes later they may no longer be
+	// what the operator would choose. Default pgconfirm.DefaultTTL (10m).
+	ConfirmTTL time.Duration
 	// Logger receives the console's log lines. Default: discard.
 	Logger *slog.Logger
 }

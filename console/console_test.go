@@ -32,7 +32,7 @@ const token = "console-test-token-0123"
 // token, and the bound and nonce the token binds) into form, as a browser
 // submitting that page does.
 func withConfirmation(form url.Values, page string) {
-	for _, k := range []string{"confirm", "max_id", "shown", "nonce"} {
+	for _, k := range []string{"confirm", "nonce"} {
 		form.Set(k, between(page, `name="`+k+`" value="`, `"`))
 	}
 }

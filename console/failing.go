@@ -1,7 +1,6 @@
 package console
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"html/template"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgconfirm"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 )
 
@@ -48,7 +48,7 @@ func (c *Console) failingPage(w http.ResponseWriter, r *http.Request) {
 // transaction and records the audit entry.
 func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 	form := r.PostForm
-	for _, k := range []string{"kind", "action", "scope", "confirm", "handler", "fingerprint", "max_id", "shown", "nonce"} {
+	for _, k := range []string{"kind", "action", "scope", "confirm", "handler", "fingerprint", "nonce"} {
 		if len(form[k]) > 1 {
 			c.fail(w, r, http.StatusBadRequest, "the form names "+k+" more than once")
 			return
@@ -82,23 +82,26 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	n, err := c.ops.Count(r.Context(), sel)
+	// As the poison store's: the preview keeps the ids it counted (at
+	// most MaxActionRows, the oldest; pgconfirm) and the action takes those,
+	// still of this kind, and nothing else, once.
+	selection := kind + " " + sel.String()
+	shown, ok, err := c.confirmed(r, "outbox", act, selection)
+	var bad errConfirmation
+	if errors.As(err, &bad) {
+		c.fail(w, r, http.StatusConflict, bad.Error())
+		return
+	}
 	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
-	// As the poison store's: the confirmation binds the exact set it
-	// showed (newest row, how many, at most MaxActionRows) and is
-	// single-use.
-	got := form.Get("confirm")
-	maxID, shown, nonce, ok := confirmedBound(form, MaxActionRows)
-	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken(r, "outbox", act, sel.String(), maxID, shown, nonce))) != 1 {
-		maxID, shown, err := c.ops.Bound(r.Context(), sel, MaxActionRows)
+	if !ok {
+		ids, total, err := c.ops.SelectIDs(r.Context(), sel, MaxActionRows)
 		if err != nil {
 			c.internal(w, r, err)
 			return
 		}
-		nonce := newNonce()
 		fields := [][2]string{{"fingerprint", sel.Fingerprint}}
 		if kind == "retrying" {
 			fields = append(fields, [2]string{"handler", sel.Handler})
@@ -109,19 +112,23 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 				fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
 			}
 		}
-		fields = append(fields, [2]string{"max_id", strconv.FormatInt(maxID, 10)}, [2]string{"shown", strconv.Itoa(shown)}, [2]string{"nonce", nonce})
-		c.render(w, r, "outbox-confirm", &outboxConfirmPage{Kind: kind, Action: act, Scope: scopeName, Count: shown, Total: n, Fields: fields,
-			Confirm: c.confirmToken(r, "outbox", act, sel.String(), maxID, shown, nonce)})
+		named, token, err := c.preview(r, pgconfirm.Preview{Kind: "outbox", Action: act, Selection: selection, IDs: ids, Total: total})
+		if err != nil {
+			c.internal(w, r, err)
+			return
+		}
+		c.render(w, r, "outbox-confirm", &outboxConfirmPage{Kind: kind, Action: act, Scope: scopeName, Count: len(ids), Total: total,
+			Fields: append(fields, named...), Confirm: token, TTL: c.ttl()})
 		return
 	}
-	if shown == 0 {
-		// Nothing was shown, so nothing is taken (a zero bound would mean
-		// "no bound").
+	if len(shown.IDs) == 0 {
+		// Nothing was shown, so nothing is taken.
 		flash := act + ": 0 row(s); the confirmation showed none"
 		c.redirectFlash(w, r, "/"+kind, flash, nil)
 		return
 	}
-	sel.MaxID, sel.Limit = maxID, shown
+	nonce, count := r.PostForm.Get("nonce"), len(shown.IDs)
+	sel = pgoutbox.Stuck{Kind: sel.Kind, IDs: shown.IDs}
 	do := c.ops.RetryNow
 	if act == "discard" {
 		do = c.ops.Discard
@@ -136,8 +143,8 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	flash := fmt.Sprintf("%s: %d row(s)", act, len(done.IDs))
-	if gone := shown - len(done.IDs); gone > 0 {
-		flash += fmt.Sprintf("; %d of the %d confirmed were no longer there", gone, shown)
+	if gone := count - len(done.IDs); gone > 0 {
+		flash += fmt.Sprintf("; %d of the %d confirmed were no longer there", gone, count)
 	}
 	c.redirectFlash(w, r, "/"+kind, flash, nil)
 }

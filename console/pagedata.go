@@ -115,6 +115,8 @@ type confirmPage struct {
 	// Background: the action takes more than one request should
 	// (MaxActionRows) and runs as a job with a page of its own.
 	Background bool
+	// TTL is how long the confirmation can be used.
+	TTL string
 }
 
 type failingPage struct {
@@ -147,6 +149,7 @@ type outboxConfirmPage struct {
 	Count, Total        int
 	Fields              [][2]string
 	Confirm             string
+	TTL                 string
 }
 
 type outboxRowPage struct {

@@ -6,15 +6,16 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"html/template"
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ferry-dev/ferry/internal/display"
+	"github.com/ferry-dev/ferry/pipeline/pgconfirm"
 )
 
 // Bounds of what a page shows: hostile or huge content stays readable.
@@ -97,7 +98,7 @@ const MaxActionRows = 1000
 // confirmation of a poison store action can take, in the background.
 const DefaultMaxBackgroundRows = 250_000
 
-// newNonce is a confirmation's single-use id.
+// newNonce is a single-use id (a background run's).
 func newNonce() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24+)
@@ -105,20 +106,56 @@ func newNonce() string {
 }
 
 // confirmToken binds a confirmation to its session (another session, or
-// this one after logging out, cannot use it) and to its action on the
-// exact set it showed: the selection, the newest row in it and how many,
-// and its nonce.
-func (c *Console) confirmToken(r *http.Request, kind, act, scope string, maxID int64, shown int, nonce string) string {
-	return c.mac(strings.Join([]string{"confirm", c.csrf(r), kind, act, scope, strconv.FormatInt(maxID, 10), strconv.Itoa(shown), nonce}, "\x00"))
+// this one after logging out, cannot use it), its action and selection,
+// and its nonce, under which pgconfirm keeps the ids it showed.
+func (c *Console) confirmToken(r *http.Request, kind, act, selection, nonce string) string {
+	return c.mac(strings.Join([]string{"confirm", c.csrf(r), kind, act, selection, nonce}, "\x00"))
 }
 
-// confirmedBound reads the bound a confirmation form carries.
-func confirmedBound(form url.Values, limit int) (maxID int64, shown int, nonce string, ok bool) {
-	maxID, err1 := strconv.ParseInt(form.Get("max_id"), 10, 64)
-	shown, err2 := strconv.Atoi(form.Get("shown"))
-	nonce = form.Get("nonce")
-	ok = err1 == nil && err2 == nil && maxID >= 0 && shown >= 0 && shown <= limit && len(nonce) == 32
-	return maxID, shown, nonce, ok
+// preview records what a confirmation page shows (the ids, under a new
+// nonce, until Config.ConfirmTTL) and returns the form fields that name it
+// and the signed token.
+func (c *Console) preview(r *http.Request, p pgconfirm.Preview) (fields [][2]string, token string, err error) {
+	nonce, _, err := pgconfirm.Save(r.Context(), c.pool, p, c.cfg.ConfirmTTL)
+	if err != nil {
+		return nil, "", err
+	}
+	return [][2]string{{"nonce", nonce}}, c.confirmToken(r, p.Kind, p.Action, p.Selection, nonce), nil
+}
+
+// ttl is how long a confirmation can be used, in words.
+func (c *Console) ttl() string {
+	d := c.cfg.ConfirmTTL
+	if d <= 0 {
+		d = pgconfirm.DefaultTTL
+	}
+	return d.String()
+}
+
+// errConfirmation is a confirmation that was given but cannot be used.
+type errConfirmation struct{ error }
+
+// confirmed returns what the confirmation a form posts showed, when the
+// form carries one signed for this session, this action and this
+// selection: the action then takes those ids and nothing else. ok is
+// false when there is none (or it was made for something else): show the
+// preview. An expired or unknown confirmation is an errConfirmation.
+func (c *Console) confirmed(r *http.Request, kind, act, selection string) (p pgconfirm.Preview, ok bool, err error) {
+	got, nonce := r.PostForm.Get("confirm"), r.PostForm.Get("nonce")
+	if got == "" || len(nonce) != 32 || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken(r, kind, act, selection, nonce))) != 1 {
+		return p, false, nil
+	}
+	p, err = pgconfirm.Load(r.Context(), c.pool, nonce)
+	if errors.Is(err, pgconfirm.ErrExpired) || errors.Is(err, pgconfirm.ErrUnknown) {
+		return p, false, errConfirmation{err}
+	}
+	if err != nil {
+		return p, false, err
+	}
+	if p.Kind != kind || p.Action != act || p.Selection != selection {
+		return p, false, nil
+	}
+	return p, true, nil
 }
 
 // shownPayload is a payload as a detail page shows it: pretty JSON, or the

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgconfirm"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
@@ -90,7 +91,7 @@ func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
 // back to the poison page with what was done.
 func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	form := r.PostForm
-	for _, k := range append([]string{"action", "scope", "confirm", "max_id", "shown", "nonce"}, filterKeys...) {
+	for _, k := range append([]string{"action", "scope", "confirm", "nonce", "q"}, filterKeys...) {
 		if len(form[k]) > 1 {
 			c.fail(w, r, http.StatusBadRequest, "the form names "+k+" more than once")
 			return
@@ -137,61 +138,66 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "the scope must be selected, group or filter")
 		return
 	}
-	countFilter := sel.Filter
-	var n int
-	if len(sel.IDs) > 0 {
-		n, err = c.store.CountIDs(r.Context(), sel.IDs)
-	} else {
-		n, err = c.store.Count(r.Context(), countFilter)
+	// The confirmation binds the exact set it showed: the preview keeps
+	// the ids it counted (at most MaxBackgroundRows, the oldest) under a
+	// single-use nonce (pgconfirm), and the action takes those ids and
+	// nothing else: a message that joined the selection afterwards, or came
+	// back under an older id (an Undo), is left alone, and one that left it
+	// is reported as gone. The audit entry written with the action records
+	// the nonce; a unique index refuses a second one. A link or a form that
+	// says confirm=1 by itself confirms nothing.
+	selection := scopeText(scope, sel)
+	shown, ok, err := c.confirmed(r, "poison", act, selection)
+	var bad errConfirmation
+	if errors.As(err, &bad) {
+		c.fail(w, r, http.StatusConflict, bad.Error())
+		return
 	}
 	if err != nil {
 		c.internal(w, r, err)
 		return
 	}
-	// The confirmation binds the exact set it showed: the newest message
-	// in it (max_id) and how many (shown, at most MaxActionRows, the
-	// oldest first), with a nonce that makes it single-use (the audit
-	// entry written with the action records it; a unique index refuses a
-	// second one). A link or a form that says confirm=1 by itself confirms
-	// nothing, and a group that grew after the confirmation is acted on
-	// only as far as it was shown.
-	got := form.Get("confirm")
-	maxID, shown, nonce, ok := confirmedBound(form, c.cfg.MaxBackgroundRows)
-	if got == "" || !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.confirmToken(r, "poison", act, scopeText(scope, sel), maxID, shown, nonce))) != 1 {
-		maxID, shown, err := c.store.Bound(r.Context(), sel, c.cfg.MaxBackgroundRows)
+	if !ok {
+		ids, total, err := c.store.SelectIDs(r.Context(), sel, c.cfg.MaxBackgroundRows)
 		if err != nil {
 			c.internal(w, r, err)
 			return
 		}
-		nonce := newNonce()
-		fields := filterFields(form)
+		// The filter as it was resolved: "since=24h" is carried back as
+		// the time it meant, so that the click names the same selection.
+		fields := filterFields(sel.Filter.Values())
 		for _, id := range sel.IDs {
 			fields = append(fields, [2]string{"id", strconv.FormatInt(id, 10)})
 		}
-		fields = append(fields, [2]string{"max_id", strconv.FormatInt(maxID, 10)}, [2]string{"shown", strconv.Itoa(shown)}, [2]string{"nonce", nonce})
+		named, token, err := c.preview(r, pgconfirm.Preview{Kind: "poison", Action: act, Selection: selection, IDs: ids, Total: total})
+		if err != nil {
+			c.internal(w, r, err)
+			return
+		}
 		var in string
 		if scope == "group" {
 			in = within(sel.Filter)
 		}
-		c.render(w, r, "confirm", &confirmPage{Action: act, Scope: scope, Within: in, Count: shown, Total: n, Fields: fields, Background: shown > MaxActionRows,
-			Confirm: c.confirmToken(r, "poison", act, scopeText(scope, sel), maxID, shown, nonce)})
+		c.render(w, r, "confirm", &confirmPage{Action: act, Scope: scope, Within: in, Count: len(ids), Total: total, Fields: append(fields, named...),
+			Background: len(ids) > MaxActionRows, Confirm: token, TTL: c.ttl()})
 		return
 	}
-	if shown == 0 {
-		// Nothing was shown, so nothing is taken (a zero bound would mean
-		// "no bound").
+	if len(shown.IDs) == 0 {
+		// Nothing was shown, so nothing is taken.
 		flash := act + ": 0 message(s); the confirmation showed none"
 		c.redirectFlash(w, r, "/poison", flash, nil)
 		return
 	}
-	sel.MaxID, sel.Limit = maxID, shown
+	sel = pgpoison.Selector{IDs: shown.IDs}
+	nonce := r.PostForm.Get("nonce")
+	count := len(shown.IDs)
 	run := c.store.RequeueEach
 	if act == "discard" {
 		run = c.store.DiscardEach
 	}
-	runInfo := pgpoison.Run{Actor: c.actor(r), Scope: scopeText(scope, sel), Confirmation: nonce, ID: newNonce()[:16]}
-	if shown > MaxActionRows {
-		c.startJob(w, r, act, runInfo, shown, func(ctx context.Context, fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
+	runInfo := pgpoison.Run{Actor: c.actor(r), Scope: selection, Confirmation: nonce, ID: newNonce()[:16]}
+	if count > MaxActionRows {
+		c.startJob(w, r, act, runInfo, count, func(ctx context.Context, fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
 			return run(ctx, sel, runInfo, fn)
 		})
 		return
@@ -211,7 +217,7 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	flash := actionResult(act, shown, sum, ": "+strings.Join(skipped, "; "))
+	flash := actionResult(act, count, sum, ": "+strings.Join(skipped, "; "))
 	var undo url.Values
 	if act == "discard" && sum.Done > 0 {
 		undo = url.Values{"undo": {sum.Run}, "undo_sig": {c.mac("undo\x00" + sum.Run)}}

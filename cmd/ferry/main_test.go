@@ -678,6 +678,10 @@ func TestPoisonListTotalsFiltersWidthAndJSON(t *testing.T) {
 	code, out = cmd("poison", "list", "--filter", "message=m5")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "1 shown of 1")
+	// The filters -h lists act too: a correlation id alone was refused.
+	code, out = cmd("poison", "requeue", "--filter", "correlation=corr-1", "--dry-run")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "would requeue")
 
 	t.Setenv("COLUMNS", "100")
 	code, out = cmd("poison", "list", "--limit", "2")

@@ -64,6 +64,17 @@ func (f Filter) String() string {
 	return strings.Join(parts, ",")
 }
 
+// Values is the filter's criteria by key (Keys), unescaped, with since
+// and until as absolute times: a form that carries them back (a
+// confirmation's) means the same filter, not "24h before the click".
+func (f Filter) Values() map[string][]string {
+	out := map[string][]string{}
+	for _, kv := range f.pairs() {
+		out[kv[0]] = []string{kv[1]}
+	}
+	return out
+}
+
 func (f Filter) pairs() [][2]string {
 	var out [][2]string
 	for _, kv := range [][2]string{{"topic", f.Topic}, {"handler", f.Handler}, {"aggregate", f.AggregateID}, {"text", f.Text}, {"fingerprint", f.Fingerprint},

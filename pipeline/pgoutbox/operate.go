@@ -242,17 +242,37 @@ func (o *Operator) Count(ctx context.Context, p Stuck) (int, error) {
 	return n, nil
 }
 
-// Bound is the newest row p chooses now, and how many it chooses up to
-// it, taking at most limit (oldest first; 0: all): what a confirmation
-// shows, and then binds the action to (Stuck.MaxID, Stuck.Limit).
-func (o *Operator) Bound(ctx context.Context, p Stuck, limit int) (maxID int64, n int, err error) {
+
+// SelectIDs returns the ids of the rows p chooses now, oldest first, at
+// most limit (0: all), and how many it chooses in all: what a preview
+// shows and a confirmation then binds the action to (pgconfirm: the action
+// takes these ids, still of p's kind, and nothing else).
+func (o *Operator) SelectIDs(ctx context.Context, p Stuck, limit int) (ids []int64, total int, err error) {
+	if err := p.Validate(); err != nil {
+		return nil, 0, err
+	}
 	p.MaxID, p.Limit = 0, limit
 	q, args := p.chosen(o.table, o.pending)
-	q = `SELECT coalesce(max(id), 0), count(*) FROM (` + strings.TrimSuffix(q, ` FOR UPDATE`) + `) c`
-	if err := o.pool.QueryRow(ctx, q, args...).Scan(&maxID, &n); err != nil {
-		return 0, 0, fmt.Errorf("bounding %s: %w", p, err)
+	where, countArgs := p.where()
+	err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		// One snapshot for the count and the ids.
+		if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+o.pending+` o WHERE `+where, countArgs...).Scan(&total); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, strings.TrimSuffix(q, ` FOR UPDATE`), args...)
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("selecting %s: %w", p, err)
 	}
-	return maxID, n, nil
+	return ids, total, nil
 }
 
 // By says who acts and, for a console action, the single-use nonce of the

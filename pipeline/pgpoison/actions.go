@@ -367,6 +367,10 @@ func (s *Store) actPages(ctx context.Context, sel Selector, run Run, action stri
 	}
 	found := map[int64]bool{}
 	first := true
+	// Chosen by id (a confirmation's ids, up to 250,000): each page takes
+	// the next pageSize of them, sorted, so that no page's query carries
+	// the whole list.
+	byID := slices.Compact(slices.Sorted(slices.Values(sel.IDs)))
 	for {
 		n := pageSize
 		if sel.Limit > 0 {
@@ -374,6 +378,14 @@ func (s *Store) actPages(ctx context.Context, sel Selector, run Run, action stri
 		}
 		if n <= 0 {
 			break
+		}
+		var chunk []int64
+		if len(sel.IDs) > 0 {
+			from, _ := slices.BinarySearch(byID, sum.LastID+1)
+			if from == len(byID) {
+				break
+			}
+			chunk = byID[from:min(from+n, len(byID))]
 		}
 		var actions []Action
 		var last int64
@@ -391,7 +403,7 @@ func (s *Store) actPages(ctx context.Context, sel Selector, run Run, action stri
 			}
 			rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
 				WHERE id > $1 AND id <= $4 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND `+where+`
-				ORDER BY id LIMIT $3 FOR UPDATE`, append([]any{sum.LastID, sel.IDs, n, maxID}, args...)...)
+				ORDER BY id LIMIT $3 FOR UPDATE`, append([]any{sum.LastID, chunk, n, maxID}, args...)...)
 			if err != nil {
 				return fmt.Errorf("selecting poisoned messages: %w", err)
 			}
@@ -442,6 +454,12 @@ func (s *Store) actPages(ctx context.Context, sel Selector, run Run, action stri
 				}
 			}
 		}
+		if chunk != nil {
+			// The next page starts after this chunk, whether or not its
+			// messages were still there.
+			sum.LastID = chunk[len(chunk)-1]
+			continue
+		}
 		if len(actions) == 0 {
 			break
 		}
@@ -458,11 +476,14 @@ func (s *Store) actPages(ctx context.Context, sel Selector, run Run, action stri
 	return sum, nil
 }
 
-// Bound is the newest message sel chooses now among the oldest limit (0:
-// all), and how many that is: what a confirmation shows, and then binds
-// the action to (Selector.MaxID, Selector.Limit), so that messages
-// poisoned after it are not taken.
-func (s *Store) Bound(ctx context.Context, sel Selector, limit int) (maxID int64, n int, err error) {
+// SelectIDs returns the ids of the messages sel chooses now, oldest
+// first, at most limit (0: all), and how many it chooses in all: what a
+// preview shows and a confirmation then binds the action to (pgconfirm:
+// the action takes these ids and nothing else).
+func (s *Store) SelectIDs(ctx context.Context, sel Selector, limit int) (ids []int64, total int, err error) {
+	if err := sel.Validate(); err != nil {
+		return nil, 0, err
+	}
 	f := sel.Filter
 	if sel.Topic != "" {
 		f.Topic = sel.Topic
@@ -472,11 +493,27 @@ func (s *Store) Bound(ctx context.Context, sel Selector, limit int) (maxID int64
 	if limit > 0 {
 		lim = int64(limit)
 	}
-	err = s.pool.QueryRow(ctx, `SELECT coalesce(max(id), 0), count(*) FROM (SELECT id FROM `+Table+`
-		WHERE (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1)) AND `+cond+` ORDER BY id LIMIT $2) c`,
-		append([]any{sel.IDs, lim}, args...)...).Scan(&maxID, &n)
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// One snapshot for the count and the ids.
+		if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
+			return err
+		}
+		countCond, countArgs := where(f, 2)
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+Table+` WHERE (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1)) AND `+countCond,
+			append([]any{sel.IDs}, countArgs...)...).Scan(&total); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT id FROM `+Table+` WHERE (coalesce(cardinality($1::bigint[]), 0) = 0 OR id = ANY($1)) AND `+cond+` ORDER BY id LIMIT $2`,
+			append([]any{sel.IDs, lim}, args...)...)
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("bounding the selection: %w", err)
+		return nil, 0, fmt.Errorf("selecting the messages to confirm: %w", err)
 	}
-	return maxID, n, nil
+	return ids, total, nil
 }
+
