@@ -242,7 +242,6 @@ func (o *Operator) Count(ctx context.Context, p Stuck) (int, error) {
 	return n, nil
 }
 
-
 // SelectIDs returns the ids of the rows p chooses now, oldest first, at
 // most limit (0: all), and how many it chooses in all: what a preview
 // shows and a confirmation then binds the action to (pgconfirm: the action

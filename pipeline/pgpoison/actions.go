@@ -516,4 +516,3 @@ func (s *Store) SelectIDs(ctx context.Context, sel Selector, limit int) (ids []i
 	}
 	return ids, total, nil
 }
-
