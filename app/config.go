@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -96,6 +97,18 @@ type Config struct {
 	// or a tunnel on the host makes every request look local, and the
 	// console shows payloads and failure reasons.
 	ConsoleOpenReads bool
+	// ConsoleTrustedProxies are the reverse proxies in front of the
+	// console, whose X-Forwarded-For and X-Forwarded-Proto it believes.
+	// FERRY_CONSOLE_TRUSTED_PROXIES (addresses or CIDRs, comma-separated);
+	// default none: the peer is the client.
+	ConsoleTrustedProxies []netip.Prefix
+	// ConsoleSecureCookies marks the session cookie Secure whatever the
+	// request says, for TLS ended by a proxy that sends no
+	// X-Forwarded-Proto. FERRY_CONSOLE_SECURE_COOKIES; default false.
+	ConsoleSecureCookies bool
+	// ConsoleIdleTimeout ends a console session unused this long.
+	// FERRY_CONSOLE_IDLE_TIMEOUT; default 30m.
+	ConsoleIdleTimeout time.Duration
 	// ConsoleConfirmTTL is how long a console confirmation can be acted
 	// on (it binds the ids it counted). FERRY_CONSOLE_CONFIRM_TTL; default
 	// 10m.
@@ -355,6 +368,33 @@ func EnvVars() []EnvVar {
 			c.ConsoleOpenReads = b
 			return nil
 		}},
+		{"FERRY_CONSOLE_TRUSTED_PROXIES", "(none: the peer is the client)", "addresses or CIDRs of the reverse proxies in front of the console, comma-separated: their X-Forwarded-For names the client (failed-login limits, the audit log's address) and their X-Forwarded-Proto marks the session cookie Secure", func(c *Config, v string) error {
+			c.ConsoleTrustedProxies = nil
+			for _, part := range strings.Split(v, ",") {
+				if part = strings.TrimSpace(part); part == "" {
+					continue
+				}
+				p, err := netip.ParsePrefix(part)
+				if err != nil {
+					a, aerr := netip.ParseAddr(part)
+					if aerr != nil {
+						return fmt.Errorf("%q is neither an address nor a CIDR", part)
+					}
+					p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+				}
+				c.ConsoleTrustedProxies = append(c.ConsoleTrustedProxies, p.Masked())
+			}
+			return nil
+		}},
+		{"FERRY_CONSOLE_SECURE_COOKIES", "false", "true marks the console's session cookie Secure whatever the request says (TLS ended by a proxy that sends no X-Forwarded-Proto)", func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("must be true or false")
+			}
+			c.ConsoleSecureCookies = b
+			return nil
+		}},
+		{"FERRY_CONSOLE_IDLE_TIMEOUT", "30m0s", "a console session unused this long ends (a login lasts 12h at most)", durationVar(func(c *Config) *time.Duration { return &c.ConsoleIdleTimeout })},
 		{"FERRY_CONSOLE_CONFIRM_TTL", pgconfirm.DefaultTTL.String(), "how long a console confirmation can be acted on: it binds the ids it counted, and later they may not be what the operator would choose", durationVar(func(c *Config) *time.Duration { return &c.ConsoleConfirmTTL })},
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "listen address of the application's HTTP API (Options.HTTP)", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},

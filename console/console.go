@@ -28,8 +28,8 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
-	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -41,6 +41,7 @@ import (
 
 	"github.com/ferry-dev/ferry/evolve"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgsession"
@@ -97,6 +98,22 @@ type Config struct {
 	// many more there are). Over MaxActionRows the action runs in the
 	// background with a page of its own. Default DefaultMaxBackgroundRows.
 	MaxBackgroundRows int
+	// TrustedProxies are the addresses of the reverse proxies in front of
+	// the console (FERRY_CONSOLE_TRUSTED_PROXIES): a request from one of
+	// them is from the client its X-Forwarded-For names (the nearest
+	// address that is not a trusted proxy), and its X-Forwarded-Proto says
+	// whether the client used TLS. Without them, the peer is the client:
+	// behind a proxy every login looked like the proxy's, and one
+	// stranger's wrong logins kept every operator out.
+	TrustedProxies []netip.Prefix
+	// SecureCookies marks the session cookie Secure whatever the request
+	// says (FERRY_CONSOLE_SECURE_COOKIES): for TLS that ends in a proxy
+	// that sends no X-Forwarded-Proto. It is Secure anyway when TLS ends in
+	// this process or a trusted proxy says https.
+	SecureCookies bool
+	// IdleTimeout ends a session unused this long
+	// (FERRY_CONSOLE_IDLE_TIMEOUT). Default DefaultIdleTimeout.
+	IdleTimeout time.Duration
 	// ConfirmTTL is how long a confirmation page can be acted on: it
 	// binds the ids it counted, and minutes later they may no longer be
 	// what the operator would choose. Default pgconfirm.DefaultTTL (10m).
@@ -116,9 +133,11 @@ type Console struct {
 	logins loginLimiter
 }
 
-// Login attempts allowed per client address: LoginBurst at once, then one
+// Failed logins allowed per client address: LoginBurst at once, then one
 // every LoginEvery. Guessing a 16-character token is hopeless anyway; the
-// bound keeps a script from trying and fills no log.
+// bound keeps a script from trying and fills no log. Only failures count,
+// and a valid token is never refused: a stranger's wrong logins from the
+// operators' address (a shared proxy's, a NAT's) cannot keep them out.
 const (
 	LoginBurst = 5
 	LoginEvery = 12 * time.Second
@@ -133,11 +152,9 @@ type loginLimiter struct {
 
 const maxLoginClients = 10_000
 
-func (l *loginLimiter) allow(r *http.Request) (bool, time.Duration) {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
+// failed counts a failed login from host and says whether it is within
+// the bound, and if not how long until the next attempt is.
+func (l *loginLimiter) failed(host string) (bool, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.clients == nil || len(l.clients) > maxLoginClients {
@@ -162,6 +179,9 @@ const sessionCookie = "ferry_console"
 func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error) {
 	if pool == nil || store == nil {
 		return nil, errors.New("console: New needs a pool and a poison store")
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = "/console"
@@ -265,7 +285,7 @@ func (c *Console) whoIs(r *http.Request) who {
 	if !ok || len(id) != 32 || subtle.ConstantTimeCompare([]byte(sig), []byte(c.mac("session\x00"+id))) != 1 {
 		return who{}
 	}
-	s, err := pgsession.Get(r.Context(), c.pool, id)
+	s, err := pgsession.Get(r.Context(), c.pool, id, c.cfg.IdleTimeout)
 	if err != nil {
 		if !errors.Is(err, pgsession.ErrNone) {
 			c.cfg.Logger.ErrorContext(r.Context(), "console: reading the session", "error", err)
@@ -275,9 +295,11 @@ func (c *Console) whoIs(r *http.Request) who {
 	return who{ok: true, session: s}
 }
 
-// withWho keeps r's authentication in its context.
+// withWho keeps r's authentication in its context, and its client
+// address for the audit entries its actions write.
 func (c *Console) withWho(r *http.Request) *http.Request {
-	return r.WithContext(context.WithValue(r.Context(), whoKey{}, c.whoIs(r)))
+	ctx := pgaudit.WithAddress(r.Context(), c.client(r).String())
+	return r.WithContext(context.WithValue(ctx, whoKey{}, c.whoIs(r.WithContext(ctx))))
 }
 
 // authed reports whether r carries the admin token or a live session.
@@ -295,36 +317,86 @@ func (c *Console) csrf(r *http.Request) string {
 
 // actor is who acts, for the audit log: the identity the session was
 // started with (the authenticating proxy's, FERRY_CONSOLE_IDENTITY_HEADER),
-// or the token's holder, and where the request came from.
+// or the token's holder. Where the request came from is the entry's
+// Address (pgaudit.WithAddress, set per request), never part of this text.
 func (c *Console) actor(r *http.Request) string {
 	w := c.whoIs(r)
 	switch {
 	case w.bearer:
-		return "console token-holder " + r.RemoteAddr
+		return "console token-holder"
 	case w.session.Identity != "":
-		return "console " + w.session.Identity + " " + r.RemoteAddr
+		return "console " + w.session.Identity
 	}
-	return "console session " + w.session.ID[:8] + " " + r.RemoteAddr
+	return "console session " + w.session.ID[:8]
 }
 
-// SessionLifetime is how long a console login lasts.
+// client is the address r came from: the peer, or behind a trusted proxy
+// the nearest forwarded address that is not one (X-Forwarded-For, read
+// from the right: the entries on the left are the client's to write).
+func (c *Console) client(r *http.Request) netip.Addr {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		a, _ := netip.ParseAddr(r.RemoteAddr)
+		return a
+	}
+	addr := peer.Addr().Unmap()
+	if !c.trusted(addr) {
+		return addr
+	}
+	var hops []string
+	for _, h := range r.Header.Values("X-Forwarded-For") {
+		hops = append(hops, strings.Split(h, ",")...)
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			return addr // a hop we cannot read: stop at the last one we trust
+		}
+		if addr = a.Unmap(); !c.trusted(addr) {
+			return addr
+		}
+	}
+	return addr
+}
+
+func (c *Console) trusted(a netip.Addr) bool {
+	for _, p := range c.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// secure says whether the session cookie must be Secure: TLS ended here,
+// a trusted proxy says the client used https, or the operator says so.
+func (c *Console) secure(r *http.Request) bool {
+	if r.TLS != nil || c.cfg.SecureCookies {
+		return true
+	}
+	if peer, err := netip.ParseAddrPort(r.RemoteAddr); err == nil && c.trusted(peer.Addr().Unmap()) {
+		return strings.EqualFold(strings.TrimSpace(strings.Split(r.Header.Get("X-Forwarded-Proto"), ",")[0]), "https")
+	}
+	return false
+}
+
+// SessionLifetime is how long a console login lasts at most.
 const SessionLifetime = 12 * time.Hour
 
-func loopback(r *http.Request) bool {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+// DefaultIdleTimeout is Config.IdleTimeout's default: a session unused
+// this long ends, as a screen left unlocked should.
+const DefaultIdleTimeout = 30 * time.Minute
+
+// loopback says whether r's client is this host (behind a trusted proxy,
+// the forwarded client, not the proxy).
+func (c *Console) loopback(r *http.Request) bool { return c.client(r).IsLoopback() }
 
 // read lets a request read: logged in (or with the Bearer token), or from
 // loopback when the operator opened reads there.
 func (c *Console) read(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r = c.withWho(r)
-		if !c.authed(r) && !(c.cfg.OpenReads && loopback(r)) {
+		if !c.authed(r) && !(c.cfg.OpenReads && c.loopback(r)) {
 			if c.cfg.Token == "" {
 				c.fail(w, r, http.StatusForbidden, "reading the console needs a login: set FERRY_ADMIN_TOKEN, or FERRY_CONSOLE_OPEN_READS=true to let loopback read without one")
 				return
@@ -389,18 +461,18 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: c.cfg.Prefix, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: -1})
+		SameSite: http.SameSiteStrictMode, Secure: c.secure(r), MaxAge: -1})
 	http.Redirect(w, r, c.cfg.Prefix+"/", http.StatusSeeOther)
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
-	if ok, wait := c.logins.allow(r); !ok {
-		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
-		c.fail(w, r, http.StatusTooManyRequests, fmt.Sprintf("Too many login attempts from this address: try again in %d s.", int(wait.Seconds())+1))
-		return
-	}
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	if c.cfg.Token == "" || r.ParseForm() != nil || subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(c.cfg.Token)) != 1 {
+		if ok, wait := c.logins.failed(c.client(r).String()); !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+			c.fail(w, r, http.StatusTooManyRequests, fmt.Sprintf("Too many failed logins from this address: try again in %d s.", int(wait.Seconds())+1))
+			return
+		}
 		w.WriteHeader(http.StatusUnauthorized)
 		c.render(w, r, "login", &loginPage{Off: c.cfg.Token == "", Wrong: true, Next: c.next(r.PostForm.Get("next"))})
 		return
@@ -415,7 +487,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: sess.ID + "." + c.mac("session\x00"+sess.ID), Path: c.cfg.Prefix, HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(SessionLifetime.Seconds())})
+		SameSite: http.SameSiteStrictMode, Secure: c.secure(r), MaxAge: int(SessionLifetime.Seconds())})
 	http.Redirect(w, r, c.next(r.PostForm.Get("next")), http.StatusSeeOther)
 }
 

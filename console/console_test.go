@@ -647,26 +647,6 @@ func TestOverviewChartsTheLastHour(t *testing.T) {
 	require.Contains(t, partial, `id="chart-handlers"`, "the refreshed part redraws the charts")
 }
 
-// Login attempts are bounded per client address: a script guessing the
-// token gets 429 with Retry-After after console.LoginBurst tries, the
-// right token included (the bound counts attempts, not failures).
-func TestLoginAttemptsAreRateLimited(t *testing.T) {
-	t.Parallel()
-	srv, _ := setup(t)
-	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	for i := range console.LoginBurst {
-		resp, err := client.PostForm(srv.URL+"/console/login", url.Values{"token": {"guess"}})
-		require.NoError(t, err)
-		resp.Body.Close()
-		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "try %d", i+1)
-	}
-	resp, err := client.PostForm(srv.URL+"/console/login", url.Values{"token": {token}})
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
-	require.NotEmpty(t, resp.Header.Get("Retry-After"))
-}
-
 // A bulk action does exactly what was confirmed (issue 33): a group that
 // grows between the confirmation and the click is acted on only as far as
 // it was shown; one confirmation takes at most MaxBackgroundRows, the

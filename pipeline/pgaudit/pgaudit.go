@@ -18,13 +18,35 @@ import (
 
 // Entry is one action.
 type Entry struct {
-	ID     int64          `json:"id"`
-	At     time.Time      `json:"at"`
-	Actor  string         `json:"actor"`
-	Action string         `json:"action"`
-	Scope  string         `json:"scope"`
-	Count  int            `json:"count"`
-	Detail map[string]any `json:"detail"`
+	ID    int64     `json:"id"`
+	At    time.Time `json:"at"`
+	Actor string    `json:"actor"`
+	// Address is where the action came from (the console's client
+	// address, behind trusted proxies the forwarded one; "" from the
+	// command line): a field of its own, never part of Actor, so that an
+	// identity header cannot write one.
+	Address string         `json:"address,omitempty"`
+	Action  string         `json:"action"`
+	Scope   string         `json:"scope"`
+	Count   int            `json:"count"`
+	Detail  map[string]any `json:"detail"`
+}
+
+type addressKey struct{}
+
+// WithAddress returns ctx carrying the client address of the request an
+// action serves: Record writes it into the entry when the entry names
+// none. The console sets it once per request, so that every owner's
+// action (poison, outbox, pauses, held heads) records it without passing
+// it down.
+func WithAddress(ctx context.Context, address string) context.Context {
+	return context.WithValue(ctx, addressKey{}, address)
+}
+
+// AddressFrom returns the address WithAddress put in ctx, or "".
+func AddressFrom(ctx context.Context) string {
+	a, _ := ctx.Value(addressKey{}).(string)
+	return a
 }
 
 // ErrConfirmationUsed is returned by Record for an entry whose
@@ -49,8 +71,11 @@ func Record(ctx context.Context, q Execer, e Entry) error {
 	if e.Detail == nil {
 		e.Detail = map[string]any{}
 	}
-	if _, err := q.Exec(ctx, `INSERT INTO ferry_audit_log (actor, action, scope, count, detail) VALUES ($1, $2, $3, $4, $5)`,
-		e.Actor, e.Action, e.Scope, e.Count, e.Detail); err != nil {
+	if e.Address == "" {
+		e.Address = AddressFrom(ctx)
+	}
+	if _, err := q.Exec(ctx, `INSERT INTO ferry_audit_log (actor, address, action, scope, count, detail) VALUES ($1, $2, $3, $4, $5, $6)`,
+		e.Actor, e.Address, e.Action, e.Scope, e.Count, e.Detail); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "ferry_audit_log_confirmation" {
 			return ErrConfirmationUsed
@@ -61,7 +86,7 @@ func Record(ctx context.Context, q Execer, e Entry) error {
 }
 
 // selectEntries reads entries in Entry's field order (RowToStructByPos).
-const selectEntries = `SELECT id, at, actor, action, scope, count, detail FROM ferry_audit_log`
+const selectEntries = `SELECT id, at, actor, address, action, scope, count, detail FROM ferry_audit_log`
 
 // Latest returns the newest entry of action, or nil when there is none.
 func Latest(ctx context.Context, pool *pgxpool.Pool, action string) (*Entry, error) {

@@ -3,6 +3,7 @@ package pgoutbox_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -160,7 +161,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	before := produced.Load()
 	n, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, 4, n, "00024 to 00027")
+	require.Equal(t, ferryMigrations(t)-23, n, "00024 to the newest")
 	t.Logf("migrated with %d events produced before, %d relayed by the earlier relay", before, earlierSent.Load())
 
 	// This version's relay, as the app starts it.
@@ -251,7 +252,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	before := produced.Load()
 	n, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, 3, n, "00025 to 00027")
+	require.Equal(t, ferryMigrations(t)-24, n, "00025 to the newest")
 	t.Logf("migrated with %d events produced before", before)
 	time.Sleep(700 * time.Millisecond)
 	stopProducers()
@@ -277,4 +278,12 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	require.Equal(t, total, back, "every row back in one table, still dispatched")
 	_, err = migrations.Up(ctx, db)
 	require.NoError(t, err)
+}
+
+// ferryMigrations is how many migrations Ferry's set holds.
+func ferryMigrations(t *testing.T) int {
+	t.Helper()
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	return len(files)
 }

@@ -49,10 +49,21 @@ func Start(ctx context.Context, pool *pgxpool.Pool, identity string, lifetime ti
 	return s, nil
 }
 
-// Get returns the live session id, or ErrNone.
-func Get(ctx context.Context, pool *pgxpool.Pool, id string) (Session, error) {
+// Get returns the live session id, or ErrNone: one that has not expired
+// and was used within idle (0: no idle limit). A use is recorded at most
+// once a minute, so that reading a page writes nothing most of the time.
+func Get(ctx context.Context, pool *pgxpool.Pool, id string, idle time.Duration) (Session, error) {
 	s := Session{ID: id}
-	err := pool.QueryRow(ctx, `SELECT identity, expires_at FROM `+Table+` WHERE id = $1 AND expires_at > now()`, id).Scan(&s.Identity, &s.ExpiresAt)
+	if idle <= 0 {
+		idle = SessionMaxIdle
+	}
+	err := pool.QueryRow(ctx, `WITH s AS (
+			SELECT identity, expires_at FROM `+Table+`
+			WHERE id = $1 AND expires_at > now() AND last_seen_at > now() - $2 * interval '1 microsecond'),
+		touch AS (
+			UPDATE `+Table+` SET last_seen_at = now()
+			WHERE id = $1 AND last_seen_at < now() - interval '1 minute' AND EXISTS (SELECT 1 FROM s))
+		SELECT identity, expires_at FROM s`, id, idle.Microseconds()).Scan(&s.Identity, &s.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Session{}, ErrNone
 	}
@@ -61,6 +72,10 @@ func Get(ctx context.Context, pool *pgxpool.Pool, id string) (Session, error) {
 	}
 	return s, nil
 }
+
+// SessionMaxIdle bounds Get's idle limit when none is given: a session's
+// whole life.
+const SessionMaxIdle = 100 * 365 * 24 * time.Hour
 
 // End ends the session id (logging out); ending one that does not exist
 // is no error.
