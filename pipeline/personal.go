@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -14,13 +15,24 @@ var (
 	// ("Dave Smith"@example.com), then a domain or an address literal
 	// (dave@[10.0.0.1], dave@[IPv6:2001:db8::1]).
 	mailAddress = regexp.MustCompile(`(?:"(?:[^"\\\r\n]|\\.)*"|[^\s<>@"',;:()\[\]]+)@(?:\[[^\]\s]*\]|[^\s<>@"',;:()\[\]]+)`)
+	// The same with its quotes escaped, as an error that quoted the reply
+	// writes it (fmt's %q, Go's SMTP errors): \"Dave Smith\"@example.com.
+	escapedMail = regexp.MustCompile(`\\"(?:[^"\\\r\n]|\\[^"])*\\"@(?:\[[^\]\s]*\]|[^\s<>@"',;:()\[\]\\]+)`)
 	// Phone numbers: international (+44 20 7946 0958, +1-555-123-4567), an
 	// area code in parentheses ((555) 123-4567), the North American
 	// 555-123-4567 / 555.123.4567 forms.
 	phoneNumber = regexp.MustCompile(`\+\d[\d ().-]{5,}\d|\(\d{1,4}\)[ .-]?\d{2,4}(?:[ .-]?\d{2,5}){1,2}|\b\d{3}[.-]\d{3}[.-]\d{4}\b`)
 	// Card, account (an IBAN with its country) and plain phone numbers:
-	// ten digits or more, spaces or dashes between them allowed.
-	longNumber = regexp.MustCompile(`(?:[A-Z]{2})?\d(?:[ -]?\d){9,}`)
+	// ten digits or more, one space, dot or dash between them allowed
+	// (4111.1111.1111.1111, 07946.095.812). Standing alone, any such number
+	// is masked; joined to letters or dashes (ref-4111111111111111,
+	// card-4111-1111-1111-1111), a card number is (13 to 19 digits passing
+	// the Luhn check), while an id like order-1234567890123 mostly stays.
+	longNumber = regexp.MustCompile(`(?:[A-Z]{2})?\d(?:[ .-]?\d){9,}`)
+	// Tokens that hold long digit runs but are not personal: a UUID (a
+	// message id, whole, is what an operator needs) and an IPv4 address.
+	uuidToken = regexp.MustCompile(`(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b`)
+	ipv4Token = regexp.MustCompile(`\b\d{1,3}(?:\.\d{1,3}){3}\b`)
 )
 
 // RedactPersonal masks the personal data an error text may quote from a
@@ -30,9 +42,64 @@ var (
 // intent_status); a handler should still keep such data out of its errors
 // in the first place.
 func RedactPersonal(s string) string {
+	s = escapedMail.ReplaceAllString(s, "<redacted>")
 	s = mailAddress.ReplaceAllString(s, "<redacted>")
 	s = replaceBounded(phoneNumber, s, "<number>")
-	return replaceBounded(longNumber, s, "<number>")
+	return replaceOutside(longNumber, s, "<number>", uuidToken, ipv4Token)
+}
+
+// luhn reports whether the digits of s (other bytes skipped) are 13 to 19
+// and pass the Luhn check, as every card number does.
+func luhn(s string) bool {
+	var digits []int
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= '0' && c <= '9' {
+			digits = append(digits, int(c-'0'))
+		}
+	}
+	if len(digits) < 13 || len(digits) > 19 {
+		return false
+	}
+	sum := 0
+	for i := range digits {
+		d := digits[len(digits)-1-i]
+		if i%2 == 1 {
+			if d *= 2; d > 9 {
+				d -= 9
+			}
+		}
+		sum += d
+	}
+	return sum%10 == 0
+}
+
+// replaceOutside replaces the matches of re that overlap none of keep's
+// matches (a UUID, an IP address), which stay whole, and that stand alone
+// or, joined to a longer token, are card numbers (luhn).
+func replaceOutside(re *regexp.Regexp, s, repl string, keep ...*regexp.Regexp) string {
+	var kept [][]int
+	for _, k := range keep {
+		kept = append(kept, k.FindAllStringIndex(s, -1)...)
+	}
+	var b strings.Builder
+	last := 0
+	for _, m := range re.FindAllStringIndex(s, -1) {
+		if slices.ContainsFunc(kept, func(k []int) bool { return m[0] < k[1] && k[0] < m[1] }) {
+			continue
+		}
+		joined := (m[0] > 0 && tokenByte(s[m[0]-1])) || (m[1] < len(s) && tokenByte(s[m[1]]))
+		if joined && !luhn(s[m[0]:m[1]]) {
+			continue
+		}
+		b.WriteString(s[last:m[0]])
+		b.WriteString(repl)
+		last = m[1]
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
 }
 
 // replaceBounded replaces the matches of re that stand alone: not inside

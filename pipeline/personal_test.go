@@ -41,6 +41,24 @@ func TestRedactPersonal(t *testing.T) {
 	}
 	require.Equal(t, "card acct_<number> refused", pipeline.RedactPersonal("card acct_4242424242424242 refused"))
 	require.Equal(t, "cards <number>, <number>", pipeline.RedactPersonal("cards 4242424242424242, 5555555555554444"))
+	// What still reached the poison store: a reply quoted by the SMTP
+	// client (%q escapes the local part's quotes), cards written with dots
+	// or joined to a word, a phone with dots.
+	for _, tc := range []struct{ in, pii string }{
+		{`mailing order 1: SMTP RCPT TO: "550 5.1.1 <\"Dave Smith\"@example.com>: mailbox unavailable"`, "Dave Smith"},
+		{"card 4111.1111.1111.1111 declined", "4111"},
+		{"provider said ref-4111111111111111 is invalid", "4111"},
+		{"payment provider answered 402 (card-4111-1111-1111-1111)", "4111"},
+		{"token tok4111111111111111x", "4111"},
+		{"call 07946.095.812 back", "095"},
+	} {
+		got := pipeline.RedactPersonal(tc.in)
+		require.NotContains(t, got, tc.pii, "%q -> %q", tc.in, got)
+	}
+	// An address and a UUID with long digit runs stay whole.
+	for _, clean := range []string{"dial tcp 192.168.100.200:5672: i/o timeout", "message 83920417-5521-4a1b-9f3e-1234567890ab failed"} {
+		require.Equal(t, clean, pipeline.RedactPersonal(clean))
+	}
 	long := strings.Repeat("x", 5000) + " dave@example.com"
 	require.Equal(t, 300, len(pipeline.ErrorText(errors.New(long), 300)))
 	require.Equal(t, "to <redacted>: 550", pipeline.ErrorText(errors.New("to \"Dave Smith\"@example.com: 550"), 300))

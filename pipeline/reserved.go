@@ -173,6 +173,15 @@ func RedactURL(raw string) string {
 	}
 	u, err := url.Parse(raw)
 	if err == nil && ValidateConnectionURL(raw) == nil {
+		if u.RawQuery != "" {
+			if _, qerr := url.ParseQuery(u.RawQuery); qerr != nil {
+				// A query it cannot read whole (a password with "%" or
+				// ";"): u.Query drops the pairs it cannot read and the raw
+				// query kept them, password and all.
+				u.RawQuery = ""
+				return u.Redacted() + "?<hidden>"
+			}
+		}
 		if q := u.Query(); len(q) > 0 {
 			changed := false
 			for k := range q {

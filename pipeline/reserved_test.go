@@ -143,8 +143,13 @@ func TestRedactURL(t *testing.T) {
 		"postgres://u:a?S3cret@h/db", "postgres://u:a#S3cret@h/db", "postgres://u:a@S3cret@h/db",
 		"host=h password=S3cret dbname=x", "host=h PASSWORD = S3cret", "postgres://u:a/b@h/db?password=S3cret",
 		"postgres://h/db?password=S3cret&x=%zz", "postgres://u@h/db?api_token=S3cret",
+		// A password with "%" or ";" in the query: the pair cannot be read,
+		// and the raw query kept it.
+		"postgres://u@h/db?password=S3cret%zz&sslmode=disable", "postgres://u@h/db?password=S3cret;x&sslmode=disable",
+		"postgres://u@h/db?sslmode=disable;password=S3cret",
 	} {
 		got := pipeline.RedactURL(raw)
 		require.NotContains(t, got, "S3cret", raw)
 	}
+	require.Equal(t, "postgres://u@h/db?<hidden>", pipeline.RedactURL("postgres://u@h/db?password=S3cret;x&sslmode=disable"))
 }

@@ -75,6 +75,8 @@ func TestProviderAnswersNeverLeakIntoErrors(t *testing.T) {
 		`{"code":"erin@example.com"}`:           "payment provider answered 402",
 		`{"code":"15551234567"}`:                "payment provider answered 402",
 		`{"code":"acct_4242424242"}`:            "payment provider answered 402",
+		`{"code":"card-4111-1111-1111-1111"}`:   "payment provider answered 402",
+		`{"code":"ref-4111111111111111"}`:       "payment provider answered 402",
 		`{"error":{"code":"51"}}`:               "payment provider answered 402 (51)",
 		`{"error":{"code":"E1001"}}`:            "payment provider answered 402 (E1001)",
 	} {
