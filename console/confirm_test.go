@@ -187,3 +187,36 @@ func hiddenFields(page string) url.Values {
 	}
 	return form
 }
+
+// Searches run a few at once: while MaxSearches are running (here held
+// behind a lock on the poison store), another is answered 429 at once
+// instead of taking one more of the connections the consumers share.
+func TestSearchesAreBoundedWhileTheyRun(t *testing.T) {
+	t.Parallel()
+	srv, pool := setupWith(t, func(c *console.Config) { c.MaxSearches = 2 })
+	browser := loggedIn(t, srv)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE `+pgpoison.Table+` IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	codes := make(chan int, 2)
+	for range 2 {
+		go func() {
+			code, _ := get(t, browser, srv.URL+"/console/search?q=order-1")
+			codes <- code
+		}()
+	}
+	require.Eventually(t, func() bool {
+		var waiting int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`, pgpoison.Table).Scan(&waiting)
+		return waiting == 2
+	}, 20*time.Second, 20*time.Millisecond, "two searches wait on the lock")
+	code, body := get(t, browser, srv.URL+"/console/search?q=order-1")
+	require.Equal(t, http.StatusTooManyRequests, code, body)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, http.StatusOK, <-codes)
+	require.Equal(t, http.StatusOK, <-codes)
+	code, _ = get(t, browser, srv.URL+"/console/search?q=order-1")
+	require.Equal(t, http.StatusOK, code, "once they end, searching works again")
+}

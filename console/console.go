@@ -114,6 +114,11 @@ type Config struct {
 	// IdleTimeout ends a session unused this long
 	// (FERRY_CONSOLE_IDLE_TIMEOUT). Default DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// MaxSearches bounds the searches ("find a message") running at once;
+	// more are answered 429. Each holds a connection of the pool the
+	// consumers share for up to pgstatus.FindTimeout per store. Default
+	// DefaultMaxSearches.
+	MaxSearches int
 	// ConfirmTTL is how long a confirmation page can be acted on: it
 	// binds the ids it counted, and minutes later they may no longer be
 	// what the operator would choose. Default pgconfirm.DefaultTTL (10m).
@@ -131,7 +136,12 @@ type Console struct {
 	tmpl   *template.Template
 	mux    *http.ServeMux
 	logins loginLimiter
+	// searches holds a token per search running (Config.MaxSearches).
+	searches chan struct{}
 }
+
+// DefaultMaxSearches is Config.MaxSearches's default.
+const DefaultMaxSearches = 2
 
 // Failed logins allowed per client address: LoginBurst at once, then one
 // every LoginEvery. Guessing a 16-character token is hopeless anyway; the
@@ -180,6 +190,9 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	if pool == nil || store == nil {
 		return nil, errors.New("console: New needs a pool and a poison store")
 	}
+	if cfg.MaxSearches <= 0 {
+		cfg.MaxSearches = DefaultMaxSearches
+	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
@@ -200,7 +213,7 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, pool: pool, store: store, ops: ops}
+	c := &Console{cfg: cfg, pool: pool, store: store, ops: ops, searches: make(chan struct{}, cfg.MaxSearches)}
 	tmpl, err := template.New("").Funcs(c.funcs()).ParseFS(templateFS, "templates/*.html")
 	if err != nil {
 		return nil, err
