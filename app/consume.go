@@ -11,8 +11,8 @@ import (
 
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgpause"
-	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -41,7 +41,7 @@ func (a *App) Chain() (middleware.Chain, error) {
 	durable := a.cfg.DurableRetry
 	durable.Scheduler = a.rescheduler
 	if durable.Holds == nil {
-		durable.Holds = pgstatus.PartitionHolds{Pool: a.pool}
+		durable.Holds = pgheld.Store{Pool: a.pool}
 	}
 	chain, err := middleware.DefaultChain(middleware.ChainConfig{
 		Poison:         middleware.PoisonConfig{Publisher: a.poisonPublisher},

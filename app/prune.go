@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"errors"
 
 	"github.com/ferry-dev/ferry/internal/periodic"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 )
 
@@ -41,6 +43,12 @@ func (a *App) pruner() periodic.Service {
 					a.logger.Info("pruned", "target", r.Target, "removed", r.Removed, "cutoff", r.Cutoff, "archived", r.Archive)
 				}
 			}
-			return err
+			// Holds whose consumer never came back, with their copies of
+			// the head's payload and headers.
+			stale, serr := pgheld.PruneStale(ctx, a.pool)
+			if stale > 0 {
+				a.logger.Info("pruned", "target", "stale held partitions", "removed", stale)
+			}
+			return errors.Join(err, serr)
 		}}
 }

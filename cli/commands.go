@@ -73,7 +73,11 @@ no intent twice; an interrupted run continues where it stopped.`,
 		Flags: findFlags}
 	cmdPause = &Command{Name: "pause", Args: "ROUTE", Summary: "pause a handler (every partition and worker of the route) during an incident: its messages wait at the broker, in order, until resume; audited",
 		Flags: pauseFlags}
-	cmdResume      = &Command{Name: "resume", Args: "ROUTE", Summary: "resume a paused handler; audited", Flags: resumeFlags}
+	cmdResume = &Command{Name: "resume", Args: "ROUTE", Summary: "resume a paused handler; audited", Flags: resumeFlags}
+	cmdHeld   = &Command{Name: "held", Summary: "the ordered partitions held behind a failing head", Sub: []*Command{
+		{Name: "list", Summary: "the held partitions: head, held for, next attempt, last error", Flags: heldListFlags},
+		{Name: "retry-now", Args: "[PARTITION]", Summary: "ask one held partition (or, with --route, every held partition of a route) to try its head again now instead of waiting out its backoff; audited", Flags: heldRetryFlags},
+	}}
 	cmdAudit       = &Command{Name: "audit", Summary: "the audit log: who requeued, retried or discarded what, when, how many, with the ids (console and CLI)", Flags: auditFlags}
 	cmdHealthcheck = &Command{Name: "healthcheck", Summary: "exit 0 if the admin server's /readyz (or --url) answers 200; for container healthchecks, the image having no shell or curl",
 		Flags: healthcheckFlags}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/ferry-dev/ferry/cli"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
@@ -186,4 +188,34 @@ func TestAcknowledgedPoisonNeedsNoHumanUntilMoreComes(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.Contains(t, got[0].Text, "1 new message(s) in the poison store since ops@example.com acknowledged it")
 	require.Contains(t, got[0].Text, "(3 in all;")
+}
+
+// held list and held retry-now are the console's held partitions and its
+// Retry now, one partition or a whole route's, from the command line.
+func TestHeldListAndRetryNow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	store := pgheld.Store{Pool: pool}
+	for _, c := range []string{"ledger.post@0", "ledger.post@1", "mail.send@0"} {
+		require.NoError(t, store.Held(ctx, c, "m-"+c, 3, time.Now().Add(-time.Minute), "ledger answered 503"))
+	}
+	var out bytes.Buffer
+	require.NoError(t, cli.HeldList{Route: "ledger.post"}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "ledger.post@0")
+	require.Contains(t, out.String(), "ledger.post@1")
+	require.NotContains(t, out.String(), "mail.send@0")
+	out.Reset()
+	require.NoError(t, cli.HeldRetry{Route: "ledger.post", Actor: "ops@test"}.Run(ctx, pool, &out))
+	require.Equal(t, 2, strings.Count(out.String(), "asked "))
+	out.Reset()
+	require.NoError(t, cli.HeldRetry{Partition: "mail.send@0", Actor: "ops@test"}.Run(ctx, pool, &out))
+	require.Contains(t, out.String(), "asked mail.send@0")
+	for _, c := range []string{"ledger.post@0", "ledger.post@1", "mail.send@0"} {
+		asked, err := store.RetryRequested(ctx, c, "m-"+c)
+		require.NoError(t, err)
+		require.True(t, asked, c)
+	}
+	require.Error(t, cli.HeldRetry{Partition: "nobody@0", Actor: "ops@test"}.Run(ctx, pool, &out), "not held")
+	require.Len(t, pipelinetest.Audited(t, pool, pgheld.RetryNowAction), 2)
 }

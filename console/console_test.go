@@ -724,13 +724,33 @@ func TestBulkActionsDoExactlyWhatWasConfirmed(t *testing.T) {
 	require.Contains(t, job, `id="undo"`)
 	_, audit := get(t, browser, srv.URL+"/console/audit")
 	require.Equal(t, 1, strings.Count(audit, `name="run" value="`+between(job, `name="run" value="`, `"`)+`"`), "one Undo for the run's three entries")
+	// The undo asks first, with the count, and over MaxActionRows runs as
+	// a job of its own, a page of 500 at a time.
 	code, body = postForm(t, browser, srv.URL+"/console/undo", url.Values{"csrf": {form.Get("csrf")}, "run": {between(job, `name="run" value="`, `"`)}})
-	require.Equal(t, http.StatusSeeOther, code, body)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, fmt.Sprintf(`<b id="count">%d</b>`, capRows))
+	n, _ = left()
+	require.Equal(t, 10, n, "asking put nothing back")
+	resp, err = browser.PostForm(srv.URL+"/console/undo", hiddenFields(body))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Contains(t, resp.Header.Get("Location"), "/console/jobs/")
+	require.Eventually(t, func() bool {
+		_, page := get(t, browser, srv.URL+resp.Header.Get("Location"))
+		return strings.Contains(page, "put back 1200 message(s)")
+	}, 30*time.Second, 50*time.Millisecond)
 	n, first = left()
 	require.Equal(t, capRows+10, n, "the discard was undone")
 	require.Equal(t, "bulk-1", first)
 	code, _ = postForm(t, browser, srv.URL+"/console/undo", url.Values{"csrf": {form.Get("csrf")}, "run": {between(job, `name="run" value="`, `"`)}})
 	require.Equal(t, http.StatusConflict, code, "an undo works once")
+	undone := 0
+	for _, e := range pipelinetest.Audited(t, pool, "poison.undo") {
+		require.NotContains(t, e.Detail, "ids", "an undo's audit counts, the discard's entries list the ids")
+		undone += e.Count
+	}
+	require.Equal(t, capRows, undone)
 
 	// The same for outbox rows: failing rows confirmed, more fail, the click.
 	pipelinetest.InsertOutbox(t, pool, testTable, failingRows("f", 3)...)

@@ -46,13 +46,23 @@ func (c *Console) handlerAction(w http.ResponseWriter, r *http.Request) {
 	name, act := r.PostForm.Get("handler"), r.PostForm.Get("action")
 	var err error
 	var flash string
+	if act == "pause" && len(c.cfg.Routes) > 0 && !slices.Contains(c.cfg.Routes, name) {
+		c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not one of this app's routes", name))
+		return
+	}
+	reason := r.PostForm.Get("reason")
+	if (act == "pause" || act == "resume") && !c.asked(r, act, name, reason) {
+		msg := fmt.Sprintf("This will resume %s: its consumers start taking messages again, at once everywhere.", name)
+		if act == "pause" {
+			msg = fmt.Sprintf("This will pause %s: every partition and worker of the route starts no message until it is resumed; its messages wait at the broker, in order.", name)
+		}
+		c.ask(w, r, askPage{Title: "Confirm " + act, Message: msg, Button: "Yes, " + act + " " + name, Cancel: "/handlers", Path: "/handler-actions",
+			Fields: [][2]string{{"handler", name}, {"action", act}, {"reason", reason}}}, act, name, reason)
+		return
+	}
 	switch act {
 	case "pause":
-		if len(c.cfg.Routes) > 0 && !slices.Contains(c.cfg.Routes, name) {
-			c.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not one of this app's routes", name))
-			return
-		}
-		err = pgpause.Set(r.Context(), c.pool, name, c.actor(r), r.PostForm.Get("reason"))
+		err = pgpause.Set(r.Context(), c.pool, name, c.actor(r), reason)
 		flash = fmt.Sprintf("paused %s: its consumers start no message until it is resumed (within a few seconds everywhere)", name)
 	case "resume":
 		err = pgpause.Clear(r.Context(), c.pool, name, c.actor(r))

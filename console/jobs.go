@@ -110,7 +110,38 @@ func (c *Console) undo(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "name the discard to undo")
 		return
 	}
-	res, err := c.store.Undo(r.Context(), run, c.actor(r))
+	n, err := c.store.Archived(r.Context(), run)
+	if err != nil {
+		c.internal(w, r, err)
+		return
+	}
+	if n == 0 {
+		c.fail(w, r, http.StatusConflict, pgpoison.ErrNothingToUndo.Error())
+		return
+	}
+	if !c.asked(r, "undo", run) {
+		c.ask(w, r, askPage{Title: "Confirm undo", Button: fmt.Sprintf("Yes, put back %d", n), Cancel: "/audit", Path: "/undo",
+			Message: fmt.Sprintf("This will put back the messages that discard %s removed, under their ids, into the poison store.", run), Count: n,
+			Fields: [][2]string{{"run", run}}}, "undo", run)
+		return
+	}
+	undo := func(ctx context.Context, fn func(pgpoison.Action) error) (pgpoison.Summary, error) {
+		done, err := c.store.UndoEach(ctx, run, c.actor(r), func(ids []int64) error {
+			for _, id := range ids {
+				if err := fn(pgpoison.Action{Record: pgpoison.Record{ID: id}, Done: true}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		return pgpoison.Summary{Done: done, Run: run}, err
+	}
+	if n > MaxActionRows {
+		// Pages of 500, each committed with its audit entry, as a discard's.
+		c.startJob(w, r, "undo", pgpoison.Run{Actor: c.actor(r), Scope: "run " + run, ID: run, Confirmation: r.PostForm.Get("confirm")}, n, undo)
+		return
+	}
+	sum, err := undo(r.Context(), func(pgpoison.Action) error { return nil })
 	if errors.Is(err, pgpoison.ErrNothingToUndo) {
 		c.fail(w, r, http.StatusConflict, err.Error())
 		return
@@ -119,6 +150,6 @@ func (c *Console) undo(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
-	flash := fmt.Sprintf("put back %d message(s) into the poison store (undid discard %s)", len(res.Restored), run)
+	flash := fmt.Sprintf("put back %d message(s) into the poison store (undid discard %s)", sum.Done, run)
 	c.redirectFlash(w, r, "/poison", flash, nil)
 }

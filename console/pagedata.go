@@ -6,6 +6,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgjobs"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -64,7 +65,7 @@ type poisonPage struct {
 
 type heldHeadPage struct {
 	chrome
-	H         pgstatus.HeldHeadMessage
+	H         pgheld.HeadMessage
 	Route     string
 	Payload   string
 	Truncated bool

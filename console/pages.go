@@ -124,12 +124,14 @@ func (c *Console) preview(r *http.Request, p pgconfirm.Preview) (fields [][2]str
 }
 
 // ttl is how long a confirmation can be used, in words.
-func (c *Console) ttl() string {
-	d := c.cfg.ConfirmTTL
-	if d <= 0 {
-		d = pgconfirm.DefaultTTL
+func (c *Console) ttl() string { return c.confirmTTL().String() }
+
+// confirmTTL is how long a confirmation can be used.
+func (c *Console) confirmTTL() time.Duration {
+	if c.cfg.ConfirmTTL <= 0 {
+		return pgconfirm.DefaultTTL
 	}
-	return d.String()
+	return c.cfg.ConfirmTTL
 }
 
 // errConfirmation is a confirmation that was given but cannot be used.

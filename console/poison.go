@@ -265,10 +265,7 @@ func (c *Console) undoRun(q url.Values) string {
 // did, in the request or as a background job: skipped follows the count
 // of the messages it skipped (their reasons, or where to find them).
 func actionResult(act string, shown int, sum pgpoison.Summary, skipped string) string {
-	verb := "requeued"
-	if act == "discard" {
-		verb = "discarded"
-	}
+	verb := map[string]string{"requeue": "requeued", "discard": "discarded", "undo": "put back"}[act]
 	text := fmt.Sprintf("%s %d message(s)", verb, sum.Done)
 	if sum.Skipped > 0 {
 		text += fmt.Sprintf("; skipped %d%s", sum.Skipped, skipped)

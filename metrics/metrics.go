@@ -29,6 +29,7 @@ import (
 	"github.com/ferry-dev/ferry/internal/periodic"
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -489,7 +490,7 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	maps.Copy(m.shownVersions, now)
-	held, err := pgstatus.HeldPartitions(ctx, pool)
+	held, err := pgheld.List(ctx, pool)
 	if err != nil {
 		return err
 	}

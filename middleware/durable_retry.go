@@ -42,7 +42,7 @@ type DurableRetryConfig struct {
 	Recorder Recorder
 	// Holds, if set, is told when an ordered partition is held behind a
 	// failing head and when it is released, so that the wait is visible
-	// outside the process (pgstatus.PartitionHolds records it).
+	// outside the process (pgheld.Store records it).
 	Holds PartitionHolds
 }
 
@@ -187,7 +187,7 @@ func (c DurableRetryConfig) schedule(ctx context.Context, r pipeline.Retry, logg
 // attempts, and poisons only after the last. The delivery stays unacked
 // while it waits: a consumer that dies meanwhile hands the message, still
 // first in line, to the next one, which goes on from the attempt the hold
-// had reached when Holds is a PartitionResumer (pgstatus.PartitionHolds is).
+// had reached when Holds is a PartitionResumer (pgheld.Store is).
 // Keep the total wait under RabbitMQ's consumer_timeout (30 min by default).
 func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Message, logger *slog.Logger) ([]*message.Message, error) {
 	ctx := msg.Context()

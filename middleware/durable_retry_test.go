@@ -12,8 +12,8 @@ import (
 
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
-	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -88,7 +88,7 @@ func TestDurableRetryWritesTheNextAttemptIntoTheOutbox(t *testing.T) {
 func TestAHeldHeadKeepsItsAttemptsAcrossAConsumerStop(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
-	holds := pgstatus.PartitionHolds{Pool: pool}
+	holds := pgheld.Store{Pool: pool}
 	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
 	require.NoError(t, err)
 	mw, err := middleware.DurableRetryConfig{Scheduler: resched, MaxAttempts: 3, Holds: holds,
@@ -105,7 +105,7 @@ func TestAHeldHeadKeepsItsAttemptsAcrossAConsumerStop(t *testing.T) {
 		return nil, context.Canceled
 	}, message.NewMessage("order-9-charge", []byte(`{"order":9}`)))
 	require.ErrorIs(t, errs[0], context.Canceled)
-	held, err := pgstatus.HeldPartitions(context.Background(), pool)
+	held, err := pgheld.List(context.Background(), pool)
 	require.NoError(t, err)
 	require.Len(t, held, 1, "a stop keeps the hold for the next consumer")
 	require.Equal(t, 2, held[0].Attempt)
@@ -118,7 +118,7 @@ func TestAHeldHeadKeepsItsAttemptsAcrossAConsumerStop(t *testing.T) {
 	}, message.NewMessage("order-9-charge", []byte(`{"order":9}`)))
 	require.ErrorContains(t, errs[0], "gave up after 3 attempts")
 	require.Equal(t, 2, calls, "the attempts went on from where the stop left them")
-	held, err = pgstatus.HeldPartitions(context.Background(), pool)
+	held, err = pgheld.List(context.Background(), pool)
 	require.NoError(t, err)
 	require.Empty(t, held, "an outcome ends the hold")
 

@@ -11,6 +11,7 @@ import (
 	"github.com/ferry-dev/ferry/internal/display"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -108,7 +109,7 @@ func Items(s State) []Item {
 	// Held partitions, one item per route: an outage of its provider holds
 	// every partition of it at once.
 	var routes []string
-	held := map[string][]pgstatus.HeldPartition{}
+	held := map[string][]pgheld.Partition{}
 	for _, h := range rep.Held {
 		r := pipeline.RouteName(h.Consumer)
 		if _, ok := held[r]; !ok {

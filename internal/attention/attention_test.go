@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/internal/attention"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -26,7 +27,7 @@ func TestWhereMessagesWait(t *testing.T) {
 		Report: pgstatus.Report{
 			RelaysAlive: 1,
 			PoisonTotal: 2,
-			Held:        []pgstatus.HeldPartition{{Consumer: "billing.charge.p3", Since: since, MessageID: "m-1", Attempt: 4, LastError: "card \x1b[2J declined " + strings.Repeat("x", 500)}},
+			Held:        []pgheld.Partition{{Consumer: "billing.charge.p3", Since: since, MessageID: "m-1", Attempt: 4, LastError: "card \x1b[2J declined " + strings.Repeat("x", 500)}},
 		},
 		Queues: []rabbit.QueueStat{
 			{Queue: "mail.q", Ready: 70, Consumers: 0},
@@ -56,11 +57,11 @@ func TestBrokerUnreachableComesFirst(t *testing.T) {
 // --json prints them).
 func TestOneOutageIsOneItemWithACount(t *testing.T) {
 	early, late := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC), time.Date(2026, 12, 3, 10, 5, 0, 0, time.UTC)
-	var held []pgstatus.HeldPartition
+	var held []pgheld.Partition
 	for i, since := range []time.Time{late, early, late, late, late, late, late, late} {
-		held = append(held, pgstatus.HeldPartition{Consumer: "payments.charge@" + string(rune('0'+i)), Since: since, MessageID: "m-" + string(rune('a'+i)), Attempt: 3, LastError: "provider 503"})
+		held = append(held, pgheld.Partition{Consumer: "payments.charge@" + string(rune('0'+i)), Since: since, MessageID: "m-" + string(rune('a'+i)), Attempt: 3, LastError: "provider 503"})
 	}
-	held = append(held, pgstatus.HeldPartition{Consumer: "mail.send@1", Since: late, MessageID: "m-z", Attempt: 2, LastError: "451 try later"})
+	held = append(held, pgheld.Partition{Consumer: "mail.send@1", Since: late, MessageID: "m-z", Attempt: 2, LastError: "451 try later"})
 	items := attention.Items(attention.State{
 		Report: pgstatus.Report{RelaysAlive: 1, Held: held},
 		Queues: []rabbit.QueueStat{{Queue: "a.q", Ready: 1}, {Queue: "b.q", Ready: 2}, {Queue: "c.q", Ready: 3}, {Queue: "d.q", Ready: 4}},

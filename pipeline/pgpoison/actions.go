@@ -220,35 +220,65 @@ type UndoResult struct {
 var ErrNothingToUndo = errors.New("nothing to undo: no discarded message of this run is in the archive (undone already, or past its retention)")
 
 // Undo puts the messages discarded by run back into the store, with
-// their ids, in one transaction that also records the audit entry
-// (poison.undo, with the ids). A second Undo of the run finds nothing.
+// their ids (UndoEach, collecting the ids).
 func (s *Store) Undo(ctx context.Context, runID, actor string) (UndoResult, error) {
 	res := UndoResult{Run: runID}
-	if actor == "" {
-		return res, errors.New("pgpoison: an undo needs an actor for the audit log")
-	}
-	if runID == "" {
-		return res, errors.New("pgpoison: an undo needs the run to undo")
-	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `WITH back AS (DELETE FROM `+ArchiveTable+` WHERE discard_run = $1 RETURNING `+archived+`)
-			INSERT INTO `+Table+` (`+archived+`) SELECT `+archived+` FROM back ORDER BY id RETURNING id`, runID)
-		if err != nil {
-			return fmt.Errorf("putting discarded messages back: %w", err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return fmt.Errorf("putting discarded messages back: %w", err)
-		}
-		if len(ids) == 0 {
-			return ErrNothingToUndo
-		}
-		slices.Sort(ids)
-		res.Restored = ids
-		return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: "poison.undo", Scope: "run " + runID, Count: len(ids),
-			Detail: map[string]any{"ids": ids, "run": runID}})
+	_, err := s.UndoEach(ctx, runID, actor, func(ids []int64) error {
+		res.Restored = append(res.Restored, ids...)
+		return nil
 	})
 	return res, err
+}
+
+// UndoEach puts the messages discarded by run back into the store, with
+// their ids, a page (pageSize) per transaction, each with its audit entry
+// (poison.undo: how many and the run, not the ids, which the discard's
+// entries list already: a whole run's ids made one entry of ~1.4 MB at
+// 250,000), oldest first, and tells fn each page's ids as it commits. A
+// run cut short leaves put back exactly what its committed pages say; an
+// undo of the same run again puts back the rest. ErrNothingToUndo when the
+// archive holds none of run's messages.
+func (s *Store) UndoEach(ctx context.Context, runID, actor string, fn func([]int64) error) (int, error) {
+	if actor == "" {
+		return 0, errors.New("pgpoison: an undo needs an actor for the audit log")
+	}
+	if runID == "" {
+		return 0, errors.New("pgpoison: an undo needs the run to undo")
+	}
+	total := 0
+	for {
+		var ids []int64
+		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `WITH page AS (SELECT id FROM `+ArchiveTable+` WHERE discard_run = $1 ORDER BY id LIMIT $2 FOR UPDATE),
+				back AS (DELETE FROM `+ArchiveTable+` a USING page WHERE a.id = page.id AND a.discard_run = $1 RETURNING `+prefixed("a", archived)+`)
+				INSERT INTO `+Table+` (`+archived+`) SELECT `+archived+` FROM back ORDER BY id RETURNING id`, runID, pageSize)
+			if err != nil {
+				return fmt.Errorf("putting discarded messages back: %w", err)
+			}
+			if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+				return fmt.Errorf("putting discarded messages back: %w", err)
+			}
+			if len(ids) == 0 {
+				return nil
+			}
+			slices.Sort(ids)
+			return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: "poison.undo", Scope: "run " + runID, Count: len(ids),
+				Detail: map[string]any{"run": runID, "first_id": ids[0], "last_id": ids[len(ids)-1]}})
+		})
+		if err != nil {
+			return total, err
+		}
+		if len(ids) == 0 {
+			if total == 0 {
+				return 0, ErrNothingToUndo
+			}
+			return total, nil
+		}
+		total += len(ids)
+		if err := fn(ids); err != nil {
+			return total, err
+		}
+	}
 }
 
 // Archived counts run's messages in the archive: what its Undo would put
@@ -515,4 +545,13 @@ func (s *Store) SelectIDs(ctx context.Context, sel Selector, limit int) (ids []i
 		return nil, 0, fmt.Errorf("selecting the messages to confirm: %w", err)
 	}
 	return ids, total, nil
+}
+
+// prefixed is the column list cols with each column qualified by alias.
+func prefixed(alias, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, p := range parts {
+		parts[i] = alias + "." + strings.TrimSpace(p)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -340,3 +340,40 @@ func TestADiscardCanBeUndoneUntilItsRetention(t *testing.T) {
 	_, err = store.Undo(ctx, sum.Run, "test")
 	require.ErrorIs(t, err, pgpoison.ErrNothingToUndo)
 }
+
+// An undo pages as a discard does: each page of 500 in its own
+// transaction with its own audit entry, which records how many and the
+// run, not every id (a run's ids made one entry of ~1.4 MB at 250,000).
+func TestUndoPagesAndAuditsCounts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	rows := make([]pipelinetest.PoisonRow, 1200)
+	for i := range rows {
+		rows[i] = pipelinetest.PoisonRow{Handler: "undo.pages", Reason: "r"}
+	}
+	ids := pipelinetest.InsertPoison(t, pool, rows...)
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	_, err = store.DiscardEach(ctx, pgpoison.Selector{IDs: ids}, pgpoison.Run{Actor: "test", ID: "run-big"}, func(pgpoison.Action) error { return nil })
+	require.NoError(t, err)
+	require.Zero(t, pipelinetest.CountPoisoned(t, pool, pgpoison.Filter{Handler: "undo.pages"}))
+
+	var pages []int
+	n, err := store.UndoEach(ctx, "run-big", "ops@test", func(back []int64) error {
+		pages = append(pages, len(back))
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1200, n)
+	require.Equal(t, []int{500, 500, 200}, pages)
+	require.Equal(t, ids, pipelinetest.PoisonIDs(t, pool, pgpoison.Filter{Handler: "undo.pages"}), "back under their ids")
+	entries := pipelinetest.Audited(t, pool, "poison.undo")
+	require.Len(t, entries, 3)
+	for _, e := range entries {
+		require.Equal(t, "run-big", e.Detail["run"])
+		require.NotContains(t, e.Detail, "ids")
+	}
+	_, err = store.UndoEach(ctx, "run-big", "ops@test", func([]int64) error { return nil })
+	require.ErrorIs(t, err, pgpoison.ErrNothingToUndo)
+}

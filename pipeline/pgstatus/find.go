@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -195,17 +196,14 @@ func Find(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, routes []st
 	// The ledger and the held partitions are keyed by message: look up
 	// every message found so far, and q itself.
 	ids := append([]string{q}, order...)
-	if err := search("held partitions", `SELECT consumer, message_id, since, attempt, last_error FROM ferry_held_partitions WHERE message_id = ANY($1)`, []any{ids}, func(rows pgx.Rows) error {
-		var consumer, msgID, lastError string
-		var since time.Time
-		var attempt int
-		if err := rows.Scan(&consumer, &msgID, &since, &attempt, &lastError); err != nil {
-			return err
+	if err := inTx("held partitions", func(tx pgx.Tx) error {
+		held, err := pgheld.ByMessage(ctx, tx, ids)
+		for _, h := range held {
+			tr := trail(h.MessageID)
+			tr.Sightings = append(tr.Sightings, Sighting{Store: "held partition", At: h.Since, Consumer: h.Consumer, Error: pipeline.CleanText(h.LastError, 1000),
+				State: fmt.Sprintf("the failing head of partition %s, which waits behind it (next attempt %d)", h.Consumer, h.Attempt)})
 		}
-		tr := trail(msgID)
-		tr.Sightings = append(tr.Sightings, Sighting{Store: "held partition", At: since, Consumer: consumer, Error: pipeline.CleanText(lastError, 1000),
-			State: fmt.Sprintf("the failing head of partition %s, which waits behind it (next attempt %d)", consumer, attempt)})
-		return nil
+		return err
 	}); err != nil {
 		return found, err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -39,8 +40,8 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m-poison", Topic: "stripe.charge", Handler: "payments.charge", AggregateID: "order-7",
 		Reason: "card declined", CorrelationID: "corr-7"})
 	pipelinetest.InsertLedger(t, pool, pipelinetest.LedgerRow{Consumer: "billing.paid", MessageID: "m-handled"})
+	require.NoError(t, pgheld.Store{Pool: pool}.Held(ctx, "ledger.post@3", "m-held", 4, time.Now(), "ledger answered 503"))
 	_, err := pool.Exec(ctx, `
-		INSERT INTO ferry_held_partitions (consumer, message_id, since, attempt, last_error) VALUES ('ledger.post@3', 'm-held', now(), 4, 'ledger answered 503');
 		INSERT INTO ferry_poison_archive (id, message_id, topic, handler, consumer, aggregate_id, payload, headers, reason, permanent, attempts,
 		  first_failed_at, last_failed_at, poisoned_at, correlation_id, discarded_by, discard_run) VALUES
 		  (999, 'm-discarded', 'push.send', 'push', 'push', 'order-7', '\x7b7d', '{}', 'no device', true, 1, now(), now(), now(), '', 'ops@example.com', 'run-9')`)

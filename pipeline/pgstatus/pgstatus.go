@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/internal/periodic"
-	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpause"
@@ -71,7 +71,7 @@ type Report struct {
 	Retrying      []RetryGroup `json:"retrying"`
 	RetryingTotal int          `json:"retrying_total"`
 	// Held are the ordered partitions waiting behind a failing head.
-	Held []HeldPartition `json:"held_partitions"`
+	Held []pgheld.Partition `json:"held_partitions"`
 	// Paused are the handlers an operator paused (pgpause): their
 	// messages wait until they are resumed.
 	Paused []pgpause.Pause `json:"paused_handlers"`
@@ -122,7 +122,7 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, threshol
 	if rep.Paused, err = pgpause.List(ctx, pool); err != nil {
 		return rep, err
 	}
-	if rep.Held, err = HeldPartitions(ctx, pool); err != nil {
+	if rep.Held, err = pgheld.List(ctx, pool); err != nil {
 		return rep, err
 	}
 	if rep.Versions, err = StoredVersions(ctx, pool, t); err != nil {
@@ -227,136 +227,6 @@ func EarlierRelaysAlive(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		return false, fmt.Errorf("looking for relays of an earlier version: %w", err)
 	}
 	return alive, nil
-}
-
-// HeldPartition is an ordered partition waiting behind a head message
-// that keeps failing (ferry_held_partitions, migration 00016).
-type HeldPartition struct {
-	Consumer  string    `json:"consumer"`
-	MessageID string    `json:"message_id"`
-	Since     time.Time `json:"since"`
-	Attempt   int       `json:"next_attempt"`
-	LastError string    `json:"last_error"`
-	UpdatedAt time.Time `json:"updated_at"`
-}
-
-// PartitionHolds records held partitions in ferry_held_partitions for the
-// durable retry link (middleware.PartitionHolds).
-type PartitionHolds struct{ Pool *pgxpool.Pool }
-
-// Held records (or refreshes) consumer's hold; since stays that of the
-// first failure of the same head.
-func (p PartitionHolds) Held(ctx context.Context, consumer, messageID string, attempt int, since time.Time, lastError string) error {
-	// A new head starts a new hold: its page shows its own payload, and an
-	// operator's "retry now" for the last head is not carried over.
-	_, err := p.Pool.Exec(ctx, `INSERT INTO ferry_held_partitions (consumer, message_id, since, attempt, last_error) VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (consumer) DO UPDATE SET message_id = $2, since = CASE WHEN ferry_held_partitions.message_id = $2 THEN ferry_held_partitions.since ELSE $3 END,
-		payload = CASE WHEN ferry_held_partitions.message_id = $2 THEN ferry_held_partitions.payload END,
-		headers = CASE WHEN ferry_held_partitions.message_id = $2 THEN ferry_held_partitions.headers END,
-		retry_requested_at = CASE WHEN ferry_held_partitions.message_id = $2 THEN ferry_held_partitions.retry_requested_at END,
-		attempt = $4, last_error = $5, updated_at = now()`,
-		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512), since, attempt, pipeline.CleanText(lastError, 1024))
-	return err
-}
-
-// HeldAttempt returns the attempt and start of consumer's hold of
-// messageID, if it holds that message (middleware.PartitionResumer): a
-// head delivered again after a stop resumes its attempts.
-func (p PartitionHolds) HeldAttempt(ctx context.Context, consumer, messageID string) (int, time.Time, bool, error) {
-	var attempt int
-	var since time.Time
-	err := p.Pool.QueryRow(ctx, `SELECT attempt, since FROM ferry_held_partitions WHERE consumer = $1 AND message_id = $2`,
-		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512)).Scan(&attempt, &since)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, time.Time{}, false, nil
-	}
-	return attempt, since, err == nil, err
-}
-
-// KeepHead keeps the held head's payload and headers for its page
-// (middleware.PartitionHeadKeeper), once per head.
-func (p PartitionHolds) KeepHead(ctx context.Context, consumer, messageID string, payload []byte, headers map[string]string) error {
-	_, err := p.Pool.Exec(ctx, `UPDATE ferry_held_partitions SET payload = $3, headers = $4 WHERE consumer = $1 AND message_id = $2 AND payload IS NULL`,
-		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512), payload, headers)
-	return err
-}
-
-// RetryRequested reports whether an operator asked to retry consumer's
-// held head messageID now (RetryHeldNow), and takes the request
-// (middleware.PartitionRetrier).
-func (p PartitionHolds) RetryRequested(ctx context.Context, consumer, messageID string) (bool, error) {
-	tag, err := p.Pool.Exec(ctx, `UPDATE ferry_held_partitions SET retry_requested_at = NULL
-		WHERE consumer = $1 AND message_id = $2 AND retry_requested_at IS NOT NULL`, pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512))
-	if err != nil {
-		return false, err
-	}
-	return tag.RowsAffected() == 1, nil
-}
-
-// ErrNotHeld is returned by HeldHead and RetryHeldNow for a partition not
-// held (any more) behind that message.
-var ErrNotHeld = errors.New("this partition is not held behind that message (any more): its head was handled, poisoned, or its consumer moved on")
-
-// RetryNowAction is the audit log's action of RetryHeldNow.
-const RetryNowAction = "partition.retry-now"
-
-// RetryHeldNow asks the consumer holding consumer's partition behind
-// messageID to try it again now instead of sleeping out its backoff (it
-// looks every second), and records who asked in the audit log. The try
-// counts as an attempt, as any other.
-func RetryHeldNow(ctx context.Context, pool *pgxpool.Pool, consumer, messageID, actor string) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE ferry_held_partitions SET retry_requested_at = now() WHERE consumer = $1 AND message_id = $2`, consumer, messageID)
-		if err != nil {
-			return fmt.Errorf("asking for a retry: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrNotHeld
-		}
-		return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: RetryNowAction, Scope: "partition " + consumer, Count: 1,
-			Detail: map[string]any{"message_ids": []string{messageID}}})
-	})
-}
-
-// HeldHeadMessage is a held partition with its head's payload and headers
-// (as they were at its first failure).
-type HeldHeadMessage struct {
-	HeldPartition
-	Payload        []byte            `json:"payload"`
-	Headers        map[string]string `json:"headers"`
-	RetryRequested *time.Time        `json:"retry_requested_at"`
-}
-
-// HeldHead returns consumer's hold with its head, or ErrNotHeld.
-func HeldHead(ctx context.Context, pool *pgxpool.Pool, consumer string) (HeldHeadMessage, error) {
-	var h HeldHeadMessage
-	err := pool.QueryRow(ctx, `SELECT consumer, message_id, since, attempt, last_error, updated_at, coalesce(payload, ''::bytea), coalesce(headers, '{}'), retry_requested_at
-		FROM ferry_held_partitions WHERE consumer = $1 AND updated_at > now() - $2 * interval '1 microsecond'`, consumer, StaleRetention.Microseconds()).Scan(
-		&h.Consumer, &h.MessageID, &h.Since, &h.Attempt, &h.LastError, &h.UpdatedAt, &h.Payload, &h.Headers, &h.RetryRequested)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return h, ErrNotHeld
-	}
-	if err != nil {
-		return h, fmt.Errorf("reading a held partition: %w", err)
-	}
-	return h, nil
-}
-
-// Released removes consumer's hold.
-func (p PartitionHolds) Released(ctx context.Context, consumer string) error {
-	_, err := p.Pool.Exec(ctx, `DELETE FROM ferry_held_partitions WHERE consumer = $1`, pipeline.CleanText(consumer, 200))
-	return err
-}
-
-// HeldPartitions returns the partitions held now, the longest held first;
-// a hold not refreshed for StaleRetention (its consumer died) is left out.
-func HeldPartitions(ctx context.Context, pool *pgxpool.Pool) ([]HeldPartition, error) {
-	rows, err := pool.Query(ctx, `SELECT consumer, message_id, since, attempt, last_error, updated_at FROM ferry_held_partitions
-		WHERE updated_at > now() - $1 * interval '1 microsecond' ORDER BY since, consumer`, StaleRetention.Microseconds())
-	if err != nil {
-		return nil, fmt.Errorf("reading held partitions: %w", err)
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[HeldPartition])
 }
 
 // Heartbeat keeps one process's row in ferry_instances fresh.

@@ -23,6 +23,7 @@ import (
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
@@ -302,7 +303,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	axe, err := os.ReadFile("testdata/axe-core/axe.min.js")
 	require.NoError(t, err)
 	poisonID := pipelinetest.PoisonIDs(t, h.app.Pool(), pgpoison.Filter{})[0]
-	holds, err := pgstatus.HeldPartitions(context.Background(), h.app.Pool())
+	holds, err := pgheld.List(context.Background(), h.app.Pool())
 	require.NoError(t, err)
 	require.NotEmpty(t, holds)
 	pages := []string{"/console/", "/console/retrying", "/console/failing", "/console/poison", "/console/poison?group=1",

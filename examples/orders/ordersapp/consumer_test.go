@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -24,6 +25,7 @@ import (
 	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgbudget"
+	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
@@ -364,10 +366,10 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 	}}, app.Components{Relay: true, Consumers: true})
 	publishEvent(t, h, "work.held", "acct-H", job{N: 1})
 	ctx := context.Background()
-	var held []pgstatus.HeldPartition
+	var held []pgheld.Partition
 	eventually(t, "the hold recorded", func() bool {
 		var err error
-		held, err = pgstatus.HeldPartitions(ctx, h.app.Pool())
+		held, err = pgheld.List(ctx, h.app.Pool())
 		return err == nil && len(held) == 1
 	})
 	require.Contains(t, held[0].Consumer, "held.worker@")
@@ -409,14 +411,10 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 	// The provider is back; the head would wait out its minute. Retry now.
 	failing.Store(false)
 	asked := time.Now()
-	rec = httptest.NewRecorder()
-	req = httptest.NewRequest(http.MethodPost, "/console/held-actions", strings.NewReader(url.Values{"consumer": {held[0].Consumer}, "message_id": {held[0].MessageID}}.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Authorization", "Bearer "+consoleToken)
-	con.ServeHTTP(rec, req)
+	rec = postConfirmed(t, con, "/console/held-actions", url.Values{"consumer": {held[0].Consumer}, "message_id": {held[0].MessageID}})
 	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
 	eventually(t, "the hold released", func() bool {
-		held, err := pgstatus.HeldPartitions(ctx, h.app.Pool())
+		held, err := pgheld.List(ctx, h.app.Pool())
 		return err == nil && len(held) == 0 && handled.Load() == 3
 	})
 	require.Less(t, time.Since(asked), 30*time.Second, "retried at once, not after the backoff's minute")
@@ -458,12 +456,7 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 	con, err := h.app.Console()
 	require.NoError(t, err)
 	post := func(form url.Values) *httptest.ResponseRecorder {
-		rec := httptest.NewRecorder()
-		req := httptest.NewRequest(http.MethodPost, "/console/handler-actions", strings.NewReader(form.Encode()))
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Authorization", "Bearer "+consoleToken)
-		con.ServeHTTP(rec, req)
-		return rec
+		return postConfirmed(t, con, "/console/handler-actions", form)
 	}
 	rec := post(url.Values{"handler": {"paused.worker"}, "action": {"pause"}, "reason": {"provider incident #42"}})
 	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
@@ -498,4 +491,32 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 	var audited int
 	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM ferry_audit_log WHERE action IN ('handler.pause', 'handler.resume')`).Scan(&audited))
 	require.Equal(t, 2, audited)
+}
+
+// postConfirmed posts form to the console as a token holder and, when the
+// console asks first (every action does), confirms with what the page
+// carries, as an operator's click does.
+func postConfirmed(t *testing.T, con http.Handler, path string, form url.Values) *httptest.ResponseRecorder {
+	t.Helper()
+	post := func(form url.Values) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Authorization", "Bearer "+consoleToken)
+		con.ServeHTTP(rec, req)
+		return rec
+	}
+	rec := post(form)
+	body := rec.Body.String()
+	if rec.Code != http.StatusOK || !strings.Contains(body, `id="confirm"`) {
+		return rec
+	}
+	confirm := url.Values{}
+	for _, part := range strings.Split(body, `<input type="hidden" name="`)[1:] {
+		name, rest, _ := strings.Cut(part, `"`)
+		_, value, _ := strings.Cut(rest, `value="`)
+		value, _, _ = strings.Cut(value, `"`)
+		confirm.Add(name, html.UnescapeString(value))
+	}
+	return post(confirm)
 }
