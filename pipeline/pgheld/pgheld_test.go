@@ -30,7 +30,7 @@ func TestRetryRouteAsksEveryHeldPartitionOfTheRoute(t *testing.T) {
 	require.Len(t, asked, 2, "@2 moved on to another head than the one shown")
 	for _, c := range []struct {
 		consumer, head string
-		want       bool
+		want           bool
 	}{{"ledger.post@0", "m-0", true}, {"ledger.post@1", "m-1", true}, {"ledger.post@2", "m-2", false}, {"ledger.posting@0", "m-x", false}, {"ledger_post@0", "m-y", false}} {
 		got, err := store.RetryRequested(ctx, c.consumer, c.head)
 		require.NoError(t, err)
