@@ -262,7 +262,7 @@ func printStatus(w io.Writer, rep statusReport) error {
 		}
 		fmt.Fprintf(tw, "%s partitions: %d of %d hold rows, current %s\n", t.name, holding, len(t.parts), current)
 	}
-	fmt.Fprintf(tw, "rows with more than %d attempts: %d\n", rep.AttemptsThreshold, len(rep.Failing))
+	fmt.Fprintf(tw, "failing rows (the relay tried and could not publish): %d; tried more than %d times: %d\n", rep.FailingCount, rep.AttemptsThreshold, len(rep.Failing))
 	for _, f := range rep.Failing {
 		fmt.Fprintf(tw, "  #%d\t%s\t%s\tattempts %d\tnext %s\t%s\n", f.ID, cell(f.Topic, maxIDCell), cell(f.AggregateID, maxIDCell), f.Attempts,
 			f.AvailableAt.Format(time.RFC3339), cell(f.LastError, maxReasonCell))

@@ -45,9 +45,8 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 	if o.P95, err = pgstatus.DispatchP95(ctx, c.pool, latencyWindow); err != nil {
 		return o, err
 	}
-	if o.Failing, err = c.ops.FailingCount(ctx); err != nil {
-		return o, err
-	}
+	// One rule, one number: status's, the failing page's and the view's.
+	o.Failing = rep.FailingCount
 	byHandler, err := c.store.CountByHandler(ctx)
 	if err != nil {
 		return o, err

@@ -183,7 +183,7 @@ func Items(s State) []Item {
 	}
 	if len(rep.Failing) > 0 {
 		add(Item{Kind: "failing_rows", Count: len(rep.Failing), Hint: cmd + " outbox failing shows why the relay cannot publish them",
-			Text: fmt.Sprintf("%d outbox row(s) with more than %d relay attempts", len(rep.Failing), rep.AttemptsThreshold)})
+			Text: fmt.Sprintf("%d failing outbox row(s) tried more than %d times (of %d failing)", len(rep.Failing), rep.AttemptsThreshold, rep.FailingCount)})
 	}
 	if c := s.CDC; c != nil {
 		switch {

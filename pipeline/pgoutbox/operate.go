@@ -56,11 +56,7 @@ func NewOperator(pool *pgxpool.Pool, t Table) (*Operator, error) {
 
 // FailingCount counts the rows the relay keeps failing to publish.
 func (o *Operator) FailingCount(ctx context.Context) (int, error) {
-	var n int
-	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.pending+` o WHERE `+failingRule).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting failing outbox rows: %w", err)
-	}
-	return n, nil
+	return o.t.CountFailing(ctx, o.pool)
 }
 
 // FailingGroup is the failing rows of one error fingerprint.

@@ -74,16 +74,28 @@ type TriedRow struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-// MostTried lists at most limit pending rows tried more than threshold
-// times, most tried first: those the slow lane keeps (a row with attempts
-// is always the slow lane's).
+// MostTried lists at most limit failing rows (StateFailing: the one rule
+// of "failing" that status, the console, the view and the metrics share)
+// tried more than threshold times, most tried first.
 func (t Table) MostTried(ctx context.Context, q Reader, threshold, limit int) ([]TriedRow, error) {
 	rows, err := q.Query(ctx, `SELECT id, topic, aggregate_id, attempts, coalesce(last_error, ''), available_at, created_at
-		FROM `+t.Quoted()+` o WHERE `+slowCond("o")+` AND attempts > $1 ORDER BY attempts DESC, id LIMIT $2`, threshold, limit)
+		FROM `+t.pendingRows("o.*")+` o WHERE `+failingRule+` AND attempts > $1 ORDER BY attempts DESC, id LIMIT $2`, threshold, limit)
 	if err != nil {
 		return nil, fmt.Errorf("reading failing rows: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[TriedRow])
+}
+
+// CountFailing counts the failing rows (StateFailing): pending rows the
+// relay tried to publish and could not. The console's overview and
+// failing page, ferry status and the operator view ferry_outbox_failing
+// all count by this one rule.
+func (t Table) CountFailing(ctx context.Context, q Reader) (int, error) {
+	var n int
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM `+t.pendingRows("o.*")+` o WHERE `+failingRule).Scan(&n); err != nil {
+		return 0, fmt.Errorf("counting failing outbox rows: %w", err)
+	}
+	return n, nil
 }
 
 // RetryGroup is the durable retries waiting for one handler with one

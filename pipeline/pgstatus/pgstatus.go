@@ -60,12 +60,18 @@ type Instance struct {
 
 // Report is the pipeline's status.
 type Report struct {
-	At                time.Time      `json:"at"`
-	Backlog           []TopicBacklog `json:"backlog"`
-	PendingTotal      int            `json:"pending_total"`
-	OldestDueAgeS     float64        `json:"oldest_due_age_seconds"`
-	AttemptsThreshold int            `json:"attempts_threshold"`
-	Failing           []FailingRow   `json:"failing"`
+	At            time.Time      `json:"at"`
+	Backlog       []TopicBacklog `json:"backlog"`
+	PendingTotal  int            `json:"pending_total"`
+	OldestDueAgeS float64        `json:"oldest_due_age_seconds"`
+	// FailingCount is how many rows the relay tried to publish and could
+	// not (pgoutbox.StateFailing): the number the console's overview and
+	// failing page show.
+	FailingCount      int `json:"failing_count"`
+	AttemptsThreshold int `json:"attempts_threshold"`
+	// Failing are the failing rows tried more than AttemptsThreshold times
+	// (at most 20, the most tried first): the ones that need a human.
+	Failing []FailingRow `json:"failing"`
 	// Retrying are the durable retries waiting, grouped by handler and
 	// error fingerprint (at most 20 groups), and how many in all.
 	Retrying      []RetryGroup `json:"retrying"`
@@ -112,6 +118,9 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, threshol
 	for _, b := range backlog {
 		rep.PendingTotal += b.Pending
 		rep.OldestDueAgeS = max(rep.OldestDueAgeS, b.OldestDueAgeS)
+	}
+	if rep.FailingCount, err = t.CountFailing(ctx, pool); err != nil {
+		return rep, err
 	}
 	if rep.Failing, err = t.MostTried(ctx, pool, threshold, 20); err != nil {
 		return rep, err
