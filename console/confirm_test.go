@@ -220,3 +220,47 @@ func TestSearchesAreBoundedWhileTheyRun(t *testing.T) {
 	code, _ = get(t, browser, srv.URL+"/console/search?q=order-1")
 	require.Equal(t, http.StatusOK, code, "once they end, searching works again")
 }
+
+// The same action from the command line and from the console writes the
+// same audit entry: action, scope and count, with the same ids; only who,
+// from where, when and the console's confirmation differ.
+func TestTheSameActionAuditsTheSameFromEveryFrontEnd(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv, pool := setup(t)
+	browser := loggedIn(t, srv)
+	_, page := get(t, browser, srv.URL+"/console/poison")
+	csrf := between(page, `name="csrf" value="`, `"`)
+	store, err := pgpoison.NewStore(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	for _, f := range []pgpoison.Filter{{Handler: "payments.charge", Text: "order 1"}, {Handler: "notifications.mail"}} {
+		// The same selection twice over: requeue it from the console, let
+		// it be poisoned again, then from the library call the CLI makes.
+		before := pipelinetest.Poisoned(t, pool, f)
+		form := url.Values{"csrf": {csrf}, "action": {"discard"}, "scope": {"filter"}}
+		for k, v := range f.Values() {
+			form[k] = v
+		}
+		code, body := postForm(t, browser, srv.URL+"/console/actions", form)
+		require.Equal(t, http.StatusOK, code, body)
+		code, _ = postForm(t, browser, srv.URL+"/console/actions", hiddenFields(body))
+		require.Equal(t, http.StatusSeeOther, code)
+		var rows []pipelinetest.PoisonRow
+		for _, r := range before {
+			rows = append(rows, pipelinetest.PoisonRow{MessageID: r.MessageID, Topic: r.Topic, Handler: r.Handler, AggregateID: r.AggregateID, Reason: r.Reason, Payload: "{}"})
+		}
+		pipelinetest.InsertPoison(t, pool, rows...)
+		_, err = store.DiscardEach(ctx, pgpoison.Selector{Filter: f}, pgpoison.Run{Actor: "cli ops@host"}, func(pgpoison.Action) error { return nil })
+		require.NoError(t, err)
+	}
+	entries := pipelinetest.Audited(t, pool, "poison.discard")
+	require.Len(t, entries, 4)
+	for i := 0; i < 4; i += 2 {
+		console, cli := entries[i], entries[i+1]
+		require.Equal(t, console.Scope, cli.Scope)
+		require.Equal(t, console.Count, cli.Count)
+		require.Len(t, cli.Detail["ids"], console.Count)
+		require.Contains(t, console.Actor, "console")
+		require.Equal(t, "cli ops@host", cli.Actor)
+	}
+}

@@ -146,7 +146,10 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	// is reported as gone. The audit entry written with the action records
 	// the nonce; a unique index refuses a second one. A link or a form that
 	// says confirm=1 by itself confirms nothing.
-	selection := scopeText(scope, sel)
+	// The selection's canonical text (the library's, as the command line
+	// writes it): what the confirmation is signed for and the audit
+	// records.
+	selection := sel.Scope()
 	shown, ok, err := c.confirmed(r, "poison", act, selection)
 	var bad errConfirmation
 	if errors.As(err, &bad) {
@@ -234,22 +237,6 @@ func within(f pgpoison.Filter) string {
 	return ""
 }
 
-func scopeText(scope string, sel pgpoison.Selector) string {
-	switch scope {
-	case "selected":
-		ids := make([]string, len(sel.IDs))
-		for i, id := range sel.IDs {
-			ids[i] = strconv.FormatInt(id, 10)
-		}
-		return "ids " + strings.Join(ids, ",")
-	case "group":
-		if w := within(sel.Filter); w != "" {
-			return "group " + sel.Filter.Fingerprint + " within " + w
-		}
-		return "group " + sel.Filter.Fingerprint
-	}
-	return "filter " + sel.Filter.String()
-}
 
 // undoRun is the run a signed link names for its Undo button: only the
 // console's own redirect after a discard carries one.
