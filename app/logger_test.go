@@ -3,6 +3,7 @@ package app_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -34,17 +35,19 @@ func TestLogDurationsAreReadable(t *testing.T) {
 	}
 }
 
-// An outage repeats the same error many times a second: the log writes it
-// once per ErrorLogInterval and says how many it held back; other errors,
-// warnings and the lines of other loggers derived from it are not held.
+// An outage repeats the same error or warning many times a second: the log
+// writes it once per ErrorLogInterval and says how many it held back;
+// other errors, and warnings about other messages, are not held.
 func TestRepeatedErrorsAreThrottled(t *testing.T) {
 	var buf bytes.Buffer
 	logger, err := app.NewLogger(app.Config{LogFormat: "json"}, &buf)
 	require.NoError(t, err)
 	relay := logger.With("component", "relay")
-	for range 79 {
+	for i := range 79 {
 		relay.Error("relay batch failed", "error", "dial tcp 127.0.0.1:5432: connection refused")
-		logger.Warn("infrastructure unavailable; waiting", "message_id", "m")
+		logger.Warn("infrastructure unavailable; waiting", "message_id", fmt.Sprint("m-", i))
+		relay.Warn("relay listener lost; polling until it is back", "error", "connection refused")
+		logger.Warn("cannot look for a retry-now request", "handler", "ledger.post@3", "error", "connection refused")
 	}
 	logger.Error("another failure")
 	lines := bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n"))
@@ -60,7 +63,7 @@ func TestRepeatedErrorsAreThrottled(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, errors, "one line per repeated error, and the other one")
-	require.Equal(t, 79, warns, "warnings are not held back")
+	require.Equal(t, 79+2, warns, "a warning about each message is its own line; an outage's repeated warnings are one line each")
 }
 
 // The count of what was held back comes with the next line written.

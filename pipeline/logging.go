@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -69,12 +70,15 @@ func Logger(ctx context.Context) *slog.Logger {
 	return slog.Default()
 }
 
-// ThrottleErrors wraps h so that an ERROR record whose message was logged
-// less than interval ago is counted instead of written; the next one
-// written carries "suppressed", how many were counted meanwhile. An outage
-// makes every component fail the same way many times a second: one line
-// per cause and interval says as much, without burying what else happens.
-// Lines below ERROR pass untouched (per-message warnings carry ids).
+// ThrottleErrors wraps h so that a WARN or ERROR record logged less than
+// interval ago with the same message about the same thing (its handler,
+// consumer, message id, row id or topic attributes, when it has them) is
+// counted instead of written; the next one written carries "suppressed",
+// how many were counted meanwhile. An outage makes every component fail
+// the same way many times a second (a held partition's look for a retry
+// request, once a second each; the relay's lost listener): one line per
+// cause, subject and interval says as much, without burying what else
+// happens. Warnings about different messages are different lines.
 func ThrottleErrors(h slog.Handler, interval time.Duration) slog.Handler {
 	return &throttle{Handler: h, interval: interval, state: &throttleState{seen: map[string]*throttled{}}}
 }
@@ -96,17 +100,18 @@ type throttled struct {
 }
 
 func (t *throttle) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level < slog.LevelError {
+	if r.Level < slog.LevelWarn {
 		return t.Handler.Handle(ctx, r)
 	}
+	key := throttleKey(r)
 	t.state.mu.Lock()
-	s := t.state.seen[r.Message]
+	s := t.state.seen[key]
 	if s == nil {
 		if len(t.state.seen) > maxThrottledMessages {
 			clear(t.state.seen) // bounded: a flood of distinct messages starts over
 		}
 		s = &throttled{}
-		t.state.seen[r.Message] = s
+		t.state.seen[key] = s
 	}
 	if !s.last.IsZero() && r.Time.Sub(s.last) < t.interval {
 		s.suppressed++
@@ -129,6 +134,26 @@ func (t *throttle) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (t *throttle) WithGroup(name string) slog.Handler {
 	return &throttle{Handler: t.Handler.WithGroup(name), interval: t.interval, state: t.state}
+}
+
+// throttleKey is what makes two records the same line: level, message and
+// the attributes that name their subject.
+func throttleKey(r slog.Record) string {
+	var b strings.Builder
+	b.WriteString(r.Level.String())
+	b.WriteByte(0)
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "handler", "consumer", "message_id", "id", "topic", "aggregate_id":
+			b.WriteByte(0)
+			b.WriteString(a.Key)
+			b.WriteByte('=')
+			b.WriteString(a.Value.String())
+		}
+		return true
+	})
+	return b.String()
 }
 
 // maxThrottledMessages bounds ThrottleErrors' memory.
