@@ -60,7 +60,7 @@ func (a *App) AdminHandler() http.Handler {
 // mounts it on the admin server).
 func (a *App) Console() (*console.Console, error) {
 	cfg := console.Config{Token: a.cfg.AdminToken, OutboxTable: a.cfg.Relay.Table,
-		OutboxRetention: a.cfg.Retention.Outbox, LedgerRetention: a.cfg.Retention.Ledger, PruneInterval: a.cfg.Retention.Interval, IdentityHeader: a.cfg.ConsoleIdentityHeader, OpenReads: a.cfg.ConsoleOpenReads, ConfirmTTL: a.cfg.ConsoleConfirmTTL, TrustedProxies: a.cfg.ConsoleTrustedProxies, SecureCookies: a.cfg.ConsoleSecureCookies, IdleTimeout: a.cfg.ConsoleIdleTimeout, Events: a.opts.Events, Logger: a.logger}
+		OutboxRetention: a.cfg.Retention.Outbox, LedgerRetention: a.cfg.Retention.Ledger, PruneInterval: a.cfg.Retention.Interval, IdentityHeader: a.cfg.ConsoleIdentityHeader, OpenReads: a.cfg.ConsoleOpenReads, ConfirmTTL: a.cfg.ConsoleConfirmTTL, TrustedProxies: a.cfg.ConsoleTrustedProxies, SecureCookies: a.cfg.ConsoleSecureCookies, IdleTimeout: a.cfg.ConsoleIdleTimeout, MaskFields: a.cfg.ConsoleMaskFields, Events: a.opts.Events, Logger: a.logger}
 	// An app without a broker connection (ferry serve of a producing
 	// service) reads the broker on a connection of its own, as ferry
 	// status does: its console shows the same state.

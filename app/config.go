@@ -109,6 +109,9 @@ type Config struct {
 	// ConsoleIdleTimeout ends a console session unused this long.
 	// FERRY_CONSOLE_IDLE_TIMEOUT; default 30m.
 	ConsoleIdleTimeout time.Duration
+	// ConsoleMaskFields are payload fields the console's pages show as
+	// "<masked>". FERRY_CONSOLE_MASK_FIELDS (comma-separated JSON keys).
+	ConsoleMaskFields []string
 	// ConsoleConfirmTTL is how long a console confirmation can be acted
 	// on (it binds the ids it counted). FERRY_CONSOLE_CONFIRM_TTL; default
 	// 10m.
@@ -395,6 +398,15 @@ func EnvVars() []EnvVar {
 			return nil
 		}},
 		{"FERRY_CONSOLE_IDLE_TIMEOUT", "30m0s", "a console session unused this long ends (a login lasts 12h at most)", durationVar(func(c *Config) *time.Duration { return &c.ConsoleIdleTimeout })},
+		{"FERRY_CONSOLE_MASK_FIELDS", "(none)", "payload fields (JSON keys at any depth, comma-separated) the console's pages show as <masked>; a payload that is not JSON is then hidden whole", func(c *Config, v string) error {
+			c.ConsoleMaskFields = nil
+			for _, f := range strings.Split(v, ",") {
+				if f = strings.TrimSpace(f); f != "" {
+					c.ConsoleMaskFields = append(c.ConsoleMaskFields, f)
+				}
+			}
+			return nil
+		}},
 		{"FERRY_CONSOLE_CONFIRM_TTL", pgconfirm.DefaultTTL.String(), "how long a console confirmation can be acted on: it binds the ids it counted, and later they may not be what the operator would choose", durationVar(func(c *Config) *time.Duration { return &c.ConsoleConfirmTTL })},
 		{"FERRY_METRICS_REFRESH", "15s", "how often the outbox gauges are recomputed", durationVar(func(c *Config) *time.Duration { return &c.MetricsRefresh })},
 		{"FERRY_HTTP_ADDR", DefaultHTTPAddr, "listen address of the application's HTTP API (Options.HTTP)", func(c *Config, v string) error { c.HTTPAddr = v; return nil }},

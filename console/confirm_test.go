@@ -264,3 +264,36 @@ func TestTheSameActionAuditsTheSameFromEveryFrontEnd(t *testing.T) {
 		require.Equal(t, "cli ops@host", cli.Actor)
 	}
 }
+
+// Readers see what they need: an outbox row's page shows only rows the
+// failing and retrying pages list (it rendered any row, sent or not, with
+// its payload), and the payload fields named in MaskFields are masked on
+// every detail page.
+func TestReadersSeeOnlyFailingRowsAndMaskedFields(t *testing.T) {
+	t.Parallel()
+	srv, pool := setupWith(t, func(c *console.Config) { c.MaskFields = []string{"card_holder", "Email"} })
+	ids := pipelinetest.InsertOutbox(t, pool, testTable,
+		pipelinetest.OutboxRow{AggregateID: "sent", Topic: "t", Payload: `{"card_holder":"Erin"}`, Dispatched: true},
+		pipelinetest.OutboxRow{AggregateID: "waiting", Topic: "t", Payload: `{"card_holder":"Erin"}`},
+		pipelinetest.OutboxRow{AggregateID: "failing", Topic: "t", Payload: `{"order":{"card_holder":"Erin","email":"e@x","n":7}}`,
+			Attempts: 2, LastError: "NOT_FOUND", AvailableAt: time.Now().Add(time.Hour)})
+	browser := loggedIn(t, srv)
+	for _, id := range ids[:2] {
+		code, body := get(t, browser, srv.URL+"/console/failing/"+itoa(id))
+		require.Equal(t, http.StatusNotFound, code)
+		require.NotContains(t, body, "Erin")
+	}
+	code, body := get(t, browser, srv.URL+"/console/failing/"+itoa(ids[2]))
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, body, "Erin")
+	require.NotContains(t, body, "e@x")
+	require.Contains(t, body, "&lt;masked&gt;")
+	require.Contains(t, body, "7", "the other fields stay")
+
+	poisoned := pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{Payload: `{"card_holder":"Erin"}`, Reason: "r"},
+		pipelinetest.PoisonRow{MessageID: "raw", Payload: "Erin's raw bytes", Reason: "r"})
+	_, body = get(t, browser, srv.URL+"/console/poison/"+itoa(poisoned[0]))
+	require.NotContains(t, body, "Erin")
+	_, body = get(t, browser, srv.URL+"/console/poison/"+itoa(poisoned[1]))
+	require.NotContains(t, body, "Erin", "not JSON: hidden whole")
+}

@@ -119,6 +119,13 @@ type Config struct {
 	// consumers share for up to pgstatus.FindTimeout per store. Default
 	// DefaultMaxSearches.
 	MaxSearches int
+	// MaskFields are payload fields (JSON object keys, at any depth, any
+	// case) whose values reader pages show as "<masked>"
+	// (FERRY_CONSOLE_MASK_FIELDS): a card holder's name or an address a
+	// payload must carry but operators need not read. A payload that is
+	// not JSON is then hidden whole. The stores keep the payload as
+	// published.
+	MaskFields []string
 	// ConfirmTTL is how long a confirmation page can be acted on: it
 	// binds the ids it counted, and minutes later they may no longer be
 	// what the operator would choose. Default pgconfirm.DefaultTTL (10m).

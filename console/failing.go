@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgconfirm"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
@@ -179,10 +180,18 @@ func (c *Console) outboxRowPage(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, err)
 		return
 	}
+	// Only what the failing and retrying pages list: a row sent, or one
+	// waiting its first try, is no operator's business here, and its
+	// payload is a customer's.
+	failing := got.Attempts > 0 && got.LastError != ""
+	if got.Dispatched || !(failing || got.Topic == pipeline.RetryTopic) {
+		c.fail(w, r, http.StatusNotFound, "this outbox row is not failing or retrying: the console shows only those (ferry find says where any message is)")
+		return
+	}
 	row := outboxRow{ID: got.ID, MessageID: got.MessageID, Topic: got.Topic, AggregateID: got.AggregateID, LastError: got.LastError,
 		Attempts: got.Attempts, CreatedAt: got.CreatedAt, AvailableAt: got.AvailableAt, Dispatched: got.Dispatched}
 	row.Current = c.upcast(got.Topic, got.Headers, got.Payload)
-	row.Payload, _, _ = shownPayload(got.Payload)
+	row.Payload, _, _ = shownPayload(c.masked(got.Payload))
 	row.Headers = sortedHeaders(got.Headers)
 	c.render(w, r, "outbox-row", &outboxRowPage{Row: row, Flash: c.flash(r.URL.Query())})
 }

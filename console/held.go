@@ -25,7 +25,7 @@ func (c *Console) heldPage(w http.ResponseWriter, r *http.Request) {
 	}
 	p := &heldHeadPage{H: h, Route: pipeline.RouteName(h.Consumer), Flash: c.flash(r.URL.Query()), History: pipeline.ErrorHistory(h.Headers),
 		Current: c.upcast(h.Headers[pipeline.MetaTopic], h.Headers, h.Payload)}
-	p.Payload, _, p.Truncated = shownPayload(h.Payload)
+	p.Payload, _, p.Truncated = shownPayload(c.masked(h.Payload))
 	p.Headers = sortedHeaders(h.Headers)
 	// Behind the head: the partition's queue's ready messages (the head
 	// itself is unacked at its consumer).

@@ -81,7 +81,7 @@ func (c *Console) detailPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d := detail{R: rec, History: pipeline.ErrorHistory(rec.Headers), Requeued: rec.Headers["ferry_requeued_from_poison_id"],
 		Current: c.upcast(rec.Topic, rec.Headers, rec.Payload)}
-	d.Payload, d.PayloadJS, d.Truncated = shownPayload(rec.Payload)
+	d.Payload, d.PayloadJS, d.Truncated = shownPayload(c.masked(rec.Payload))
 	d.Headers = sortedHeaders(rec.Headers)
 	c.render(w, r, "detail", &detailPage{D: d})
 }
@@ -236,7 +236,6 @@ func within(f pgpoison.Filter) string {
 	}
 	return ""
 }
-
 
 // undoRun is the run a signed link names for its Undo button: only the
 // console's own redirect after a discard carries one.

@@ -40,6 +40,7 @@ func (c *Console) upcast(topic string, headers map[string]string, payload []byte
 			out.Refusal = err.Error()
 			return out
 		}
+		up = c.masked(up)
 		var pretty bytes.Buffer
 		if json.Indent(&pretty, up, "", "  ") == nil {
 			out.Payload = pretty.String()
