@@ -522,7 +522,7 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	if err := m.refreshRetention(ctx, pool); err != nil {
 		return err
 	}
-	legacy, err := pgstatus.LegacyEffects(ctx, pool, shadow.Table)
+	legacy, err := shadow.LegacyEffects(ctx, pool)
 	if err != nil {
 		return err
 	}

@@ -117,3 +117,23 @@ func Report(ctx context.Context, pool *pgxpool.Pool, o Options) (ReportResult, e
 	sort.Slice(res.Topics, func(a, b int) bool { return strings.Compare(res.Topics[a].Topic, res.Topics[b].Topic) < 0 })
 	return res, nil
 }
+
+// LegacyEffects counts the effects recorded over the last 24 hours, by
+// topic (the ferry_legacy_effects_24h gauge).
+func LegacyEffects(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
+	rows, err := pool.Query(ctx, `SELECT topic, count(*) FROM `+Table+` WHERE recorded_at > now() - interval '24 hours' GROUP BY topic`)
+	if err != nil {
+		return nil, fmt.Errorf("counting legacy effects: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var topic string
+		var n int
+		if err := rows.Scan(&topic, &n); err != nil {
+			return nil, err
+		}
+		out[topic] = n
+	}
+	return out, rows.Err()
+}

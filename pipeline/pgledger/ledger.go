@@ -473,3 +473,32 @@ func DeleteBefore(ctx context.Context, pool *pgxpool.Pool, cutoff time.Time, n i
 	}
 	return tag.RowsAffected(), nil
 }
+
+// Handled is one message a consumer processed.
+type Handled struct {
+	Consumer, MessageID string
+	ProcessedAt         time.Time
+}
+
+// Reader is a pool, a connection or a transaction.
+type Reader interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// HandledOf returns who processed these messages (of the default ledger
+// table), oldest first; consumers, if given, narrows to them (the
+// ledger's key is (consumer, message): an index lookup).
+func HandledOf(ctx context.Context, q Reader, messageIDs, consumers []string) ([]Handled, error) {
+	if len(messageIDs) == 0 {
+		return nil, nil
+	}
+	sql, args := `SELECT consumer, message_id, processed_at FROM `+DefaultTable+` WHERE message_id = ANY($1)`, []any{messageIDs}
+	if len(consumers) > 0 {
+		sql, args = sql+` AND consumer = ANY($2)`, append(args, consumers)
+	}
+	rows, err := q.Query(ctx, sql+` ORDER BY processed_at`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("reading the ledger: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Handled])
+}

@@ -129,21 +129,6 @@ func Find(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, routes []st
 		}
 		return nil
 	}
-	search := func(store, sql string, args []any, scan func(pgx.Rows) error) error {
-		return inTx(store, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, sql, args...)
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			for rows.Next() {
-				if err := scan(rows); err != nil {
-					return err
-				}
-			}
-			return rows.Err()
-		})
-	}
 	outboxRows := func(store string, archived bool) error {
 		return inTx(store, func(tx pgx.Tx) error {
 			rows, err := t.Find(ctx, tx, archived, q, limit+1)
@@ -159,38 +144,27 @@ func Find(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, routes []st
 	if err := outboxRows("outbox archive", true); err != nil {
 		return found, err
 	}
-	poisonRows := func(store, tbl, extra string) error {
-		return search(store, `SELECT id, message_id, aggregate_id, topic, handler, consumer, headers, reason, poisoned_at, correlation_id`+extra+`
-			FROM `+tbl+` WHERE message_id = $1 OR aggregate_id = $1 OR correlation_id = $1 ORDER BY id DESC LIMIT $2`, []any{q, limit + 1}, func(rows pgx.Rows) error {
-			var id int64
-			var msgID, agg, topic, handler, consumer, reason, correlation string
-			var headers map[string]string
-			var at time.Time
-			dest := []any{&id, &msgID, &agg, &topic, &handler, &consumer, &headers, &reason, &at, &correlation}
-			var by, run string
-			var discarded time.Time
-			if extra != "" {
-				dest = append(dest, &discarded, &by, &run)
+	poisonRows := func(store string, archived bool) error {
+		return inTx(store, func(tx pgx.Tx) error {
+			found, err := pgpoison.Search(ctx, tx, archived, q, limit+1)
+			for _, p := range found {
+				s := Sighting{Store: store, At: p.PoisonedAt, ID: p.ID, Consumer: p.Consumer, Error: pipeline.CleanText(p.Reason, 1000),
+					State: "poisoned by " + p.Handler + ": given up on, waiting for an operator (requeue or discard)"}
+				if archived {
+					s.At = p.DiscardedAt
+					s.State = fmt.Sprintf("discarded from the poison store by %s (ferry poison undo --run %s puts it back)", p.DiscardedBy, p.DiscardRun)
+				}
+				tr := trail(p.MessageID)
+				tr.know(p.Topic, p.AggregateID, p.CorrelationID, p.Headers[pipeline.MetaTraceID])
+				tr.Sightings = append(tr.Sightings, s)
 			}
-			if err := rows.Scan(dest...); err != nil {
-				return err
-			}
-			s := Sighting{Store: store, At: at, ID: id, Consumer: consumer, Error: pipeline.CleanText(reason, 1000),
-				State: "poisoned by " + handler + ": given up on, waiting for an operator (requeue or discard)"}
-			if extra != "" {
-				s.At = discarded
-				s.State = fmt.Sprintf("discarded from the poison store by %s (ferry poison undo --run %s puts it back)", by, run)
-			}
-			tr := trail(msgID)
-			tr.know(topic, agg, correlation, headers[pipeline.MetaTraceID])
-			tr.Sightings = append(tr.Sightings, s)
-			return nil
+			return err
 		})
 	}
-	if err := poisonRows("poison store", pgpoison.Table, ""); err != nil {
+	if err := poisonRows("poison store", false); err != nil {
 		return found, err
 	}
-	if err := poisonRows("poison archive", pgpoison.ArchiveTable, ", discarded_at, discarded_by, discard_run"); err != nil {
+	if err := poisonRows("poison archive", true); err != nil {
 		return found, err
 	}
 	// The ledger and the held partitions are keyed by message: look up
@@ -207,22 +181,13 @@ func Find(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, routes []st
 	}); err != nil {
 		return found, err
 	}
-	ledgerSQL := `SELECT consumer, message_id, processed_at FROM ` + pgledger.DefaultTable + ` WHERE message_id = ANY($1)`
-	args := []any{ids}
-	if len(routes) > 0 {
-		// The ledger's key is (route, message): an index lookup.
-		ledgerSQL += ` AND consumer = ANY($2)`
-		args = append(args, routes)
-	}
-	if err := search("ledger", ledgerSQL, args, func(rows pgx.Rows) error {
-		var consumer, msgID string
-		var at time.Time
-		if err := rows.Scan(&consumer, &msgID, &at); err != nil {
-			return err
+	if err := inTx("ledger", func(tx pgx.Tx) error {
+		handled, err := pgledger.HandledOf(ctx, tx, ids, routes)
+		for _, h := range handled {
+			tr := trail(h.MessageID)
+			tr.Sightings = append(tr.Sightings, Sighting{Store: "ledger", At: h.ProcessedAt, Consumer: h.Consumer, State: "handled by " + h.Consumer})
 		}
-		tr := trail(msgID)
-		tr.Sightings = append(tr.Sightings, Sighting{Store: "ledger", At: at, Consumer: consumer, State: "handled by " + consumer})
-		return nil
+		return err
 	}); err != nil {
 		return found, err
 	}

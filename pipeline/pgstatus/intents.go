@@ -2,13 +2,14 @@ package pgstatus
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
 // Intent is one event (an intent) and what became of it, as read from the
@@ -75,19 +76,14 @@ func Intents(ctx context.Context, q pgx.Tx, t pgoutbox.Table, aggregateID string
 		idx[out[i].MessageID] = &out[i]
 		ids = append(ids, out[i].MessageID)
 	}
-	if err := scanInto(ctx, q, `SELECT message_id, consumer, processed_at FROM processed_messages WHERE message_id = ANY($1) ORDER BY processed_at`, ids,
-		func(row pgx.Rows) error {
-			var id string
-			var h Handled
-			if err := row.Scan(&id, &h.Handler, &h.At); err != nil {
-				return err
-			}
-			if s := idx[id]; s != nil {
-				s.HandledBy = append(s.HandledBy, h)
-			}
-			return nil
-		}); err != nil {
+	handled, err := pgledger.HandledOf(ctx, q, ids, nil)
+	if err != nil {
 		return nil, now, err
+	}
+	for _, h := range handled {
+		if s := idx[h.MessageID]; s != nil {
+			s.HandledBy = append(s.HandledBy, Handled{Handler: h.Consumer, At: h.ProcessedAt})
+		}
 	}
 	retries, err := t.WaitingRetries(ctx, q, ids)
 	if err != nil {
@@ -99,39 +95,17 @@ func Intents(ctx context.Context, q pgx.Tx, t pgoutbox.Table, aggregateID string
 				LastError: r.Headers[pipeline.MetaLastError], Due: r.AvailableAt})
 		}
 	}
-	if err := scanInto(ctx, q, `SELECT message_id, handler, reason, poisoned_at FROM poison_messages WHERE message_id = ANY($1) ORDER BY id`, ids,
-		func(row pgx.Rows) error {
-			var id string
-			var p Poisoning
-			if err := row.Scan(&id, &p.Handler, &p.Reason, &p.At); err != nil {
-				return err
-			}
-			if s := idx[id]; s != nil {
-				s.Poisoned = append(s.Poisoned, p)
-			}
-			return nil
-		}); err != nil {
+	poisonings, err := pgpoison.PoisoningsOf(ctx, q, ids)
+	if err != nil {
 		return nil, now, err
+	}
+	for _, p := range poisonings {
+		if s := idx[p.MessageID]; s != nil {
+			s.Poisoned = append(s.Poisoned, Poisoning{Handler: p.Handler, Reason: p.Reason, At: p.At})
+		}
 	}
 	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return nil, now, err
 	}
 	return out, now, nil
-}
-
-func scanInto(ctx context.Context, q pgx.Tx, sql string, ids []string, each func(pgx.Rows) error) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	rows, err := q.Query(ctx, sql, ids)
-	if err != nil {
-		return fmt.Errorf("reading intent state: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := each(rows); err != nil {
-			return err
-		}
-	}
-	return rows.Err()
 }

@@ -3,14 +3,10 @@ package pgstatus
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
-	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
@@ -19,7 +15,7 @@ import (
 const (
 	PlacePending  = pgoutbox.PlacePending
 	PlaceRetry    = pgoutbox.PlaceRetry
-	PlacePoison   = "poison" // in the poison store
+	PlacePoison   = pgpoison.PlaceStore // in the poison store
 	PlaceRelayed  = pgoutbox.PlaceRelayed
 	PlaceArchived = pgoutbox.PlaceArchived
 )
@@ -31,11 +27,6 @@ type StoredVersion = pgoutbox.StoredVersion
 // VersionSample is one stored event, for a test that decodes it.
 type VersionSample = pgoutbox.VersionSample
 
-// poisonEvents lists the poison store's events as the outbox's reads list
-// theirs (place, id, topic, version, at, payload).
-const poisonEvents = `SELECT '` + PlacePoison + `' AS place, id, topic, coalesce(headers->>'` + pipeline.MetaSchemaVersion + `', '') AS version,
-	poisoned_at AS at, payload FROM ` + pgpoison.Table
-
 // StoredVersions counts the events still to be read by topic, schema
 // version and place (pending, retry, poison): what tells a team that no
 // event of an old version is left, so that its upcast step may go.
@@ -44,13 +35,9 @@ func StoredVersions(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table) (
 	if err != nil {
 		return nil, err
 	}
-	rows, err := pool.Query(ctx, `SELECT place, topic, version, count(*), min(at) FROM (`+poisonEvents+`) e GROUP BY 1, 2, 3`)
+	poison, err := pgpoison.StoredVersions(ctx, pool)
 	if err != nil {
-		return nil, fmt.Errorf("counting poisoned events by schema version: %w", err)
-	}
-	poison, err := pgx.CollectRows(rows, pgx.RowToStructByPos[StoredVersion])
-	if err != nil {
-		return nil, fmt.Errorf("counting poisoned events by schema version: %w", err)
+		return nil, err
 	}
 	out = append(out, poison...)
 	slices.SortFunc(out, func(a, b StoredVersion) int {
@@ -67,15 +54,9 @@ func VersionSamples(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, p
 	if err != nil {
 		return nil, err
 	}
-	rows, err := pool.Query(ctx, `SELECT place, id, topic, version, at, payload FROM (
-		SELECT e.*, row_number() OVER (PARTITION BY topic, version ORDER BY id) AS n FROM (`+poisonEvents+`) e) s
-		WHERE n <= `+strconv.Itoa(max(perVersion, 1)))
+	poison, err := pgpoison.VersionSamples(ctx, pool, perVersion)
 	if err != nil {
-		return nil, fmt.Errorf("reading poisoned events by schema version: %w", err)
-	}
-	poison, err := pgx.CollectRows(rows, pgx.RowToStructByPos[VersionSample])
-	if err != nil {
-		return nil, fmt.Errorf("reading poisoned events by schema version: %w", err)
+		return nil, err
 	}
 	out = append(out, poison...)
 	slices.SortFunc(out, func(a, b VersionSample) int {
