@@ -198,7 +198,7 @@ func TestHeldListAndRetryNow(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	store := pgheld.Store{Pool: pool}
 	for _, c := range []string{"ledger.post@0", "ledger.post@1", "mail.send@0"} {
-		require.NoError(t, store.Held(ctx, c, "m-"+c, 3, time.Now().Add(-time.Minute), "ledger answered 503"))
+		require.NoError(t, store.Held(ctx, c, "m-"+c, 3, time.Now().Add(-time.Minute), time.Now().Add(time.Minute), "ledger answered 503"))
 	}
 	var out bytes.Buffer
 	require.NoError(t, cli.HeldList{Route: "ledger.post"}.Run(ctx, pool, &out))

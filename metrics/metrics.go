@@ -32,6 +32,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/pgweeks"
@@ -83,6 +84,7 @@ type Metrics struct {
 	shownVersions     map[[3]string]bool
 	instances         *prometheus.GaugeVec
 	held              *prometheus.GaugeVec
+	paused            *prometheus.GaugeVec
 	queueReady        *prometheus.GaugeVec
 	queueConsumers    *prometheus.GaugeVec
 	pendingDue        *prometheus.GaugeVec
@@ -106,11 +108,9 @@ type Metrics struct {
 
 	// Under refreshMu: the labels each gauge vector has shown (a label
 	// that goes is set to 0, never dropped, so that an alert sees the
-	// drop and an increase() its start), and the holds of ordered
-	// partitions as tracked across their heads.
+	// drop and an increase() its start).
 	refreshMu sync.Mutex
 	shown     map[*prometheus.GaugeVec]map[string]bool
-	holds     heldTracker
 }
 
 // New creates the collectors, with Go runtime and process collectors.
@@ -123,9 +123,12 @@ func New() *Metrics {
 		queueConsumers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_queue_consumers", Help: "Consumers of a queue of the route table (0 with messages ready: nobody takes them).",
 		}, []string{"queue"}),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_handler_paused_seconds", Help: "How long a handler has been paused (ferry pause, the console), by handler; 0 once resumed. Its messages wait at the broker meanwhile.",
+		}, []string{"handler"}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ferry_partition_held_seconds", Help: "How long an ordered partition has waited behind a head message that keeps failing, by partition (absent when none waits).",
-		}, []string{"consumer"}),
+			Name: "ferry_partition_held_seconds", Help: "How long an ordered partition has waited behind failing head messages in this outage (one clock across its heads, as the console and ferry status show it), by partition and its route (handler); 0 once released.",
+		}, []string{"consumer", "handler"}),
 		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_instances", Help: "Ferry processes registered in ferry_instances, by component (relay, consumers) and state: alive (a recent heartbeat) or stale (none for 15s: died without deregistering).",
 		}, []string{"component", "state"}),
@@ -212,7 +215,7 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.own = []prometheus.Collector{m.held, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.versions, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+	m.own = []prometheus.Collector{m.held, m.paused, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.versions, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.batchSize, m.batches, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming,
 		m.overduePartitions, m.overdueSeconds}
@@ -354,53 +357,30 @@ func (m *Metrics) setGauges(vec *prometheus.GaugeVec, values map[string]float64)
 	}
 	for label := range shown {
 		if _, ok := values[label]; !ok {
-			vec.WithLabelValues(label).Set(0)
+			vec.WithLabelValues(strings.Split(label, labelSep)...).Set(0)
 		}
 	}
 	for label, v := range values {
 		shown[label] = true
-		vec.WithLabelValues(label).Set(v)
+		vec.WithLabelValues(strings.Split(label, labelSep)...).Set(v)
 	}
 }
 
-// heldGap is how long an ordered partition may show no hold and still be
-// the same hold: between a head poisoned and the next one failing, the
-// partition is not released, only its row replaced.
-const heldGap = 2 * time.Minute
-
-// heldTracker follows each ordered partition's hold across its heads:
-// ferry_partition_held_seconds counts from the first head that held it,
-// not from the current one (a head is poisoned after its attempts and
-// the next one would start again at 0, below any alert's threshold).
-type heldTracker struct {
-	since, seen map[string]time.Time
-}
-
-// update takes the holds now recorded (partition → when its current head
-// began to hold it) and returns each partition's held seconds: 0 for one
-// released longer than heldGap ago (shown until it is forgotten).
-func (h *heldTracker) update(now time.Time, current map[string]time.Time) map[string]float64 {
-	if h.since == nil {
-		h.since, h.seen = map[string]time.Time{}, map[string]time.Time{}
-	}
-	out := make(map[string]float64, len(h.since)+len(current))
-	for p, s := range current {
-		if first, ok := h.since[p]; !ok || now.Sub(h.seen[p]) > heldGap || s.Before(first) {
-			h.since[p] = s
-		}
-		h.seen[p] = now
-	}
-	for p, first := range h.since {
-		if now.Sub(h.seen[p]) > heldGap {
-			delete(h.since, p)
-			delete(h.seen, p)
-			out[p] = 0
-			continue
-		}
-		out[p] = now.Sub(first).Seconds()
+// heldSeconds is each held partition's ferry_partition_held_seconds,
+// keyed by its labels (partition, route): the hold's one clock, kept by
+// pgheld across the outage's heads (a head poisoned and the next one
+// failing in turn), so the console, status and this gauge show one number,
+// and the gauge ends with the hold instead of counting on after recovery.
+func heldSeconds(now time.Time, held []pgheld.Partition) map[string]float64 {
+	out := make(map[string]float64, len(held))
+	for _, h := range held {
+		out[h.Consumer+labelSep+h.Route()] = now.Sub(h.Since).Seconds()
 	}
 	return out
 }
+
+// labelSep joins a series' label values in setGauges' keys.
+const labelSep = "\x00"
 
 // InitRoutes creates the consumer outcome series of routes at 0, so that
 // the first failure or poisoning of a route shows as an increase (a
@@ -494,11 +474,16 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	since := make(map[string]time.Time, len(held))
-	for _, h := range held {
-		since[h.Consumer] = h.Since
+	m.setGauges(m.held, heldSeconds(time.Now(), held))
+	pauses, err := pgpause.List(ctx, pool)
+	if err != nil {
+		return err
 	}
-	m.setGauges(m.held, m.holds.update(time.Now(), since))
+	paused := make(map[string]float64, len(pauses))
+	for _, p := range pauses {
+		paused[p.Handler] = time.Since(p.At).Seconds()
+	}
+	m.setGauges(m.paused, paused)
 	instances, err := pgstatus.Instances(ctx, pool)
 	if err != nil {
 		return err

@@ -49,18 +49,21 @@ type DurableRetryConfig struct {
 // PartitionHolds records the ordered partitions held behind a failing
 // head message. Its errors are logged, never fail a delivery.
 type PartitionHolds interface {
-	Held(ctx context.Context, consumer, messageID string, attempt int, since time.Time, lastError string) error
+	// Held records the hold of messageID, since when (the first failure
+	// of this outage) and when it is tried next.
+	Held(ctx context.Context, consumer, messageID string, attempt int, since, retryAt time.Time, lastError string) error
 	Released(ctx context.Context, consumer string) error
 }
 
 // PartitionResumer, implemented by a PartitionHolds, gives the head
 // message of a held partition, delivered again after its consumer stopped
-// (a deploy, a crash), the attempt its hold had reached and since when it
-// holds: a stop never resets a failing head's attempts. Without it, a
+// (a deploy, a crash), the attempt its hold had reached, since when it
+// holds and when it was to be tried next: a stop never resets a failing
+// head's attempts, nor spends one before its backoff is out. Without it, a
 // partition whose consumers restart more often than MaxAttempts would
 // retry a broken head (and call its provider) forever.
 type PartitionResumer interface {
-	HeldAttempt(ctx context.Context, consumer, messageID string) (attempt int, since time.Time, ok bool, err error)
+	HeldAttempt(ctx context.Context, consumer, messageID string) (attempt int, since, retryAt time.Time, ok bool, err error)
 }
 
 // PartitionHeadKeeper, implemented by a PartitionHolds, keeps the held
@@ -204,13 +207,14 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 			logger.WarnContext(ctx, "cannot record the partition's hold", "handler", handler, "error", pipeline.ErrorText(err, 300))
 		}
 	}
+	var resumeAt time.Time
 	if r, ok := c.Holds.(PartitionResumer); ok {
 		// This head was held before its consumer stopped: its attempts
-		// go on from where they were.
+		// go on from where they were, after the backoff it was in.
 		record(func(rctx context.Context) error {
-			held, heldSince, found, err := r.HeldAttempt(rctx, handler, pipeline.MessageID(msg))
+			held, heldSince, retryAt, found, err := r.HeldAttempt(rctx, handler, pipeline.MessageID(msg))
 			if found && held > attempt {
-				attempt, since = held, heldSince
+				attempt, since, resumeAt = held, heldSince, retryAt
 				msg.Metadata.Set(pipeline.MetaAttempt, strconv.Itoa(attempt))
 			}
 			return err
@@ -224,6 +228,13 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 			record(func(rctx context.Context) error { return c.Holds.Released(rctx, handler) })
 		}
 	}()
+	if wait := time.Until(resumeAt); wait > 0 {
+		logger.InfoContext(ctx, "resuming a held head after its backoff", "handler", handler, "next_attempt", attempt, "retry_in", wait.Round(time.Millisecond).String())
+		if err := c.waitOrRetryNow(ctx, handler, pipeline.MessageID(msg), wait, logger); err != nil {
+			stopped = true
+			return nil, err
+		}
+	}
 	for {
 		produced, err := h(msg)
 		if errors.Is(err, context.Canceled) {
@@ -244,7 +255,7 @@ func (c DurableRetryConfig) holdPartition(h message.HandlerFunc, msg *message.Me
 			since = time.Now()
 		}
 		record(func(rctx context.Context) error {
-			return c.Holds.Held(rctx, handler, pipeline.MessageID(msg), attempt, since, pipeline.ErrorText(err, maxLastErrorLength))
+			return c.Holds.Held(rctx, handler, pipeline.MessageID(msg), attempt, since, time.Now().Add(delay), pipeline.ErrorText(err, maxLastErrorLength))
 		})
 		if k, ok := c.Holds.(PartitionHeadKeeper); ok && first {
 			record(func(rctx context.Context) error {

@@ -128,3 +128,40 @@ func TestAHeldHeadKeepsItsAttemptsAcrossAConsumerStop(t *testing.T) {
 		message.NewMessage("order-10-charge", []byte(`{"order":10}`)))
 	require.NoError(t, errs[0])
 }
+
+// A consumer that takes over a held head after a restart waits out the
+// backoff the hold was in before trying it again: it spent an attempt at
+// once (and called the provider) on every restart.
+func TestAHeldHeadKeepsItsBackoffAcrossAConsumerStop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	holds := pgheld.Store{Pool: pool}
+	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	mw, err := middleware.DurableRetryConfig{Scheduler: resched, MaxAttempts: 5, Holds: holds,
+		Backoff: pipeline.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond, Jitter: -1}}.Middleware(nil)
+	require.NoError(t, err)
+	const partition = "billing.charge" + pipeline.PartitionSeparator + "4"
+	calls := 0
+	// Attempt 1 fails; the consumer stops at attempt 2.
+	errs := deliver(t, partition, []message.HandlerMiddleware{mw}, func(*message.Message) ([]*message.Message, error) {
+		if calls++; calls == 1 {
+			return nil, errors.New("provider 503")
+		}
+		return nil, context.Canceled
+	}, message.NewMessage("order-11-charge", []byte(`{"order":11}`)))
+	require.ErrorIs(t, errs[0], context.Canceled)
+	// As if it had stopped in a long backoff: the next try is 1.5 s away.
+	const left = 1500 * time.Millisecond
+	_, err = pool.Exec(ctx, `UPDATE `+pgheld.Table+` SET retry_at = now() + $1 * interval '1 millisecond'`, left.Milliseconds())
+	require.NoError(t, err)
+	redelivered := time.Now()
+	var tried time.Time
+	errs = deliver(t, partition, []message.HandlerMiddleware{mw}, func(*message.Message) ([]*message.Message, error) {
+		tried = time.Now()
+		return nil, nil
+	}, message.NewMessage("order-11-charge", []byte(`{"order":11}`)))
+	require.NoError(t, errs[0])
+	require.GreaterOrEqual(t, tried.Sub(redelivered), left-200*time.Millisecond, "the rest of the backoff was waited out, no attempt spent at once")
+}

@@ -2,6 +2,7 @@ package pgcdc_test
 
 import (
 	"context"
+	"io/fs"
 	"testing"
 	"time"
 
@@ -46,7 +47,7 @@ func TestPartitionMigrationKeepsTheStream(t *testing.T) {
 	}()
 	n, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, 3, n, "00025 to 00027")
+	require.Equal(t, ferryMigrations(t)-24, n, "00025 to the newest")
 	require.NoError(t, <-writing)
 	var viaRoot, parted bool
 	require.NoError(t, r.pool.QueryRow(ctx, `SELECT pubviaroot, (SELECT relkind = 'p' FROM pg_class WHERE oid = 'outbox'::regclass)
@@ -58,4 +59,12 @@ func TestPartitionMigrationKeepsTheStream(t *testing.T) {
 	got = append(got, r.collect(t, 400, 60*time.Second)...)
 	requireInOrder(t, got, 0, 600)
 	r.awaitPending(t, 0, 30*time.Second)
+}
+
+// ferryMigrations is how many migrations Ferry's set holds.
+func ferryMigrations(t *testing.T) int {
+	t.Helper()
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	return len(files)
 }

@@ -67,8 +67,13 @@ type Reader interface {
 
 const columns = `consumer, message_id, since, attempt, last_error, updated_at`
 
-// live keeps the holds refreshed within StaleRetention.
-var live = `updated_at > now() - ` + fmt.Sprint(StaleRetention.Microseconds()) + ` * interval '1 microsecond'`
+// live keeps the holds not released and refreshed within StaleRetention.
+var live = `released_at IS NULL AND updated_at > now() - ` + fmt.Sprint(StaleRetention.Microseconds()) + ` * interval '1 microsecond'`
+
+// SameOutage is how long after a release a new hold of the partition is
+// the same outage, its clock going on: a head poisoned after its last
+// attempt and the next one failing in turn.
+const SameOutage = 2 * time.Minute
 
 // List returns the partitions held now, the longest held first.
 func List(ctx context.Context, q Reader) ([]Partition, error) {
@@ -82,7 +87,7 @@ func List(ctx context.Context, q Reader) ([]Partition, error) {
 // ByMessage returns the holds whose head is one of messageIDs (for "where
 // is this message?").
 func ByMessage(ctx context.Context, q Reader, messageIDs []string) ([]Partition, error) {
-	rows, err := q.Query(ctx, `SELECT `+columns+` FROM `+Table+` WHERE message_id = ANY($1) ORDER BY since, consumer`, messageIDs)
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM `+Table+` WHERE message_id = ANY($1) AND released_at IS NULL ORDER BY since, consumer`, messageIDs)
 	if err != nil {
 		return nil, fmt.Errorf("reading held partitions: %w", err)
 	}
@@ -182,10 +187,12 @@ func likeEscape(s string) string {
 }
 
 // PruneStale removes the holds not refreshed within StaleRetention, with
-// their copies of the head's payload and headers: a consumer that died
-// during a hold, or was renamed, never releases it. Returns how many.
+// their copies of the head's payload and headers (a consumer that died
+// during a hold, or was renamed, never releases it), and the released ones
+// past SameOutage. Returns how many.
 func PruneStale(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
-	tag, err := pool.Exec(ctx, `DELETE FROM `+Table+` WHERE NOT (`+live+`)`)
+	tag, err := pool.Exec(ctx, `DELETE FROM `+Table+` WHERE updated_at <= now() - $1 * interval '1 microsecond'
+		OR released_at < now() - $2 * interval '1 microsecond'`, StaleRetention.Microseconds(), SameOutage.Microseconds())
 	if err != nil {
 		return 0, fmt.Errorf("pruning stale holds: %w", err)
 	}
@@ -196,33 +203,42 @@ func PruneStale(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 // (middleware.PartitionHolds and the interfaces beside it).
 type Store struct{ Pool *pgxpool.Pool }
 
-// Held records (or refreshes) consumer's hold; since stays that of the
-// first failure of the same head.
-func (s Store) Held(ctx context.Context, consumer, messageID string, attempt int, since time.Time, lastError string) error {
-	// A new head starts a new hold: its page shows its own payload, and an
-	// operator's "retry now" for the last head is not carried over.
-	_, err := s.Pool.Exec(ctx, `INSERT INTO `+Table+` (consumer, message_id, since, attempt, last_error) VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (consumer) DO UPDATE SET message_id = $2, since = CASE WHEN `+Table+`.message_id = $2 THEN `+Table+`.since ELSE $3 END,
-		payload = CASE WHEN `+Table+`.message_id = $2 THEN `+Table+`.payload END,
-		headers = CASE WHEN `+Table+`.message_id = $2 THEN `+Table+`.headers END,
-		retry_requested_at = CASE WHEN `+Table+`.message_id = $2 THEN `+Table+`.retry_requested_at END,
-		attempt = $4, last_error = $5, updated_at = now()`,
-		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512), since, attempt, pipeline.CleanText(lastError, 1024))
+// Held records (or refreshes) consumer's hold of messageID, to be tried
+// next at retryAt. The hold's since is one clock for the outage, across
+// heads: it stays while the partition is held (by this head or the next)
+// and when it was released less than SameOutage ago; since is used only
+// for a new outage.
+func (s Store) Held(ctx context.Context, consumer, messageID string, attempt int, since, retryAt time.Time, lastError string) error {
+	// A new head's page shows its own payload, and an operator's "retry
+	// now" for the last head is not carried over.
+	t := Table
+	_, err := s.Pool.Exec(ctx, `INSERT INTO `+t+` (consumer, message_id, since, attempt, last_error, retry_at) VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT (consumer) DO UPDATE SET message_id = $2,
+		since = CASE WHEN `+t+`.released_at IS NULL OR `+t+`.released_at > now() - $7 * interval '1 microsecond' THEN least(`+t+`.since, $3) ELSE $3 END,
+		payload = CASE WHEN `+t+`.message_id = $2 AND `+t+`.released_at IS NULL THEN `+t+`.payload END,
+		headers = CASE WHEN `+t+`.message_id = $2 AND `+t+`.released_at IS NULL THEN `+t+`.headers END,
+		retry_requested_at = CASE WHEN `+t+`.message_id = $2 AND `+t+`.released_at IS NULL THEN `+t+`.retry_requested_at END,
+		attempt = $4, last_error = $5, retry_at = $6, released_at = NULL, updated_at = now()`,
+		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512), since, attempt, pipeline.CleanText(lastError, 1024), retryAt,
+		SameOutage.Microseconds())
 	return err
 }
 
-// HeldAttempt returns the attempt and start of consumer's hold of
-// messageID, if it holds that message (middleware.PartitionResumer): a
-// head delivered again after a stop resumes its attempts.
-func (s Store) HeldAttempt(ctx context.Context, consumer, messageID string) (int, time.Time, bool, error) {
-	var attempt int
-	var since time.Time
-	err := s.Pool.QueryRow(ctx, `SELECT attempt, since FROM `+Table+` WHERE consumer = $1 AND message_id = $2`,
-		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512)).Scan(&attempt, &since)
+// HeldAttempt returns the attempt, the start and the next try of
+// consumer's hold of messageID, if it holds that message
+// (middleware.PartitionResumer): a head delivered again after a stop
+// resumes its attempts, and waits for its next try.
+func (s Store) HeldAttempt(ctx context.Context, consumer, messageID string) (attempt int, since, retryAt time.Time, ok bool, err error) {
+	var at *time.Time
+	err = s.Pool.QueryRow(ctx, `SELECT attempt, since, retry_at FROM `+Table+` WHERE consumer = $1 AND message_id = $2 AND released_at IS NULL`,
+		pipeline.CleanText(consumer, 200), pipeline.CleanText(messageID, 512)).Scan(&attempt, &since, &at)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, time.Time{}, false, nil
+		return 0, time.Time{}, time.Time{}, false, nil
 	}
-	return attempt, since, err == nil, err
+	if at != nil {
+		retryAt = *at
+	}
+	return attempt, since, retryAt, err == nil, err
 }
 
 // KeepHead keeps the held head's payload and headers for its page
@@ -245,8 +261,10 @@ func (s Store) RetryRequested(ctx context.Context, consumer, messageID string) (
 	return tag.RowsAffected() == 1, nil
 }
 
-// Released removes consumer's hold.
+// Released ends consumer's hold: its copy of the head goes, and the row
+// stays SameOutage as the outage's clock, should the next head fail too.
 func (s Store) Released(ctx context.Context, consumer string) error {
-	_, err := s.Pool.Exec(ctx, `DELETE FROM `+Table+` WHERE consumer = $1`, pipeline.CleanText(consumer, 200))
+	_, err := s.Pool.Exec(ctx, `UPDATE `+Table+` SET released_at = now(), payload = NULL, headers = NULL, retry_requested_at = NULL, retry_at = NULL
+		WHERE consumer = $1`, pipeline.CleanText(consumer, 200))
 	return err
 }

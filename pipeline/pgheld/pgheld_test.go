@@ -22,7 +22,7 @@ func TestRetryRouteAsksEveryHeldPartitionOfTheRoute(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	store := pgheld.Store{Pool: pool}
 	for _, h := range [][2]string{{"ledger.post@0", "m-0"}, {"ledger.post@1", "m-1"}, {"ledger.post@2", "m-2"}, {"ledger.posting@0", "m-x"}, {"ledger_post@0", "m-y"}} {
-		require.NoError(t, store.Held(ctx, h[0], h[1], 2, time.Now(), "ledger answered 503"))
+		require.NoError(t, store.Held(ctx, h[0], h[1], 2, time.Now(), time.Now().Add(time.Minute), "ledger answered 503"))
 	}
 	shown := map[string]string{"ledger.post@0": "m-0", "ledger.post@1": "m-1", "ledger.post@2": "m-old"}
 	asked, err := pgheld.RetryRoute(ctx, pool, "ledger.post", "ops@test", shown)
@@ -54,9 +54,9 @@ func TestStaleHoldsArePrunedWithTheirHead(t *testing.T) {
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
 	store := pgheld.Store{Pool: pool}
-	require.NoError(t, store.Held(ctx, "gone@0", "m-1", 3, time.Now(), "x"))
+	require.NoError(t, store.Held(ctx, "gone@0", "m-1", 3, time.Now(), time.Now().Add(time.Minute), "x"))
 	require.NoError(t, store.KeepHead(ctx, "gone@0", "m-1", []byte(`{"card":"secret"}`), map[string]string{"k": "v"}))
-	require.NoError(t, store.Held(ctx, "alive@0", "m-2", 3, time.Now(), "x"))
+	require.NoError(t, store.Held(ctx, "alive@0", "m-2", 3, time.Now(), time.Now().Add(time.Minute), "x"))
 	_, err := pool.Exec(ctx, `UPDATE `+pgheld.Table+` SET updated_at = now() - interval '2 hours' WHERE consumer = 'gone@0'`)
 	require.NoError(t, err)
 	held, err := pgheld.List(ctx, pool)
@@ -68,4 +68,41 @@ func TestStaleHoldsArePrunedWithTheirHead(t *testing.T) {
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgheld.Table).Scan(&left))
 	require.Equal(t, 1, left)
+}
+
+// A hold's clock runs across its heads: a head poisoned (released) and the
+// next one failing within SameOutage is the same outage, and its since
+// goes on; after a longer quiet it starts again. A released hold is not
+// listed, and its copy of the head is gone.
+func TestAHoldsClockRunsAcrossHeads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	store := pgheld.Store{Pool: pool}
+	first := time.Now().Add(-10 * time.Minute)
+	require.NoError(t, store.Held(ctx, "ledger.post@0", "m-1", 5, first, time.Now().Add(time.Minute), "503"))
+	require.NoError(t, store.KeepHead(ctx, "ledger.post@0", "m-1", []byte(`{"n":1}`), map[string]string{"k": "v"}))
+	require.NoError(t, store.Released(ctx, "ledger.post@0"))
+	held, err := pgheld.List(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, held, "released: not held")
+	_, err = pgheld.Head(ctx, pool, "ledger.post@0")
+	require.ErrorIs(t, err, pgheld.ErrNotHeld)
+
+	require.NoError(t, store.Held(ctx, "ledger.post@0", "m-2", 1, time.Now(), time.Now().Add(time.Minute), "503"))
+	held, err = pgheld.List(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, held, 1)
+	require.WithinDuration(t, first, held[0].Since, time.Second, "the next head in the same outage keeps the clock")
+	h, err := pgheld.Head(ctx, pool, "ledger.post@0")
+	require.NoError(t, err)
+	require.Empty(t, h.Payload, "the new head's copy is its own")
+
+	require.NoError(t, store.Released(ctx, "ledger.post@0"))
+	_, err = pool.Exec(ctx, `UPDATE `+pgheld.Table+` SET released_at = now() - interval '5 minutes'`)
+	require.NoError(t, err)
+	require.NoError(t, store.Held(ctx, "ledger.post@0", "m-3", 1, time.Now(), time.Now().Add(time.Minute), "503"))
+	held, err = pgheld.List(ctx, pool)
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now(), held[0].Since, 5*time.Second, "after a quiet, a new outage")
 }

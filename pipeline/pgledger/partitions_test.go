@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io/fs"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -285,7 +286,7 @@ func TestLedgerMigrationUnderLoad(t *testing.T) {
 	before := next.Load()
 	n, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, 2, n, "00026 and 00027")
+	require.Equal(t, ferryMigrations(t)-25, n, "00026 to the newest")
 	time.Sleep(500 * time.Millisecond)
 	stop()
 	wg.Wait()
@@ -318,4 +319,12 @@ func TestLedgerMigrationUnderLoad(t *testing.T) {
 	require.False(t, ran)
 	_, err = migrations.Up(ctx, db)
 	require.NoError(t, err)
+}
+
+// ferryMigrations is how many migrations Ferry's set holds.
+func ferryMigrations(t *testing.T) int {
+	t.Helper()
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	return len(files)
 }

@@ -40,7 +40,7 @@ func TestFindSaysWhereEachMessageIs(t *testing.T) {
 	pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: "m-poison", Topic: "stripe.charge", Handler: "payments.charge", AggregateID: "order-7",
 		Reason: "card declined", CorrelationID: "corr-7"})
 	pipelinetest.InsertLedger(t, pool, pipelinetest.LedgerRow{Consumer: "billing.paid", MessageID: "m-handled"})
-	require.NoError(t, pgheld.Store{Pool: pool}.Held(ctx, "ledger.post@3", "m-held", 4, time.Now(), "ledger answered 503"))
+	require.NoError(t, pgheld.Store{Pool: pool}.Held(ctx, "ledger.post@3", "m-held", 4, time.Now(), time.Now().Add(time.Minute), "ledger answered 503"))
 	_, err := pool.Exec(ctx, `
 		INSERT INTO ferry_poison_archive (id, message_id, topic, handler, consumer, aggregate_id, payload, headers, reason, permanent, attempts,
 		  first_failed_at, last_failed_at, poisoned_at, correlation_id, discarded_by, discard_run) VALUES

@@ -184,7 +184,8 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	require.Contains(t, heldPage, `"entry": 0`, "the head's payload")
 	require.Contains(t, behind, "message(s) wait behind it")
 	var retried string
-	run("retry now", chromedp.Click("#retry-now", chromedp.NodeVisible), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &retried))
+	run("retry now", chromedp.Click("#retry-now", chromedp.NodeVisible), chromedp.WaitVisible("#confirm-count"),
+		chromedp.Click("#confirm", chromedp.NodeVisible), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &retried))
 	require.Contains(t, retried, "again now")
 
 	// Where is this message? The account's three ledger entries: the head
@@ -365,11 +366,15 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	require.Contains(t, again, "409", "the same confirmation again is refused")
 	counts()
 	require.Equal(t, 10, mails, "nothing was done a second time")
-	// The discard is undone from its result.
+	// The discard is undone from its result, after its count and a
+	// confirmation, as every action.
+	var undoCount string
 	run("undo", chromedp.Navigate(flashURL), chromedp.WaitVisible("#undo"), chromedp.Click("#undo"),
+		chromedp.WaitVisible("#confirm-count"), chromedp.Text("#count", &undoCount), chromedp.Click("#confirm", chromedp.NodeVisible),
 		// The page after the undo has no Undo of its own: wait for it, not
 		// for the flash the page before it had.
 		chromedp.WaitNotPresent("#undo"), chromedp.WaitVisible("#flash"), chromedp.Text("#flash", &flash))
+	require.Equal(t, "120", strings.TrimSpace(undoCount))
 	require.Contains(t, flash, "put back 120 message(s)")
 	counts()
 	require.Equal(t, 130, mails)
