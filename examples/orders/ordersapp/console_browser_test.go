@@ -258,7 +258,7 @@ func TestConsoleInAHeadlessBrowser(t *testing.T) {
 	var audit string
 	run("audit", chromedp.Navigate(srv.URL+"/console/audit"), chromedp.WaitVisible("#audit"), chromedp.Text("#audit", &audit))
 	require.Contains(t, audit, "poison.requeue")
-	require.Contains(t, audit, "group ")
+	require.Contains(t, audit, "fingerprint=", "the group, in the selection's canonical words (as the command line's)")
 
 	// An action from a message's detail page: discard the hostile one,
 	// after its count.
