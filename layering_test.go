@@ -185,29 +185,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 			strings.HasPrefix(dir, "testrig/") || strings.HasPrefix(dir, "ferrylint")
 	}
 	verb := regexp.MustCompile(`(?i)\b(from|into|update|join|table|truncate)\s+(?:only\s+)?(?:"?[a-z_]+"?\.)?"?([a-z_]+)\b`)
-	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") && path != "." {
-			return filepath.SkipDir
-		}
-		dir := filepath.ToSlash(filepath.Dir(path))
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || outside(dir) {
-			return nil
-		}
-		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-		if err != nil {
-			return err
-		}
-		// Struct tags name JSON fields, not columns.
-		tags := map[*ast.BasicLit]bool{}
-		ast.Inspect(f, func(n ast.Node) bool {
-			if fd, ok := n.(*ast.Field); ok && fd.Tag != nil {
-				tags[fd.Tag] = true
-			}
-			return true
-		})
+	walkGo(t, func(path, dir string) bool { return !strings.HasSuffix(path, "_test.go") && !outside(dir) }, func(path, dir string, f *ast.File, tags map[*ast.BasicLit]bool) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			switch n := n.(type) {
 			case *ast.BasicLit:
@@ -239,11 +217,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 			}
 			return true
 		})
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // Nothing outside pgoutbox and the migrations names the outbox's tables in
@@ -266,28 +240,7 @@ func TestNothingOutsidePgoutboxNamesTheOutbox(t *testing.T) {
 	}
 	names := regexp.MustCompile(`(?i)\b(from|into|update|join|table|truncate|analyze|on)\s+(?:only\s+)?(?:"?[a-z_]+"?\.)?"?(outbox|outbox_archive|outbox_legacy|ferry_relay_positions|ferry_relay_timelines)\b"?(?:[^_a-z]|$)`)
 	var found []string
-	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "node_modules") && path != "." {
-			return filepath.SkipDir
-		}
-		dir := filepath.ToSlash(filepath.Dir(path))
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || allowed[filepath.ToSlash(path)] != "" || allowedDirs[dir] != "" {
-			return nil
-		}
-		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-		if err != nil {
-			return err
-		}
-		tags := map[*ast.BasicLit]bool{}
-		ast.Inspect(f, func(n ast.Node) bool {
-			if fd, ok := n.(*ast.Field); ok && fd.Tag != nil {
-				tags[fd.Tag] = true
-			}
-			return true
-		})
+	walkGo(t, func(path, dir string) bool { return allowed[path] == "" && allowedDirs[dir] == "" }, func(path, _ string, f *ast.File, tags map[*ast.BasicLit]bool) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			lit, ok := n.(*ast.BasicLit)
 			if !ok || lit.Kind != token.STRING || tags[lit] {
@@ -305,12 +258,45 @@ func TestNothingOutsidePgoutboxNamesTheOutbox(t *testing.T) {
 			}
 			return true
 		})
+	})
+	for _, f := range found {
+		t.Errorf("%s: ask pgoutbox's typed reads (Rows, CountPending, SentMessageIDs, Timeline…), its views or pipelinetest.InsertOutbox", f)
+	}
+}
+
+// walkGo parses every Go file of the tree that include takes (by its
+// slash path and directory; dot-directories, testdata and node_modules
+// skipped) and hands it to visit with its struct tags, which name JSON
+// fields, not columns.
+func walkGo(t *testing.T, include func(path, dir string) bool, visit func(path, dir string, f *ast.File, tags map[*ast.BasicLit]bool)) {
+	t.Helper()
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "node_modules") && path != "." {
+			return filepath.SkipDir
+		}
+		path = filepath.ToSlash(path)
+		dir := filepath.ToSlash(filepath.Dir(path))
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || !include(path, dir) {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			return err
+		}
+		tags := map[*ast.BasicLit]bool{}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if fd, ok := n.(*ast.Field); ok && fd.Tag != nil {
+				tags[fd.Tag] = true
+			}
+			return true
+		})
+		visit(path, dir, f, tags)
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	for _, f := range found {
-		t.Errorf("%s: ask pgoutbox's typed reads (Rows, CountPending, SentMessageIDs, Timeline…), its views or pipelinetest.InsertOutbox", f)
 	}
 }

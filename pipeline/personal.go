@@ -81,14 +81,28 @@ func replaceOutside(re *regexp.Regexp, s, repl string, keep ...*regexp.Regexp) s
 	for _, k := range keep {
 		kept = append(kept, k.FindAllStringIndex(s, -1)...)
 	}
+	return replaceWhere(re, s, repl, func(m []int) bool {
+		if slices.ContainsFunc(kept, func(k []int) bool { return m[0] < k[1] && k[0] < m[1] }) {
+			return false
+		}
+		return !joined(s, m) || luhn(s[m[0]:m[1]])
+	})
+}
+
+// replaceBounded replaces the matches of re that stand alone: not inside
+// a longer token of letters, digits and dashes, such as a message's UUID
+// (83920417-5521-4…), which stays whole (ids are what an operator needs,
+// and a cut one no longer groups with its kind).
+func replaceBounded(re *regexp.Regexp, s, repl string) string {
+	return replaceWhere(re, s, repl, func(m []int) bool { return !joined(s, m) })
+}
+
+// replaceWhere replaces the matches of re for which replace says so.
+func replaceWhere(re *regexp.Regexp, s, repl string, replace func(m []int) bool) string {
 	var b strings.Builder
 	last := 0
 	for _, m := range re.FindAllStringIndex(s, -1) {
-		if slices.ContainsFunc(kept, func(k []int) bool { return m[0] < k[1] && k[0] < m[1] }) {
-			continue
-		}
-		joined := (m[0] > 0 && tokenByte(s[m[0]-1])) || (m[1] < len(s) && tokenByte(s[m[1]]))
-		if joined && !luhn(s[m[0]:m[1]]) {
+		if !replace(m) {
 			continue
 		}
 		b.WriteString(s[last:m[0]])
@@ -102,26 +116,9 @@ func replaceOutside(re *regexp.Regexp, s, repl string, keep ...*regexp.Regexp) s
 	return b.String()
 }
 
-// replaceBounded replaces the matches of re that stand alone: not inside
-// a longer token of letters, digits and dashes, such as a message's UUID
-// (83920417-5521-4…), which stays whole (ids are what an operator needs,
-// and a cut one no longer groups with its kind).
-func replaceBounded(re *regexp.Regexp, s, repl string) string {
-	var b strings.Builder
-	last := 0
-	for _, m := range re.FindAllStringIndex(s, -1) {
-		if (m[0] > 0 && tokenByte(s[m[0]-1])) || (m[1] < len(s) && tokenByte(s[m[1]])) {
-			continue
-		}
-		b.WriteString(s[last:m[0]])
-		b.WriteString(repl)
-		last = m[1]
-	}
-	if last == 0 {
-		return s
-	}
-	b.WriteString(s[last:])
-	return b.String()
+// joined says whether match m of s is part of a longer token.
+func joined(s string, m []int) bool {
+	return (m[0] > 0 && tokenByte(s[m[0]-1])) || (m[1] < len(s) && tokenByte(s[m[1]]))
 }
 
 func tokenByte(c byte) bool {
