@@ -40,7 +40,7 @@ const (
 
 // BenchScenarios lists every scenario, in the order they run.
 var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory,
-	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady}
+	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady, ScenarioIdleCost}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -235,6 +235,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioUpcast:              benchUpcast,
 		ScenarioHeldXmin:            benchHeldXmin,
 		ScenarioHeldXminSteady:      benchHeldXminSteady,
+		ScenarioIdleCost:            benchIdleCost,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {
