@@ -297,3 +297,12 @@ func TestReadersSeeOnlyFailingRowsAndMaskedFields(t *testing.T) {
 	_, body = get(t, browser, srv.URL+"/console/poison/"+itoa(poisoned[1]))
 	require.NotContains(t, body, "Erin", "not JSON: hidden whole")
 }
+
+// Each attention item of the overview links its runbook, the page the
+// matching alert links.
+func TestAttentionItemsLinkTheirRunbook(t *testing.T) {
+	t.Parallel()
+	srv, _ := setup(t)
+	_, body := get(t, loggedIn(t, srv), srv.URL+"/console/")
+	require.Contains(t, body, `class="runbook" href="https://github.com/ferry-dev/ferry/blob/main/docs/operations.md#runbook-ferrypoisonarriving"`)
+}

@@ -90,7 +90,7 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 	}
 	for _, it := range attention.Items(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues,
 		OutboxRetention: c.cfg.OutboxRetention, LedgerRetention: c.cfg.LedgerRetention, PruneInterval: c.cfg.PruneInterval}) {
-		o.Attention = append(o.Attention, attentionItem{Text: it.Text, Link: c.attentionLink(it, rep)})
+		o.Attention = append(o.Attention, attentionItem{Text: it.Text, Link: c.attentionLink(it, rep), Runbook: it.RunbookURL()})
 	}
 	return o, nil
 }
@@ -119,6 +119,8 @@ type attentionItem struct {
 	// Link is the console page for it; empty when the fix is outside
 	// (the broker, a relay to start).
 	Link string
+	// Runbook is its runbook (the page the matching alert links).
+	Runbook string
 }
 
 // attentionLink is the page an item is acted on from: the held head's own

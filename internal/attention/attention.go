@@ -5,6 +5,7 @@ package attention
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -69,6 +70,42 @@ type Item struct {
 	Hint string `json:"hint"`
 	// Text is the item as one sentence (what `ferry status` prints).
 	Text string `json:"text"`
+	// Runbook is the anchor of the runbook in docs/operations.md for it
+	// (RunbookURL gives the page's address), beside the same page's alert.
+	Runbook string `json:"runbook,omitempty"`
+}
+
+// RunbookBase is where the runbooks are published (the alerts link the
+// same page).
+const RunbookBase = "https://github.com/ferry-dev/ferry/blob/main/docs/operations.md"
+
+// runbooks maps an item's kind to its runbook's anchor: the runbook of
+// the alert that pages for the same thing.
+var runbooks = map[string]string{
+	"broker_unreachable":     "runbook-ferrynoliverelay",
+	"no_relay":               "runbook-ferrynoliverelay",
+	"paused_handler":         "runbook-ferryhandlerpaused",
+	"held_partitions":        "runbook-ferrypartitionheld",
+	"queue_without_consumer": "runbook-ferryqueuewithoutconsumer",
+	"poison":                 "runbook-ferrypoisonarriving",
+	"retrying":               "runbook-ferryretriespilingup",
+	"failing_rows":           "runbook-ferryoutboxrowretrying",
+	"cdc_slot":               "runbook-ferrycdcretainedwal",
+	"outbox_retention":       "runbook-ferryretentionoverdue",
+	"ledger_retention":       "runbook-ferryretentionoverdue",
+	"unrouted":               "runbook-ferryunroutedmessages",
+}
+
+// Runbooks are the runbook anchors of every kind of item, for a test that
+// the page has them.
+func Runbooks() map[string]string { return maps.Clone(runbooks) }
+
+// RunbookURL is the address of its runbook, or "" for none.
+func (it Item) RunbookURL() string {
+	if it.Runbook == "" {
+		return ""
+	}
+	return RunbookBase + "#" + it.Runbook
 }
 
 // List says what needs a human, most urgent first; empty when all is well.
@@ -89,7 +126,10 @@ func Items(s State) []Item {
 	}
 	rep := s.Report
 	out := []Item{}
-	add := func(it Item) { out = append(out, it) }
+	add := func(it Item) {
+		it.Runbook = runbooks[it.Kind]
+		out = append(out, it)
+	}
 	if s.BrokerError != "" {
 		add(Item{Kind: "broker_unreachable", Count: 1, Hint: "check FERRY_AMQP_URL and the broker",
 			Text: "RabbitMQ unreachable (" + reason(s.BrokerError) + "): relays cannot dispatch and consumers receive nothing; check FERRY_AMQP_URL and the broker"})

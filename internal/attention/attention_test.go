@@ -1,6 +1,8 @@
 package attention_test
 
 import (
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -119,4 +121,25 @@ func TestLedgerPartitionLateForRetention(t *testing.T) {
 	require.Equal(t, "ledger_retention", items[0].Kind)
 	require.Equal(t, at.Add(-5*time.Hour), *items[0].Since)
 	require.Contains(t, items[0].Hint, "prune ledger")
+}
+
+// Every kind of item links the runbook of the alert that pages for the
+// same thing, and every such runbook is on the page.
+func TestEveryItemHasARunbookOnThePage(t *testing.T) {
+	page, err := os.ReadFile("../../docs/operations.md")
+	require.NoError(t, err)
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(page), "\n") {
+		if title, ok := strings.CutPrefix(line, "### Runbook: "); ok {
+			anchors["runbook-"+strings.ToLower(title)] = true
+		}
+	}
+	for kind, anchor := range attention.Runbooks() {
+		require.True(t, anchors[anchor], "%s: no %q on docs/operations.md", kind, anchor)
+	}
+	src, err := os.ReadFile("attention.go")
+	require.NoError(t, err)
+	for _, m := range regexp.MustCompile(`Kind: "([a-z_]+)"`).FindAllStringSubmatch(string(src), -1) {
+		require.Contains(t, attention.Runbooks(), m[1], "item kind %s has no runbook", m[1])
+	}
 }
