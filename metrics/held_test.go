@@ -1,11 +1,15 @@
 package metrics
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/middleware"
 	"github.com/ferry-dev/ferry/pipeline/pgheld"
 )
 
@@ -23,4 +27,29 @@ func TestHeldSecondsAreTheHoldsClock(t *testing.T) {
 		"ledger.post@0" + labelSep + "ledger.post":         30,
 	}, got)
 	require.Empty(t, heldSeconds(now, nil))
+}
+
+// Poisonings are counted by route and cause, at most maxCauses causes a
+// route (then "other"), so that a flood of distinct reasons cannot grow
+// the series without bound.
+func TestPoisonCausesAreBounded(t *testing.T) {
+	m := New()
+	var _ middleware.CauseRecorder = m
+	for i := range maxCauses + 5 {
+		m.RecordPoisonCause("payments.charge", fmt.Sprint("cause ", i))
+	}
+	m.RecordPoisonCause("payments.charge", "cause 3")
+	m.RecordPoisonCause("mail.send", "SMTP #")
+	value := func(handler, cause string) float64 {
+		var out dto.Metric
+		require.NoError(t, m.poisonCauses.WithLabelValues(handler, cause).Write(&out))
+		return out.GetCounter().GetValue()
+	}
+	require.Equal(t, 1.0, value("mail.send", "SMTP #"))
+	require.Equal(t, 2.0, value("payments.charge", "cause 3"))
+	require.Equal(t, 5.0, value("payments.charge", "other"))
+	series := make(chan prometheus.Metric, 100)
+	m.poisonCauses.Collect(series)
+	close(series)
+	require.Len(t, series, maxCauses+1+1, "20 causes and other for one route, one for the other")
 }

@@ -99,6 +99,9 @@ type Metrics struct {
 	publishErrors     *prometheus.CounterVec
 	shadowEvents      *prometheus.CounterVec
 	consumer          *prometheus.CounterVec
+	poisonCauses      *prometheus.CounterVec
+	causesMu          sync.Mutex
+	causes            map[string]map[string]bool
 	batchSize         *prometheus.HistogramVec
 	batches           *prometheus.CounterVec
 	refreshErrors     prometheus.Counter
@@ -176,6 +179,9 @@ func New() *Metrics {
 		shadowEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_shadow_events_total", Help: "Shadow intents the relay marked dispatched without publishing (shadow mode).",
 		}, []string{"topic"}),
+		poisonCauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_poisoned_messages_total", Help: "Messages poisoned, by route (handler) and cause: the reason with its ids and numbers normalised away (at most 20 causes a route, then other).",
+		}, []string{"handler", "cause"}),
 		consumer: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_consumer_messages_total",
 			Help: "Consumer outcomes per route: handled, duplicate, retry_scheduled, deferred, poisoned.",
@@ -216,7 +222,7 @@ func New() *Metrics {
 		}),
 	}
 	m.own = []prometheus.Collector{m.held, m.paused, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.versions, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
-		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.batchSize, m.batches, m.refreshErrors,
+		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.poisonCauses, m.batchSize, m.batches, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming,
 		m.overduePartitions, m.overdueSeconds}
 	m.Registry.MustRegister(m.own...)
@@ -397,6 +403,29 @@ func (m *Metrics) InitRoutes(routes ...string) {
 // Record implements middleware.Recorder.
 func (m *Metrics) Record(handler string, outcome middleware.Outcome) {
 	m.consumer.WithLabelValues(handler, string(outcome)).Inc()
+}
+
+// maxCauses bounds the causes one handler's poisonings are counted by;
+// more are counted as "other".
+const maxCauses = 20
+
+// RecordPoisonCause implements middleware.CauseRecorder.
+func (m *Metrics) RecordPoisonCause(handler, cause string) {
+	m.causesMu.Lock()
+	seen := m.causes[handler]
+	if seen == nil {
+		if m.causes == nil {
+			m.causes = map[string]map[string]bool{}
+		}
+		seen = map[string]bool{}
+		m.causes[handler] = seen
+	}
+	if !seen[cause] && len(seen) >= maxCauses {
+		cause = "other"
+	}
+	seen[cause] = true
+	m.causesMu.Unlock()
+	m.poisonCauses.WithLabelValues(handler, cause).Inc()
 }
 
 // RecordBatch counts a batch of a batch route (middleware.BatchRecorder).

@@ -95,7 +95,11 @@ func (c PoisonConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware
 			})
 			produced, err := poisoned(msg)
 			if handlerErr != nil && err == nil && poisonable(handlerErr) {
-				recorderOr(c.Recorder).Record(pipeline.RouteName(message.HandlerNameFromCtx(msg.Context())), OutcomePoisoned)
+				route := pipeline.RouteName(message.HandlerNameFromCtx(msg.Context()))
+				recorderOr(c.Recorder).Record(route, OutcomePoisoned)
+				if cr, ok := c.Recorder.(CauseRecorder); ok {
+					cr.RecordPoisonCause(route, pipeline.ReasonGroup(handlerErr))
+				}
 				logger.WarnContext(msg.Context(), "message moved to the poison store",
 					"handler", message.HandlerNameFromCtx(msg.Context()), "final_attempt", pipeline.DeliveryAttempt(msg),
 					"reason", pipeline.ErrorText(handlerErr, maxReasonInLog))

@@ -29,6 +29,13 @@ type Recorder interface {
 	Record(handler string, outcome Outcome)
 }
 
+// CauseRecorder, implemented by a Recorder (metrics.Metrics is), is told
+// the cause of each poisoning (pipeline.ReasonGroup of its error), so that
+// a new cause can page while an older one is paging already.
+type CauseRecorder interface {
+	RecordPoisonCause(handler, cause string)
+}
+
 // BatchRecorder is told of every batch of a batch route (Batcher), when
 // the chain's Recorder implements it (metrics.Metrics does): its size, and
 // whether it committed or failed as a whole (its messages then go one by

@@ -142,3 +142,22 @@ func RedactText(s string, max int) string {
 	}
 	return CleanText(RedactPersonal(s), max)
 }
+
+// ReasonGroup is err's reason as a short, bounded label: redacted, its
+// ids and numbers normalised away (a UUID becomes <id>, a run of digits
+// #), spaces collapsed, at most 60 bytes. Two failures of one cause share
+// it, another cause gets its own: a metric labelled by it tells a new
+// cause from the one already paging (a card decline arriving while a
+// provider's 503s are).
+func ReasonGroup(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := RedactPersonal(err.Error())
+	s = uuidToken.ReplaceAllString(s, "<id>")
+	s = digitRun.ReplaceAllString(s, "#")
+	s = strings.Join(strings.Fields(s), " ")
+	return CleanText(s, 60)
+}
+
+var digitRun = regexp.MustCompile(`\d+`)

@@ -63,3 +63,18 @@ func TestRedactPersonal(t *testing.T) {
 	require.Equal(t, 300, len(pipeline.ErrorText(errors.New(long), 300)))
 	require.Equal(t, "to <redacted>: 550", pipeline.ErrorText(errors.New("to \"Dave Smith\"@example.com: 550"), 300))
 }
+
+// A reason's group: one cause, one label, whatever ids and numbers it
+// carries; another cause, another label; bounded and redacted.
+func TestReasonGroup(t *testing.T) {
+	t.Parallel()
+	a := pipeline.ReasonGroup(errors.New("charging order 17: payment provider answered 503 (request 83920417-5521-4a1b-9f3e-1234567890ab)"))
+	b := pipeline.ReasonGroup(errors.New("charging order 9021: payment provider answered 503 (request 3b2f1c5e-aa81-46f1-9a61-ad7f4dd09bfd)"))
+	c := pipeline.ReasonGroup(errors.New("charging order 17: payment provider answered 402 (card_declined)"))
+	require.Equal(t, a, b)
+	require.NotEqual(t, a, c)
+	require.Equal(t, "charging order #: payment provider answered # (request <id>)", a)
+	require.NotContains(t, pipeline.ReasonGroup(errors.New("mail to dave@example.com refused")), "dave")
+	require.LessOrEqual(t, len(pipeline.ReasonGroup(errors.New(strings.Repeat("x", 500)))), 60)
+	require.Empty(t, pipeline.ReasonGroup(nil))
+}
