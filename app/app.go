@@ -367,7 +367,11 @@ func (a *App) checkSchema(ctx context.Context) error {
 		return err
 	}
 	for _, set := range sets {
-		pending, err := set.Pending(ctx, a.db)
+		var pending bool
+		err := waitOutOutage(ctx, func() (err error) {
+			pending, err = set.Pending(ctx, a.db)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -426,3 +430,30 @@ func declareTopology(ctx context.Context, conn *wamqp.ConnectionWrapper, topo *r
 		}
 	}
 }
+
+// waitOutOutage runs fn until it succeeds or fails with something other
+// than the database dropping connections (pgdb.Unavailable: a failover,
+// backends terminated, a restart), backing off up to 5 s, for at most
+// StartPatience: a process starting during an outage waits it out instead
+// of exiting (a consumer restarted during a failover exited on its
+// heartbeat's registration, and its queues were left without a consumer).
+func waitOutOutage(ctx context.Context, fn func() error) error {
+	wait := 100 * time.Millisecond
+	deadline := time.Now().Add(StartPatience)
+	for {
+		err := fn()
+		if err == nil || !pgdb.Unavailable(err) || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// StartPatience bounds how long a starting process waits out a database
+// that drops its connections before its start fails.
+const StartPatience = 2 * time.Minute

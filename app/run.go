@@ -113,7 +113,11 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 	}
 	var hb *pgstatus.Heartbeat
 	if what.Relay || what.Consumers {
-		if hb, err = pgstatus.NewHeartbeat(ctx, a.pool, watermill.NewShortUUID(), what.names(), a.version()); err != nil {
+		id := watermill.NewShortUUID()
+		if err := waitOutOutage(ctx, func() (err error) {
+			hb, err = pgstatus.NewHeartbeat(ctx, a.pool, id, what.names(), a.version())
+			return err
+		}); err != nil {
 			return err
 		}
 	}
