@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/middleware"
@@ -87,13 +88,7 @@ func TestDurableRetryWritesTheNextAttemptIntoTheOutbox(t *testing.T) {
 // poison a broken head, and its provider is not called forever.
 func TestAHeldHeadKeepsItsAttemptsAcrossAConsumerStop(t *testing.T) {
 	t.Parallel()
-	pool := pipelinetest.Postgres(t)
-	holds := pgheld.Store{Pool: pool}
-	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
-	require.NoError(t, err)
-	mw, err := middleware.DurableRetryConfig{Scheduler: resched, MaxAttempts: 3, Holds: holds,
-		Backoff: pipeline.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond, Jitter: -1}}.Middleware(nil)
-	require.NoError(t, err)
+	pool, mw := heldRig(t, 3)
 	const partition = "billing.charge" + pipeline.PartitionSeparator + "3"
 	calls := 0
 	// First delivery: attempt 1 fails, then the consumer stops during attempt 2.
@@ -135,13 +130,7 @@ func TestAHeldHeadKeepsItsAttemptsAcrossAConsumerStop(t *testing.T) {
 func TestAHeldHeadKeepsItsBackoffAcrossAConsumerStop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pipelinetest.Postgres(t)
-	holds := pgheld.Store{Pool: pool}
-	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
-	require.NoError(t, err)
-	mw, err := middleware.DurableRetryConfig{Scheduler: resched, MaxAttempts: 5, Holds: holds,
-		Backoff: pipeline.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond, Jitter: -1}}.Middleware(nil)
-	require.NoError(t, err)
+	pool, mw := heldRig(t, 5)
 	const partition = "billing.charge" + pipeline.PartitionSeparator + "4"
 	calls := 0
 	// Attempt 1 fails; the consumer stops at attempt 2.
@@ -154,7 +143,7 @@ func TestAHeldHeadKeepsItsBackoffAcrossAConsumerStop(t *testing.T) {
 	require.ErrorIs(t, errs[0], context.Canceled)
 	// As if it had stopped in a long backoff: the next try is 1.5 s away.
 	const left = 1500 * time.Millisecond
-	_, err = pool.Exec(ctx, `UPDATE `+pgheld.Table+` SET retry_at = now() + $1 * interval '1 millisecond'`, left.Milliseconds())
+	_, err := pool.Exec(ctx, `UPDATE `+pgheld.Table+` SET retry_at = now() + $1 * interval '1 millisecond'`, left.Milliseconds())
 	require.NoError(t, err)
 	redelivered := time.Now()
 	var tried time.Time
@@ -164,4 +153,17 @@ func TestAHeldHeadKeepsItsBackoffAcrossAConsumerStop(t *testing.T) {
 	}, message.NewMessage("order-11-charge", []byte(`{"order":11}`)))
 	require.NoError(t, errs[0])
 	require.GreaterOrEqual(t, tried.Sub(redelivered), left-200*time.Millisecond, "the rest of the backoff was waited out, no attempt spent at once")
+}
+
+// heldRig is the durable retry link over a test schema with its holds
+// recorded in pgheld, maxAttempts attempts and backoffs of milliseconds.
+func heldRig(t *testing.T, maxAttempts int) (*pgxpool.Pool, message.HandlerMiddleware) {
+	t.Helper()
+	pool := pipelinetest.Postgres(t)
+	resched, err := pgoutbox.NewRescheduler(pool, pipelinetest.Outbox(t))
+	require.NoError(t, err)
+	mw, err := middleware.DurableRetryConfig{Scheduler: resched, MaxAttempts: maxAttempts, Holds: pgheld.Store{Pool: pool},
+		Backoff: pipeline.Backoff{Initial: 5 * time.Millisecond, Max: 10 * time.Millisecond, Jitter: -1}}.Middleware(nil)
+	require.NoError(t, err)
+	return pool, mw
 }

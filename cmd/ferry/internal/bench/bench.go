@@ -288,6 +288,18 @@ type benchSchema struct {
 	drop func()
 }
 
+// newAppSchema is a migrated bench schema for an app of the scenario's
+// own to run on: its name, and its removal.
+func newAppSchema(ctx context.Context, cfg app.Config) (string, func(), error) {
+	sch, err := newBenchSchema(ctx, cfg, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	sch.db.Close()
+	sch.pool.Close()
+	return sch.name, sch.drop, nil
+}
+
 func newBenchSchema(ctx context.Context, cfg app.Config, maxConns int32) (*benchSchema, error) {
 	name := fmt.Sprintf("ferry_bench_%d", time.Now().UnixNano())
 	admin, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, ApplicationName: "ferry-bench-admin"})

@@ -138,14 +138,11 @@ type e2eHooks struct {
 
 func endToEnd(ctx context.Context, cfg app.Config, bc BenchConfig, mode string, batch bool, logger *slog.Logger, h e2eHooks) (benchReport, error) {
 	publish := h.publish
-	sch, err := newBenchSchema(ctx, cfg, 0)
+	schema, drop, err := newAppSchema(ctx, cfg)
 	if err != nil {
 		return benchReport{}, err
 	}
-	schema := sch.name
-	sch.db.Close()
-	sch.pool.Close()
-	defer sch.drop()
+	defer drop()
 
 	total := int(float64(bc.Rate) * bc.Duration.Seconds())
 	commits := make([]atomic.Int64, total)

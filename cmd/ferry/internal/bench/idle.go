@@ -25,14 +25,11 @@ import (
 const ScenarioIdleCost = "idle_cost"
 
 func benchIdleCost(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
-	sch, err := newBenchSchema(ctx, cfg, 0)
+	schema, drop, err := newAppSchema(ctx, cfg)
 	if err != nil {
 		return benchReport{}, err
 	}
-	schema := sch.name
-	sch.db.Close()
-	sch.pool.Close()
-	defer sch.drop()
+	defer drop()
 
 	c := cfg
 	c.DatabaseSchema = schema
