@@ -148,10 +148,7 @@ type Stuck struct {
 	Fingerprint string
 	Handler     string
 	IDs         []int64
-	// MaxID, if set, takes no row written after it, and Limit, if set, at
-	// most that many (oldest first): an action confirmed on what a page
-	// showed takes none that arrived since, and no more than were shown.
-	MaxID int64
+	// Limit, if set, takes at most that many (oldest first).
 	Limit int
 }
 
@@ -168,8 +165,8 @@ func (p Stuck) Validate() error {
 			return fmt.Errorf("pgoutbox: %d is not an outbox row id", id)
 		}
 	}
-	if p.MaxID < 0 || p.Limit < 0 {
-		return errors.New("pgoutbox: MaxID and Limit must not be negative")
+	if p.Limit < 0 {
+		return errors.New("pgoutbox: Limit must not be negative")
 	}
 	return nil
 }
@@ -204,10 +201,6 @@ func (p Stuck) where() (string, []any) {
 			[]any{p.Fingerprint, p.Handler}
 	default:
 		cond, args = rule+` AND ferry_fingerprint(last_error) = $1`, []any{p.Fingerprint}
-	}
-	if p.MaxID > 0 {
-		args = append(args, p.MaxID)
-		cond += ` AND id <= $` + strconv.Itoa(len(args))
 	}
 	return cond, args
 }
@@ -246,7 +239,7 @@ func (o *Operator) SelectIDs(ctx context.Context, p Stuck, limit int) (ids []int
 	if err := p.Validate(); err != nil {
 		return nil, 0, err
 	}
-	p.MaxID, p.Limit = 0, limit
+	p.Limit = limit
 	q, args := p.chosen(o.table, o.pending)
 	where, countArgs := p.where()
 	err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {

@@ -426,14 +426,10 @@ func (s *Store) actPages(ctx context.Context, sel Selector, run Run, action stri
 			if sel.Topic != "" {
 				f.Topic = sel.Topic
 			}
-			where, args := where(f, 5)
-			maxID := sel.MaxID
-			if maxID <= 0 {
-				maxID = math.MaxInt64
-			}
+			where, args := where(f, 4)
 			rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
-				WHERE id > $1 AND id <= $4 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND `+where+`
-				ORDER BY id LIMIT $3 FOR UPDATE`, append([]any{sum.LastID, chunk, n, maxID}, args...)...)
+				WHERE id > $1 AND (coalesce(cardinality($2::bigint[]), 0) = 0 OR id = ANY($2)) AND `+where+`
+				ORDER BY id LIMIT $3 FOR UPDATE`, append([]any{sum.LastID, chunk, n}, args...)...)
 			if err != nil {
 				return fmt.Errorf("selecting poisoned messages: %w", err)
 			}

@@ -80,9 +80,6 @@ type Selector struct {
 	AfterID int64
 	// Limit caps how many are chosen (oldest first); 0 means no cap.
 	Limit int
-	// MaxID, if set, chooses no message stored after it: an action
-	// confirmed on what a page showed takes none that arrived since.
-	MaxID int64
 }
 
 // MaxLimit bounds Selector.Limit and Filter.Limit.
@@ -264,15 +261,6 @@ func (s *Store) Count(ctx context.Context, f Filter) (int, error) {
 	where, args := where(f, 1)
 	var n int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+Table+` WHERE `+where, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("counting poisoned messages: %w", err)
-	}
-	return n, nil
-}
-
-// CountIDs counts how many of ids the store holds.
-func (s *Store) CountIDs(ctx context.Context, ids []int64) (int, error) {
-	var n int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+Table+` WHERE id = ANY($1)`, ids).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting poisoned messages: %w", err)
 	}
 	return n, nil
