@@ -88,13 +88,8 @@ func (c *Console) outboxAction(w http.ResponseWriter, r *http.Request) {
 	// still of this kind, and nothing else, once.
 	selection := kind + " " + sel.String()
 	shown, ok, err := c.confirmed(r, "outbox", act, selection)
-	var bad errConfirmation
-	if errors.As(err, &bad) {
-		c.fail(w, r, http.StatusConflict, bad.Error())
-		return
-	}
 	if err != nil {
-		c.internal(w, r, err)
+		c.confirmationFailed(w, r, err)
 		return
 	}
 	if !ok {

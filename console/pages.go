@@ -137,6 +137,17 @@ func (c *Console) confirmTTL() time.Duration {
 // errConfirmation is a confirmation that was given but cannot be used.
 type errConfirmation struct{ error }
 
+// confirmationFailed answers a confirmation that could not be read: 409
+// with why when it expired or is unknown, 500 otherwise.
+func (c *Console) confirmationFailed(w http.ResponseWriter, r *http.Request, err error) {
+	var bad errConfirmation
+	if errors.As(err, &bad) {
+		c.fail(w, r, http.StatusConflict, bad.Error())
+		return
+	}
+	c.internal(w, r, err)
+}
+
 // confirmed returns what the confirmation a form posts showed, when the
 // form carries one signed for this session, this action and this
 // selection: the action then takes those ids and nothing else. ok is

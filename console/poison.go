@@ -145,19 +145,13 @@ func (c *Console) action(w http.ResponseWriter, r *http.Request) {
 	// back under an older id (an Undo), is left alone, and one that left it
 	// is reported as gone. The audit entry written with the action records
 	// the nonce; a unique index refuses a second one. A link or a form that
-	// says confirm=1 by itself confirms nothing.
-	// The selection's canonical text (the library's, as the command line
-	// writes it): what the confirmation is signed for and the audit
-	// records.
+	// says confirm=1 by itself confirms nothing. The selection is the
+	// library's canonical text, as the command line writes it: what the
+	// confirmation is signed for and the audit records.
 	selection := sel.Scope()
 	shown, ok, err := c.confirmed(r, "poison", act, selection)
-	var bad errConfirmation
-	if errors.As(err, &bad) {
-		c.fail(w, r, http.StatusConflict, bad.Error())
-		return
-	}
 	if err != nil {
-		c.internal(w, r, err)
+		c.confirmationFailed(w, r, err)
 		return
 	}
 	if !ok {
