@@ -136,30 +136,29 @@ func RetryNow(ctx context.Context, pool *pgxpool.Pool, consumer, messageID, acto
 func RetryRoute(ctx context.Context, pool *pgxpool.Pool, route, actor string, heads map[string]string) ([]Partition, error) {
 	var asked []Partition
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `UPDATE `+Table+` SET retry_requested_at = now()
-			WHERE (consumer = $1 OR consumer LIKE $2) AND `+live+` RETURNING `+columns, route, likeEscape(route)+"@%")
+		// The route's holds, locked: a partition's head cannot change
+		// between the comparison with what was shown and the request.
+		rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+Table+`
+			WHERE (consumer = $1 OR consumer LIKE $2) AND `+live+` ORDER BY consumer FOR UPDATE`, route, likeEscape(route)+"@%")
 		if err != nil {
-			return fmt.Errorf("asking for a retry: %w", err)
+			return fmt.Errorf("reading the route's held partitions: %w", err)
 		}
 		all, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Partition])
 		if err != nil {
 			return err
 		}
-		var undo []string
+		var consumers []string
 		for _, p := range all {
-			if heads != nil && heads[p.Consumer] != p.MessageID {
-				undo = append(undo, p.Consumer)
-				continue
-			}
-			asked = append(asked, p)
-		}
-		if len(undo) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE `+Table+` SET retry_requested_at = NULL WHERE consumer = ANY($1)`, undo); err != nil {
-				return err
+			if heads == nil || heads[p.Consumer] == p.MessageID {
+				asked = append(asked, p)
+				consumers = append(consumers, p.Consumer)
 			}
 		}
 		if len(asked) == 0 {
 			return nil
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+Table+` SET retry_requested_at = now() WHERE consumer = ANY($1)`, consumers); err != nil {
+			return fmt.Errorf("asking for a retry: %w", err)
 		}
 		ids := make([]string, len(asked))
 		for i, p := range asked {

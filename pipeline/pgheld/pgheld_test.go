@@ -41,6 +41,15 @@ func TestRetryRouteAsksEveryHeldPartitionOfTheRoute(t *testing.T) {
 	require.Equal(t, 2, entries[0].Count)
 	require.Equal(t, "route ledger.post", entries[0].Scope)
 
+	// A partition left alone keeps a request of its own: an operator's
+	// retry now of @2, asked before, survives a route's retry that skips it.
+	require.NoError(t, pgheld.RetryNow(ctx, pool, "ledger.post@2", "m-2", "ops@test"))
+	_, err = pgheld.RetryRoute(ctx, pool, "ledger.post", "ops@test", shown)
+	require.NoError(t, err)
+	kept, err := store.RetryRequested(ctx, "ledger.post@2", "m-2")
+	require.NoError(t, err)
+	require.True(t, kept)
+
 	// Without a shown set (the command line), every held partition.
 	asked, err = pgheld.RetryRoute(ctx, pool, "ledger.post", "ops@test", nil)
 	require.NoError(t, err)
