@@ -109,12 +109,14 @@ func (r *Relay) loop(ctx context.Context) {
 // due (untilNextDue, read once per PollInterval).
 func (r *Relay) idle(ctx context.Context) {
 	args := pgx.NamedArgs{"topics": r.ordered}
-	dueAt := time.Now().Add(r.untilNextDue(ctx))
 	// On a server other clients keep writing to, the snapshot moves at
 	// nearly every probe and asking it first only adds a query: the gate
 	// rests for gateRest rounds when it skipped too few probes to pay.
 	gate := r.gateRest.Load() <= 0
-	if !gate {
+	var dueAt time.Time
+	if gate {
+		dueAt = time.Now().Add(r.untilNextDue(ctx))
+	} else {
 		r.gateRest.Add(-1)
 	}
 	var seen string
