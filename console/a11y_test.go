@@ -1,16 +1,17 @@
 package console_test
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/html"
@@ -25,8 +26,7 @@ func TestPagesNameEveryControl(t *testing.T) {
 	srv, pool := setup(t)
 	rowID := pipelinetest.InsertOutbox(t, pool, testTable, pipelinetest.OutboxRow{AggregateID: "f1", Topic: "stripe.charge",
 		Attempts: 7, LastError: "publishing: NOT_FOUND", AvailableAt: time.Now().Add(10 * time.Minute)})[0]
-	var poisonID int64
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM poison_messages`).Scan(&poisonID))
+	poisonID := slices.Min(pipelinetest.PoisonIDs(t, pool, pgpoison.Filter{}))
 	browser := loggedIn(t, srv)
 	for _, path := range []string{"/console/", "/console/retrying", "/console/failing", "/console/poison", "/console/poison?group=1",
 		"/console/audit", "/console/poison/" + strconv.FormatInt(poisonID, 10), "/console/failing/" + strconv.FormatInt(rowID, 10), "/console/login",

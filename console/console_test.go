@@ -481,11 +481,11 @@ func TestRetryingAndFailingRowsCanBeActedOn(t *testing.T) {
 func TestGroupActionsKeepTheFilterAndLoginReturns(t *testing.T) {
 	t.Parallel()
 	srv, pool := setup(t)
-	ctx := context.Background()
 	// One fingerprint, two handlers: 3 for payments.charge (setup), 2 more here.
-	_, err := pool.Exec(ctx, `INSERT INTO poison_messages (message_id, topic, handler, payload, reason)
-		SELECT 'x' || g, 'stripe.charge', 'refunds.charge', '{}', 'gave up after 5 attempts: charging order ' || g || ': payment provider answered 503 from 10.0.0.' || g FROM generate_series(7, 8) g`)
-	require.NoError(t, err)
+	for g := 7; g <= 8; g++ {
+		pipelinetest.InsertPoison(t, pool, pipelinetest.PoisonRow{MessageID: fmt.Sprintf("x%d", g), Topic: "stripe.charge", Handler: "refunds.charge",
+			Payload: "{}", Reason: fmt.Sprintf("gave up after 5 attempts: charging order %d: payment provider answered 503 from 10.0.0.%d", g, g)})
+	}
 	browser := newBrowser()
 
 	// Not logged in, reading sends to the login form, which names the page

@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -46,13 +45,15 @@ func TestAStoredEventIsShownAsTheCurrentVersion(t *testing.T) {
 	mux.Handle("/console/", c)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	var ok, refused, current int64
-	_, err = pool.Exec(context.Background(), `INSERT INTO poison_messages (message_id, topic, handler, payload, reason, headers) VALUES
-		('a', 'stripe.charge', 'payments.charge', convert_to('{"order_id":"o-1","euros":12.5}', 'UTF8'), 'boom', '{"schema_version":"1"}'),
-		('b', 'stripe.charge', 'payments.charge', convert_to('{"order_id":"o-2","euros":-1}', 'UTF8'), 'boom', '{"schema_version":"1"}'),
-		('c', 'stripe.charge', 'payments.charge', convert_to('{"order_id":"o-3","cents":5}', 'UTF8'), 'boom', '{"schema_version":"2"}')`)
-	require.NoError(t, err)
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT (SELECT id FROM poison_messages WHERE message_id = 'a'), (SELECT id FROM poison_messages WHERE message_id = 'b'), (SELECT id FROM poison_messages WHERE message_id = 'c')`).Scan(&ok, &refused, &current))
+	stored := func(id, payload, version string) pipelinetest.PoisonRow {
+		return pipelinetest.PoisonRow{MessageID: id, Topic: "stripe.charge", Handler: "payments.charge", Payload: payload, Reason: "boom",
+			Headers: map[string]string{"schema_version": version}}
+	}
+	ids := pipelinetest.InsertPoison(t, pool,
+		stored("a", `{"order_id":"o-1","euros":12.5}`, "1"),
+		stored("b", `{"order_id":"o-2","euros":-1}`, "1"),
+		stored("c", `{"order_id":"o-3","cents":5}`, "2"))
+	ok, refused, current := ids[0], ids[1], ids[2]
 
 	reader := loggedIn(t, srv)
 	_, body := get(t, reader, srv.URL+"/console/poison/"+itoa(ok))

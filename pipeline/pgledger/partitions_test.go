@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/migrations"
@@ -22,13 +22,48 @@ import (
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
+// The suite's own SQL over the ledger's table, named here once: rows
+// written as a consumer of a given week (or of an earlier version) left
+// them, and counts by a condition.
+
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // insertProcessed writes a ledger row as if processed at time at: in its
 // week's partition, as a consumer then would have.
-func insertProcessed(t *testing.T, pool *pgxpool.Pool, consumer, id string, digest []byte, at time.Time) {
+func insertProcessed(t *testing.T, q querier, consumer, id string, digest []byte, at time.Time) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(), `INSERT INTO processed_messages (consumer, message_id, payload_sha256, processed_at, part) VALUES ($1, $2, $3, $4, $5)`,
-		consumer, id, digest, at, pgweeks.Of(at))
+	insertProcessedIn(t, q, consumer, id, digest, at, pgweeks.Of(at))
+}
+
+// insertProcessedIn writes a ledger row into partition part (-1: the
+// legacy partition, the table before migration 00026).
+func insertProcessedIn(t *testing.T, q querier, consumer, id string, digest []byte, at time.Time, part int) {
+	t.Helper()
+	_, err := q.Exec(context.Background(), `INSERT INTO `+pgledger.DefaultTable+` (consumer, message_id, payload_sha256, processed_at, part) VALUES ($1, $2, $3, $4, $5)`,
+		consumer, id, digest, at, part)
 	require.NoError(t, err)
+}
+
+// insertAsEarlierVersion writes a ledger row as a consumer of an earlier
+// version does (no partition, no digest; a duplicate skipped), and says
+// how many rows it wrote.
+func insertAsEarlierVersion(q querier, consumer, id string) (int64, error) {
+	tag, err := q.Exec(context.Background(), `INSERT INTO `+pgledger.DefaultTable+` (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, consumer, id)
+	return tag.RowsAffected(), err
+}
+
+// countProcessed counts the ledger rows matching cond ("" counts all).
+func countProcessed(t *testing.T, q querier, cond string, args ...any) int64 {
+	t.Helper()
+	if cond != "" {
+		cond = " WHERE " + cond
+	}
+	var n int64
+	require.NoError(t, q.QueryRow(context.Background(), `SELECT count(*) FROM `+pgledger.DefaultTable+cond, args...).Scan(&n))
+	return n
 }
 
 // A message processed in an earlier week (another partition) is a
@@ -66,12 +101,10 @@ func TestLedgerKeyHoldsAcrossWeeks(t *testing.T) {
 
 	// A writer that is not the ledger (a consumer of an earlier version
 	// during a rolling upgrade) is held to the key too.
-	tag, err := pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ('mail', 'm2') ON CONFLICT DO NOTHING`)
+	wrote, err := insertAsEarlierVersion(pool, "mail", "m2")
 	require.NoError(t, err)
-	require.Zero(t, tag.RowsAffected())
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages WHERE consumer = 'mail'`).Scan(&n))
-	require.Equal(t, 3, n)
+	require.Zero(t, wrote)
+	require.EqualValues(t, 3, countProcessed(t, pool, "consumer = 'mail'"))
 }
 
 // Two deliveries of one message across the week's turn: the first holds
@@ -93,8 +126,7 @@ func TestLedgerDeliveriesAcrossTheWeeksTurnRunOnce(t *testing.T) {
 		defer first.Rollback(ctx) //nolint:errcheck // a no-op once committed; on a failure, frees the session
 		var firstPID int
 		require.NoError(t, first.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&firstPID))
-		_, err = first.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, part) VALUES ('c', $1, $2, $3)`, id, lastWeek, pgweeks.Of(lastWeek))
-		require.NoError(t, err)
+		insertProcessed(t, first, "c", id, nil, lastWeek)
 
 		var runs atomic.Int32
 		var wg sync.WaitGroup
@@ -118,9 +150,7 @@ func TestLedgerDeliveriesAcrossTheWeeksTurnRunOnce(t *testing.T) {
 		require.NoError(t, onceErr)
 		require.Equal(t, !commit, ran, "first committed: %v", commit)
 		require.EqualValues(t, map[bool]int32{true: 0, false: 1}[commit], runs.Load())
-		var rows int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages WHERE message_id = $1`, id).Scan(&rows))
-		require.Equal(t, 1, rows)
+		require.EqualValues(t, 1, countProcessed(t, pool, "message_id = $1", id))
 	}
 
 	// Under REPEATABLE READ the waiting delivery's snapshot predates the
@@ -129,8 +159,7 @@ func TestLedgerDeliveriesAcrossTheWeeksTurnRunOnce(t *testing.T) {
 	first, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer first.Rollback(ctx) //nolint:errcheck
-	_, err = first.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, part) VALUES ('c', 'rr', $1, $2)`, lastWeek, pgweeks.Of(lastWeek))
-	require.NoError(t, err)
+	insertProcessed(t, first, "c", "rr", nil, lastWeek)
 	second, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
 	defer second.Rollback(ctx)            //nolint:errcheck
@@ -138,7 +167,7 @@ func TestLedgerDeliveriesAcrossTheWeeksTurnRunOnce(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
-		_, err := second.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id) VALUES ('c', 'rr') ON CONFLICT DO NOTHING`)
+		_, err := insertAsEarlierVersion(second, "c", "rr")
 		done <- err
 	}()
 	time.Sleep(200 * time.Millisecond)
@@ -162,9 +191,8 @@ func TestLedgerRetentionClearsWholeWeeks(t *testing.T) {
 	}
 	insertProcessed(t, pool, "c", "recent", nil, now.Add(-pgweeks.Period))
 	insertProcessed(t, pool, "c", "now", nil, now)
-	_, err := pool.Exec(ctx, `INSERT INTO processed_messages (consumer, message_id, processed_at, part) VALUES
-		('c', 'legacy-old', now() - interval '30 days', -1), ('c', 'legacy-new', now() - interval '1 day', -1)`)
-	require.NoError(t, err)
+	insertProcessedIn(t, pool, "c", "legacy-old", nil, now.Add(-30*24*time.Hour), -1)
+	insertProcessedIn(t, pool, "c", "legacy-new", nil, now.Add(-24*time.Hour), -1)
 
 	parts, _, err := pgledger.Partitions(ctx, pool)
 	require.NoError(t, err)
@@ -186,12 +214,8 @@ func TestLedgerRetentionClearsWholeWeeks(t *testing.T) {
 	d, err := pgledger.DeleteBefore(ctx, pool, cutoff, 100)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, d)
-	var left []string
-	rows, err := pool.Query(ctx, `SELECT message_id FROM processed_messages ORDER BY 1`)
-	require.NoError(t, err)
-	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	require.Equal(t, []string{"legacy-new", "now", "recent"}, left)
+	require.EqualValues(t, 3, countProcessed(t, pool, ""))
+	require.EqualValues(t, 3, countProcessed(t, pool, "message_id IN ('legacy-new', 'now', 'recent')"))
 
 	// The ring now says which weeks hold rows: last week's and this
 	// week's, and the legacy partition. A consumer's insert looks there,
@@ -222,8 +246,7 @@ func TestLedgerRetentionClearsWholeWeeks(t *testing.T) {
 	}
 	reader, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = reader.Exec(ctx, `SELECT count(*) FROM processed_messages`)
-	require.NoError(t, err)
+	countProcessed(t, reader, "")
 	waited, err := pgledger.ClearPartitions(ctx, pool, cutoff, false)
 	require.NoError(t, err)
 	require.Empty(t, waited.Partitions)
@@ -296,7 +319,7 @@ func TestLedgerMigrationUnderLoad(t *testing.T) {
 
 	var effects, distinct, ledgerRows, legacy int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT message_id) FROM effects`).Scan(&effects, &distinct))
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE part = -1) FROM processed_messages`).Scan(&ledgerRows, &legacy))
+	ledgerRows, legacy = countProcessed(t, pool, ""), countProcessed(t, pool, "part = -1")
 	require.Equal(t, total, distinct)
 	require.Equal(t, distinct, effects, "every effect ran once")
 	require.Equal(t, total, ledgerRows)
@@ -311,9 +334,7 @@ func TestLedgerMigrationUnderLoad(t *testing.T) {
 	var kind string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'processed_messages'::regclass`).Scan(&kind))
 	require.Equal(t, "r", kind)
-	var back int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages`).Scan(&back))
-	require.Equal(t, total, back)
+	require.Equal(t, total, countProcessed(t, pool, ""))
 	ran, err = ledger.Once(ctx, "c", "m2", nil, func(context.Context) error { return nil })
 	require.NoError(t, err)
 	require.False(t, ran)

@@ -115,9 +115,9 @@ func TestProducersCannotSetReservedMetadata(t *testing.T) {
 			require.Contains(t, err.Error(), key)
 		}
 	}
-	var events, things int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+outboxSQL+`), (SELECT count(*) FROM things)`).Scan(&events, &things))
-	require.Zero(t, events, "no refused event was written")
+	var things int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM things`).Scan(&things))
+	require.Zero(t, countWhere(t, pool, ""), "no refused event was written")
 	require.Equal(t, 2*n, things, "every caller's business writes committed")
 
 	for i, path := range publishPaths(t) {
@@ -173,17 +173,13 @@ func TestInvalidEventsNeverAbortTheCallersTransaction(t *testing.T) {
 			require.ErrorIs(t, err, pipeline.ErrInvalidEvent, "%s: %s", path.name, what)
 		}
 	}
-	var events int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL).Scan(&events))
-	require.Zero(t, events)
+	require.Zero(t, countWhere(t, pool, ""))
 
 	for i, path := range publishPaths(t) {
 		msg := message.NewMessage(fmt.Sprintf("nil-%d", i), nil)
 		require.NoError(t, path.run(ctx, t, ob, fmt.Sprintf("nil%d", i), "thing.made", msg), "%s: a nil payload", path.name)
 	}
-	var empty int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE payload_raw = ''::bytea`).Scan(&empty))
-	require.Equal(t, len(publishPaths(t)), empty, "a nil payload is stored as an empty one")
+	require.Equal(t, len(publishPaths(t)), countWhere(t, pool, "payload_raw = ''::bytea"), "a nil payload is stored as an empty one")
 }
 
 // A durable retry is Ferry's own write of a message that was delivered:
@@ -205,9 +201,8 @@ func TestReschedulerStoresDeliveredTextsAndWaitsOutTheDatabase(t *testing.T) {
 			pipeline.MetaLastError: "400: Kunde ung\xfcltig", "note": "a\x00b",
 		},
 	}))
-	var uuid, lastError, note, aggregate string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT message_uuid, headers->>'ferry_last_error', headers->>'note', aggregate_id FROM `+outboxSQL).
-		Scan(&uuid, &lastError, &note, &aggregate))
+	stored := rowWhere(t, pool, "")
+	uuid, lastError, note, aggregate := stored.MessageUUID, stored.Headers["ferry_last_error"], stored.Headers["note"], stored.AggregateID
 	require.Equal(t, "m-1", uuid, "the retry keeps the message's id as its UUID")
 	require.Equal(t, "400: Kunde ung\uFFFDltig", lastError)
 	require.Equal(t, "a\uFFFDb", note)

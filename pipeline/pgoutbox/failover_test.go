@@ -35,25 +35,25 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 		}
 	}
 	// Ten were written and dispatched long ago, five are shadow intents.
-	_, err := pool.Exec(ctx, `UPDATE `+outboxSQL+` SET created_at = created_at - interval '1 hour' WHERE id IN (SELECT id FROM `+outboxSQL+` ORDER BY id LIMIT 10)`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE `+outboxSQL+` SET shadowed = true WHERE id IN (SELECT id FROM `+outboxSQL+` ORDER BY id DESC LIMIT 5)`)
-	require.NoError(t, err)
+	all := rowsWhere(t, pool, "")
+	require.Len(t, all, 30)
+	updateWhere(t, pool, "created_at = created_at - interval '1 hour'", "id <= $1", all[9].ID)
+	updateWhere(t, pool, "shadowed = true", "id >= $1", all[25].ID)
 
 	// First sight records the timeline; a restart (same timeline) replays nothing.
 	res, err := relay.CheckFailover(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res)
-	var timeline int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT timeline FROM ferry_relay_timelines WHERE outbox_table = '`+testTable.Key()+`'`).Scan(&timeline))
+	rec0, err := testTable.Timeline(ctx, pool)
+	require.NoError(t, err)
+	timeline := rec0.Timeline
 	require.Positive(t, timeline)
 	res, err = newRelay(t, pool, rec, cfg).CheckFailover(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res)
 
 	// A promotion since: three relays look at once, one replays.
-	_, err = pool.Exec(ctx, `UPDATE ferry_relay_timelines SET timeline = timeline - 1`)
-	require.NoError(t, err)
+	promoted(t, pool)
 	var (
 		mu      sync.Mutex
 		replays []pgoutbox.Replay
@@ -76,14 +76,13 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 	require.Equal(t, timeline-1, replays[0].From)
 	require.Equal(t, timeline, replays[0].To)
 	require.EqualValues(t, 15, replays[0].Rows, "the dispatches in the window, shadow intents left")
-	var pending, shadowPending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE shadowed) FROM `+pgoutbox.PendingRows(testTable, "o.shadowed")+` p`).Scan(&pending, &shadowPending))
-	require.Equal(t, 15, pending)
-	require.Zero(t, shadowPending)
-	var replayedRows int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT timeline, replayed_rows FROM ferry_relay_timelines WHERE outbox_table = '`+testTable.Key()+`'`).Scan(&timeline, &replayedRows))
-	require.Equal(t, replays[0].To, timeline)
-	require.EqualValues(t, 15, replayedRows)
+	require.Equal(t, 15, countPending(t, pool, ""))
+	require.Zero(t, countPending(t, pool, "shadowed"))
+	after, err := testTable.Timeline(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, replays[0].To, after.Timeline)
+	require.NotNil(t, after.ReplayedRows)
+	require.EqualValues(t, 15, *after.ReplayedRows)
 
 	// They go to the broker again: the same message ids, for the ledger.
 	before := map[string]int{}
@@ -107,8 +106,7 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 	require.Equal(t, 15, again)
 
 	// Turned off, a promotion replays nothing.
-	_, err = pool.Exec(ctx, `UPDATE ferry_relay_timelines SET timeline = timeline - 1`)
-	require.NoError(t, err)
+	promoted(t, pool)
 	res, err = newRelay(t, pool, rec, pgoutbox.RelayConfig{FailoverReplay: -1}).CheckFailover(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res)

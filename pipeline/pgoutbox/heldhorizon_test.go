@@ -133,30 +133,23 @@ func TestRelayUnderAHeldHorizonLeavesNoDeadTuples(t *testing.T) {
 
 	requireEachOnceInOrder(t, rec, total, &order)
 	require.False(t, failOne.Load(), "the failing publish happened")
-	var pending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
-	require.Zero(t, pending)
+	require.Zero(t, countPending(t, pool, ""))
 
 	// The horizon is still held: nothing could be vacuumed away.
 	var still uint64
 	require.NoError(t, long.QueryRow(ctx, `SELECT txid_current()`).Scan(&still))
 	require.Equal(t, held, still)
-	var dead, slow int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = '`+outboxSQL+`'::regclass`).Scan(&dead))
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE slow`).Scan(&slow))
+	var dead int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT sum((pgstattuple(inhrelid)).dead_tuple_count) FROM pg_inherits WHERE inhparent = $1::regclass`, testTable.Quoted()).Scan(&dead))
 	// Only the delayed rows, the rows behind them, the failed row and the
 	// rows of its aggregate that came while it waited keep state of their
 	// own; every other row was passed without a write.
+	slowRows := rowsWhere(t, pool, "slow")
+	slow := int64(len(slowRows))
 	slowBy := map[string]int{}
-	rows, err := pool.Query(ctx, `SELECT aggregate_id, count(*) FROM `+outboxSQL+` WHERE slow GROUP BY 1`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var agg string
-		var n int
-		require.NoError(t, rows.Scan(&agg, &n))
-		slowBy[agg] = n
+	for _, r := range slowRows {
+		slowBy[r.AggregateID]++
 	}
-	require.NoError(t, rows.Err())
 	for p := range producers {
 		// Delayed well past the relay's lag on a busy machine, so that
 		// the position passes it before it is due.
@@ -191,12 +184,9 @@ func TestRelayStartsAnewWhenTheServerIsBehindItsPosition(t *testing.T) {
 	ahead := now + 1_000_000
 	// As restored: one row the old cluster's relay passed, one it had not
 	// (committed after its last move), and its position.
-	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (message_uuid, aggregate_id, topic, payload, tx) VALUES
-		('passed-before', 'a', 'orders.placed', '{}', $1::text::xid8), ('not-yet', 'b', 'orders.placed', '{}', $2::text::xid8)`,
-		fmt.Sprint(ahead-10), fmt.Sprint(ahead+5))
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('`+testTable.Key()+`', $1::pg_snapshot)`, fmt.Sprintf("%d:%d:", ahead, ahead))
-	require.NoError(t, err)
+	insertAtTx(t, pool, "passed-before", "a", "orders.placed", "$1::bigint", ahead-10)
+	insertAtTx(t, pool, "not-yet", "b", "orders.placed", "$1::bigint", ahead+5)
+	placePosition(t, pool, "$1::pg_snapshot", fmt.Sprintf("%d:%d:", ahead, ahead))
 	publish(t, pool, "orders.placed", event(t, "c", "written after the restore"))
 
 	rec := &recorder{Publisher: b.pub}
@@ -211,23 +201,17 @@ func TestRelayStartsAnewWhenTheServerIsBehindItsPosition(t *testing.T) {
 	require.Len(t, published, 2, "the row not passed and the new one: %v", published)
 	require.Contains(t, published, "not-yet")
 	require.NotContains(t, published, "passed-before")
-	var passedMarked bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT dispatched_at IS NOT NULL FROM `+outboxSQL+` WHERE message_uuid = 'passed-before'`).Scan(&passedMarked))
-	require.True(t, passedMarked)
-	var pending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
-	require.Zero(t, pending)
+	require.NotNil(t, rowWhere(t, pool, "message_uuid = 'passed-before'").DispatchedAt)
+	require.Zero(t, countPending(t, pool, ""))
 
 	// From now on, rows are passed by the new position again.
 	publish(t, pool, "orders.placed", event(t, "d", "later"))
-	_, err = relay.RelayBatch(ctx)
+	_, err := relay.RelayBatch(ctx)
 	require.NoError(t, err)
 	rec.mu.Lock()
 	require.Len(t, rec.published, 3)
 	rec.mu.Unlock()
-	var unmarked int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE aggregate_id = 'd' AND dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
-	require.Equal(t, 1, unmarked, "passed, not marked")
+	require.Equal(t, 1, countWhere(t, pool, "aggregate_id = 'd' AND dispatched_at IS NULL AND "+pgoutbox.DispatchedOutbox), "passed, not marked")
 }
 
 // confirmedOrder keeps, per aggregate, the "seq" of each message's
@@ -283,7 +267,7 @@ func TestPositionLockIsPerOutboxTable(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	var got bool
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext('`+outboxSQL+`'::regclass::oid::text))`).Scan(&got))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext($1::regclass::oid::text))`, testTable.Quoted()).Scan(&got))
 	require.True(t, got)
 
 	publish(t, a, "orders.placed", event(t, "a1", 1))

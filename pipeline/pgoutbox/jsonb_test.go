@@ -218,9 +218,8 @@ func TestJSONBCanHoldAgreesWithPostgreSQL(t *testing.T) {
 		_, err = tx.Exec(ctx, `INSERT INTO things (name) VALUES ($1)`, fmt.Sprintf("jsonish-%d", i))
 		require.NoError(t, err, "the caller's transaction survives %.120q", c.payload)
 		require.NoError(t, tx.Commit(ctx))
-		var stored bool
-		var raw []byte
-		require.NoError(t, pool.QueryRow(ctx, `SELECT payload IS NOT NULL, payload_raw FROM `+outboxSQL+` WHERE message_uuid = $1`, msg.UUID).Scan(&stored, &raw))
+		row := rowWhere(t, pool, "message_uuid = $1", msg.UUID)
+		stored, raw := row.Payload != "", row.Raw
 		require.Equal(t, c.pg, stored, "%.120q: jsonb exactly when PostgreSQL takes it", c.payload)
 		require.Equal(t, c.payload, raw, "the bytes are kept as they came")
 	}

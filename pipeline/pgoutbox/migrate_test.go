@@ -179,9 +179,8 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	earlierPaused.Store(true)
 	sentBefore := relay.Stats().Dispatched
 	require.Eventually(t, func() bool { return relay.Stats().Dispatched > sentBefore+50 }, 10*time.Second, 10*time.Millisecond)
-	var unmarked int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&unmarked))
-	require.Zero(t, unmarked, "a row passed without a mark while a relay of the earlier version is alive")
+	passedUnmarked := "dispatched_at IS NULL AND " + pgoutbox.DispatchedOutbox
+	require.Zero(t, countWhere(t, pool, passedUnmarked), "a row passed without a mark while a relay of the earlier version is alive")
 	earlierPaused.Store(false)
 	time.Sleep(300 * time.Millisecond)
 
@@ -194,8 +193,7 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	// Within the relay's next look at ferry_instances (every 5 s), rows
 	// are passed without a mark.
 	require.Eventually(t, func() bool {
-		var n int
-		return pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&n) == nil && n > 0
+		return countWhere(t, pool, passedUnmarked) > 0
 	}, 15*time.Second, 50*time.Millisecond, "once the earlier relay stopped, rows were passed without a mark")
 	time.Sleep(300 * time.Millisecond)
 	stopProducers()
@@ -205,16 +203,13 @@ func TestMigrationToAppendOnlyUnderLoad(t *testing.T) {
 	relayDone.Wait()
 
 	requireEachOnceInOrder(t, rec, total, &order)
-	var passedOnly int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE dispatched_at IS NULL AND `+pgoutbox.DispatchedOutbox).Scan(&passedOnly))
+	passedOnly := countWhere(t, pool, passedUnmarked)
 	t.Logf("%d events: %d relayed by the earlier relay, %d by this version's (%d of them passed without a mark)", total, earlierSent.Load(), total-int(earlierSent.Load()), passedOnly)
 
 	// migrate down, relays stopped: the passed rows get their
 	// dispatched_at, and the earlier version finds nothing to send.
 	pipelinetest.MigrateDownTo(t, db, 23)
-	var undispatched int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE dispatched_at IS NULL`).Scan(&undispatched))
-	require.Zero(t, undispatched)
+	require.Zero(t, countWhere(t, pool, "dispatched_at IS NULL"))
 	sent, err := earlierRelay{pool: pool, pub: pub}.batch(ctx)
 	require.NoError(t, err)
 	require.Zero(t, sent)
@@ -262,8 +257,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	relayDone.Wait()
 	requireEachOnceInOrder(t, rec, total, &order)
 
-	var legacy, current, all int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE part = -1), count(*) FILTER (WHERE part = ferry_outbox_part(now())), count(*) FROM `+outboxSQL).Scan(&legacy, &current, &all))
+	legacy, current, all := countWhere(t, pool, "part = -1"), countWhere(t, pool, "part = ferry_outbox_part(now())"), countWhere(t, pool, "")
 	require.Equal(t, total, all)
 	require.GreaterOrEqual(t, legacy, int(before), "the rows of before stay in the table they were written to")
 	require.Positive(t, current, "new rows go to the current week's partition")
@@ -273,9 +267,7 @@ func TestMigrationToPartitionsUnderLoad(t *testing.T) {
 	var kind string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = '`+outboxSQL+`'::regclass`).Scan(&kind))
 	require.Equal(t, "r", kind)
-	var back int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE `+pgoutbox.DispatchedOutbox).Scan(&back))
-	require.Equal(t, total, back, "every row back in one table, still dispatched")
+	require.Equal(t, total, countWhere(t, pool, pgoutbox.DispatchedOutbox), "every row back in one table, still dispatched")
 	_, err = migrations.Up(ctx, db)
 	require.NoError(t, err)
 }

@@ -2,8 +2,11 @@ package pgoutbox_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/pipeline"
@@ -19,15 +22,18 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pipelinetest.Postgres(t)
-	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers, attempts, last_error, available_at, message_uuid)
-		SELECT 'orders.placed', 'a' || g, '{}', '{}', 3, 'broker refused: NOT_FOUND 404', now() + interval '1 hour', gen_random_uuid()::text FROM generate_series(1, 5) g`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers, available_at, message_uuid)
-		SELECT $1, 'r' || g, '{}', jsonb_build_object($2::text, 'mail', $3::text, 'smtp 451 try later'), now() + interval '1 hour', gen_random_uuid()::text
-		FROM generate_series(1, 3) g`, pipeline.RetryTopic, pipeline.MetaRetryQueue, pipeline.MetaLastError)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (topic, aggregate_id, payload, headers) VALUES ('orders.placed', 'ok', '{}', '{}')`)
-	require.NoError(t, err)
+	hour := time.Now().Add(time.Hour)
+	var seedRows []pipelinetest.OutboxRow
+	for g := 1; g <= 5; g++ {
+		seedRows = append(seedRows, pipelinetest.OutboxRow{Topic: "orders.placed", AggregateID: fmt.Sprintf("a%d", g), MessageUUID: watermill.NewUUID(),
+			Attempts: 3, LastError: "broker refused: NOT_FOUND 404", AvailableAt: hour})
+	}
+	for g := 1; g <= 3; g++ {
+		seedRows = append(seedRows, pipelinetest.OutboxRow{Topic: pipeline.RetryTopic, AggregateID: fmt.Sprintf("r%d", g), MessageUUID: watermill.NewUUID(),
+			Headers: map[string]string{pipeline.MetaRetryQueue: "mail", pipeline.MetaLastError: "smtp 451 try later"}, AvailableAt: hour})
+	}
+	seedRows = append(seedRows, pipelinetest.OutboxRow{Topic: "orders.placed", AggregateID: "ok"})
+	ids := pipelinetest.InsertOutbox(t, pool, testTable, seedRows...)
 
 	ops, err := pgoutbox.NewOperator(pool, testTable)
 	require.NoError(t, err)
@@ -49,8 +55,7 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	require.ErrorContains(t, err, "actor")
 
 	// A retry's id named as a failing row is not acted on.
-	var retryID int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT min(id) FROM `+outboxSQL+` WHERE topic = $1`, pipeline.RetryTopic).Scan(&retryID))
+	retryID := ids[5]
 	acted, err := ops.Discard(ctx, pgoutbox.Stuck{Kind: pgoutbox.Failing, IDs: []int64{retryID}}, pgoutbox.By{Actor: "ops@test"})
 	require.NoError(t, err)
 	require.Empty(t, acted.IDs)
@@ -58,12 +63,10 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	acted, err = ops.RetryNow(ctx, failing, pgoutbox.By{Actor: "ops@test"})
 	require.NoError(t, err)
 	require.Len(t, acted.IDs, 5)
-	var due int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE topic = 'orders.placed' AND available_at <= now()`).Scan(&due))
-	require.Equal(t, 6, due)
+	require.Equal(t, 6, countWhere(t, pool, "topic = 'orders.placed' AND available_at <= now()"))
 
 	var fp string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT ferry_fingerprint(headers->>$1) FROM `+outboxSQL+` WHERE id = $2`, pipeline.MetaLastError, retryID).Scan(&fp))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT ferry_fingerprint($1)`, rowWhere(t, pool, "id = $1", retryID).Headers[pipeline.MetaLastError]).Scan(&fp))
 	retries := pgoutbox.Stuck{Kind: pgoutbox.Retrying, Handler: "mail", Fingerprint: fp}
 	n, err = ops.Count(ctx, retries)
 	require.NoError(t, err)
@@ -84,10 +87,12 @@ func TestOperatorActsOnWhatItNamesAndAuditsInTheSameTransaction(t *testing.T) {
 	acted, err = ops.Discard(ctx, retries, pgoutbox.By{Actor: "ops@test"})
 	require.NoError(t, err)
 	require.Len(t, acted.IDs, 3)
-	var entries int
-	var ids []int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ferry_audit_log`).Scan(&entries))
-	require.Equal(t, 2, entries, "one entry per action that did something")
-	require.NoError(t, pool.QueryRow(ctx, `SELECT ARRAY(SELECT jsonb_array_elements_text(detail->'ids')::bigint) FROM ferry_audit_log WHERE action = 'outbox.retrying.discard'`).Scan(&ids))
-	require.ElementsMatch(t, acted.IDs, ids)
+	require.Len(t, pipelinetest.Audited(t, pool, ""), 2, "one entry per action that did something")
+	discards := pipelinetest.Audited(t, pool, "outbox.retrying.discard")
+	require.Len(t, discards, 1)
+	var audited []int64
+	for _, id := range discards[0].Detail["ids"].([]any) {
+		audited = append(audited, int64(id.(float64)))
+	}
+	require.ElementsMatch(t, acted.IDs, audited)
 }

@@ -2,7 +2,6 @@ package pgoutbox_test
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -34,13 +33,6 @@ func event(t *testing.T, aggregate string, payload any) *message.Message {
 	return msg
 }
 
-func countRows(t *testing.T, pool *pgxpool.Pool) int {
-	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM `+outboxSQL).Scan(&n))
-	return n
-}
-
 func TestPublishTxWritesOperationalColumns(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
@@ -50,30 +42,19 @@ func TestPublishTxWritesOperationalColumns(t *testing.T) {
 	require.NoError(t, err)
 	publish(t, pool, "stripe.charge", msg)
 
-	var (
-		aggregate, topic   string
-		payload, headers   []byte
-		attempts           int
-		createdAt, availAt time.Time
-		dispatched         *time.Time
-		lastError          *string
-	)
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT aggregate_id, topic, payload, headers, attempts, created_at, available_at, dispatched_at, last_error FROM `+outboxSQL).
-		Scan(&aggregate, &topic, &payload, &headers, &attempts, &createdAt, &availAt, &dispatched, &lastError))
-	require.Equal(t, "order-1", aggregate)
-	require.Equal(t, "stripe.charge", topic)
-	require.JSONEq(t, `{"amount":100}`, string(payload))
-	var h map[string]string
-	require.NoError(t, json.Unmarshal(headers, &h))
+	r := rowWhere(t, pool, "")
+	require.Equal(t, "order-1", r.AggregateID)
+	require.Equal(t, "stripe.charge", r.Topic)
+	require.JSONEq(t, `{"amount":100}`, r.Payload)
+	h := r.Headers
 	require.Equal(t, "corr-42", h[pipeline.MetaCorrelationID])
 	require.Equal(t, "acme", h[pipeline.MetaTenantID])
 	require.Equal(t, "1", h[pipeline.MetaSchemaVersion])
 	require.NotContains(t, h, pipeline.MetaAggregateID, "the aggregate id has its own column")
-	require.Zero(t, attempts)
-	require.Nil(t, dispatched)
-	require.Nil(t, lastError)
-	require.WithinDuration(t, createdAt, availAt, time.Second, "no delay: due at once")
+	require.Zero(t, r.Attempts)
+	require.Nil(t, r.DispatchedAt)
+	require.Empty(t, r.LastError)
+	require.WithinDuration(t, r.CreatedAt, r.AvailableAt, time.Second, "no delay: due at once")
 }
 
 func TestPublishTxRollbackLeavesNothing(t *testing.T) {
@@ -84,7 +65,7 @@ func TestPublishTxRollbackLeavesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pipelinetest.Outbox(t).PublishTx(context.Background(), tx, "t", event(t, "a", 1)))
 	require.NoError(t, tx.Rollback())
-	require.Zero(t, countRows(t, pool))
+	require.Zero(t, countWhere(t, pool, ""))
 }
 
 func TestPublishTxDelay(t *testing.T) {
@@ -95,18 +76,9 @@ func TestPublishTxDelay(t *testing.T) {
 		pipeline.WithDelay(event(t, "u1", "welcome"), 3*time.Minute),
 		pipeline.WithDeliverAt(event(t, "u2", "later"), at))
 
-	rows, err := pool.Query(context.Background(), `SELECT aggregate_id, available_at - created_at, available_at, headers FROM `+outboxSQL+` ORDER BY id`)
-	require.NoError(t, err)
-	defer rows.Close()
 	var got []string
-	for rows.Next() {
-		var (
-			agg     string
-			delay   time.Duration
-			avail   time.Time
-			headers map[string]string
-		)
-		require.NoError(t, rows.Scan(&agg, &delay, &avail, &headers))
+	for _, r := range rowsWhere(t, pool, "") {
+		agg, delay, avail, headers := r.AggregateID, r.AvailableAt.Sub(r.CreatedAt), r.AvailableAt, r.Headers
 		require.NotContains(t, headers, pipeline.MetaDelay)
 		require.NotContains(t, headers, pipeline.MetaDeliverAt)
 		switch agg {
@@ -117,7 +89,6 @@ func TestPublishTxDelay(t *testing.T) {
 		}
 		got = append(got, agg)
 	}
-	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"u1", "u2"}, got)
 }
 
@@ -186,15 +157,10 @@ func TestPublishEventsTxWritesManyTopicsInOneCall(t *testing.T) {
 	require.ErrorIs(t, ob.PublishEventsTx(context.Background(), tx, pipeline.Outgoing{Topic: "", Msg: event(t, "o1", 3)}), pipeline.ErrInvalidEvent)
 	require.NoError(t, tx.Commit())
 
-	rows, err := pool.Query(context.Background(), `SELECT topic, headers FROM `+outboxSQL+` ORDER BY id`)
-	require.NoError(t, err)
 	var topics []string
-	for rows.Next() {
-		var topic string
-		var headers map[string]string
-		require.NoError(t, rows.Scan(&topic, &headers))
-		require.NotContains(t, headers, pipeline.MetaTopic)
-		topics = append(topics, topic)
+	for _, r := range rowsWhere(t, pool, "") {
+		require.NotContains(t, r.Headers, pipeline.MetaTopic)
+		topics = append(topics, r.Topic)
 	}
 	require.Equal(t, []string{"stripe.charge", "mail.send"}, topics)
 }

@@ -2,6 +2,7 @@ package pgoutbox_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -36,18 +37,9 @@ func TestPartitionOfMatchesTheMigration(t *testing.T) {
 // and creation time. A zero at is now.
 func insertAt(t *testing.T, pool *pgxpool.Pool, at time.Time, aggregate string, seq int, availableIn time.Duration) int64 {
 	t.Helper()
-	ctx := context.Background()
-	var id int64
-	if at.IsZero() {
-		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, available_at)
-			VALUES ($1, 'o', jsonb_build_object('seq', $2::int), now() + $3 * interval '1 millisecond') RETURNING id`,
-			aggregate, seq, availableIn.Milliseconds()).Scan(&id))
-		return id
-	}
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, created_at, part, available_at)
-		VALUES ($1, 'o', jsonb_build_object('seq', $2::int), $3, ferry_outbox_part($3), now() + $4 * interval '1 millisecond') RETURNING id`,
-		aggregate, seq, at, availableIn.Milliseconds()).Scan(&id))
-	return id
+	return pipelinetest.InsertOutbox(t, pool, testTable, pipelinetest.OutboxRow{
+		AggregateID: aggregate, Topic: "o", Payload: fmt.Sprintf(`{"seq":%d}`, seq), CreatedAt: at, AvailableAt: time.Now().Add(availableIn),
+	})[0]
 }
 
 // A week past retention is emptied whole: its dispatched rows go with a
@@ -85,8 +77,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	drain()
 	unpassed := insertAt(t, pool, old, "agg-b", 1000, 0)
 	behindDelayed := insertAt(t, pool, time.Time{}, "agg-a", 1001, 0)
-	var oldName string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` WHERE id = $1`, delayed).Scan(&oldName))
+	oldName := rowWhere(t, pool, "id = $1", delayed).Partition
 
 	cutoff := time.Now().Add(-pgweeks.MaxRetention / 3)
 	dry, err := testTable.ClearPartitions(ctx, pool, cutoff, false, true)
@@ -95,8 +86,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 
 	reader, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = reader.Exec(ctx, `SELECT count(*) FROM `+outboxSQL)
-	require.NoError(t, err)
+	countWhere(t, reader, "")
 	held, err := testTable.ClearPartitions(ctx, pool, cutoff, false, false)
 	require.NoError(t, err)
 	require.Empty(t, held.Partitions)
@@ -115,9 +105,7 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 	require.Zero(t, n)
 	require.Zero(t, size, "emptied by TRUNCATE: no page, so no dead tuple, left")
 	for _, id := range []int64{delayed, unpassed, behindDelayed} {
-		var part string
-		require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` WHERE id = $1`, id).Scan(&part))
-		require.NotEqual(t, oldName, part)
+		require.NotEqual(t, oldName, rowWhere(t, pool, "id = $1", id).Partition)
 	}
 	again, err := testTable.ClearPartitions(ctx, pool, cutoff, false, false)
 	require.NoError(t, err)
@@ -130,7 +118,5 @@ func TestClearPartitionsEmptiesPastRetentionWeeksAndKeepsPending(t *testing.T) {
 		return len(rec.published) >= sent+3
 	}, 10*time.Second, 100*time.Millisecond)
 	requireEachOnceInOrder(t, rec, sent+3, &order)
-	var pending int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`).Scan(&pending))
-	require.Zero(t, pending)
+	require.Zero(t, countPending(t, pool, ""))
 }

@@ -15,7 +15,6 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -187,12 +186,8 @@ func TestTwoRelaysDispatchEachRowExactlyOnce(t *testing.T) {
 	for id, n := range atBroker {
 		require.Equal(t, 1, n, "message %s reached the broker %d times", id, n)
 	}
-	var undispatched, wrongAttempts int
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT count(*) FILTER (WHERE NOT `+pgoutbox.DispatchedOutbox+`), count(*) FILTER (WHERE attempts <> 0) FROM `+outboxSQL+` o`).
-		Scan(&undispatched, &wrongAttempts))
-	require.Zero(t, undispatched)
-	require.Zero(t, wrongAttempts, "a row dispatched at its first try keeps no state of its own")
+	require.Zero(t, countWhere(t, pool, "NOT "+pgoutbox.DispatchedOutbox))
+	require.Zero(t, countWhere(t, pool, "attempts <> 0"), "a row dispatched at its first try keeps no state of its own")
 }
 
 func TestRelayCarriesIDAndHeaders(t *testing.T) {
@@ -204,8 +199,7 @@ func TestRelayCarriesIDAndHeaders(t *testing.T) {
 	msg, err := pipeline.NewEvent(ctx, "user-9", map[string]string{"to": "x"})
 	require.NoError(t, err)
 	publish(t, pool, "mail.send", msg)
-	var id int64
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT id FROM `+outboxSQL).Scan(&id))
+	id := rowWhere(t, pool, "").ID
 
 	res, err := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{}).RelayBatch(context.Background())
 	require.NoError(t, err)
@@ -247,18 +241,11 @@ func TestRelayFailureBacksOffAndRecordsError(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.BatchResult{Claimed: 2, Passed: 2, Dispatched: 1, Failed: 1}, res)
 
-	var (
-		attempts   int
-		lastErr    string
-		retryIn    time.Duration
-		dispatched bool
-	)
-	q := `SELECT attempts, coalesce(last_error, ''), available_at - now(), ` + pgoutbox.DispatchedOutbox + ` FROM ` + outboxSQL + ` o WHERE aggregate_id = $1`
-	require.NoError(t, pool.QueryRow(context.Background(), q, "bad").Scan(&attempts, &lastErr, &retryIn, &dispatched))
-	require.Equal(t, 1, attempts)
-	require.Contains(t, lastErr, "broker said no")
-	require.InDelta(t, time.Hour.Seconds(), retryIn.Seconds(), 5)
-	require.False(t, dispatched)
+	bad := rowWhere(t, pool, "aggregate_id = 'bad'")
+	require.Equal(t, 1, bad.Attempts)
+	require.Contains(t, bad.LastError, "broker said no")
+	require.InDelta(t, time.Hour.Seconds(), time.Until(bad.AvailableAt).Seconds(), 5)
+	require.False(t, bad.Dispatched)
 
 	// Not due again: the next batch leaves it alone.
 	res, err = relay.RelayBatch(context.Background())
@@ -266,13 +253,12 @@ func TestRelayFailureBacksOffAndRecordsError(t *testing.T) {
 	require.Zero(t, res.Claimed)
 
 	// Due again (an operator's "retry now"): the second failure doubles the delay.
-	_, err = pool.Exec(context.Background(), `UPDATE `+outboxSQL+` SET available_at = now() WHERE aggregate_id = 'bad'`)
-	require.NoError(t, err)
+	updateWhere(t, pool, "available_at = now()", "aggregate_id = 'bad'")
 	_, err = relay.RelayBatch(context.Background())
 	require.NoError(t, err)
-	require.NoError(t, pool.QueryRow(context.Background(), q, "bad").Scan(&attempts, &lastErr, &retryIn, &dispatched))
-	require.Equal(t, 2, attempts)
-	require.InDelta(t, (2 * time.Hour).Seconds(), retryIn.Seconds(), 5)
+	bad = rowWhere(t, pool, "aggregate_id = 'bad'")
+	require.Equal(t, 2, bad.Attempts)
+	require.InDelta(t, (2 * time.Hour).Seconds(), time.Until(bad.AvailableAt).Seconds(), 5)
 }
 
 func TestRelayHoldsDelayedRowsUntilDue(t *testing.T) {
@@ -296,37 +282,21 @@ func TestRelayHoldsDelayedRowsUntilDue(t *testing.T) {
 func TestClaimUsesPartialIndex(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
-	ctx := context.Background()
-	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, dispatched_at)
-		SELECT 'a' || (g % 100), 't', '{}', now() FROM generate_series(1, 20000) g`)
-	require.NoError(t, err)
+	first := insertBulk(t, pool, 20000, 100, "t", true)
 	seed(t, pool, "t", 10, 3)
-	_, err = pool.Exec(ctx, `ANALYZE `+outboxSQL)
-	require.NoError(t, err)
+	analyze(t, pool)
 
-	explain := func(q string) string {
-		q = strings.NewReplacer("@limit", "100", "@topics::text[]", "ARRAY['t']").Replace(q)
-		rows, err := pool.Query(ctx, "EXPLAIN "+q)
-		require.NoError(t, err)
-		var plan []string
-		for rows.Next() {
-			var line string
-			require.NoError(t, rows.Scan(&line))
-			plan = append(plan, line)
-		}
-		require.NoError(t, rows.Err())
-		return strings.Join(plan, "\n")
+	claim := func(ordered bool) string {
+		return strings.NewReplacer("@limit", "100", "@topics::text[]", "ARRAY['t']").Replace(testTable.ClaimSQL(ordered))
 	}
-	claim := func(ordered bool) string { return testTable.ClaimSQL(ordered) }
 	// The partition holding the rows (the other weeks of the ring are
 	// empty, and the planner reads them without an index).
-	var part string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` LIMIT 1`).Scan(&part))
-	plan := explain(claim(false))
+	part := rowWhere(t, pool, "id = $1", first).Partition
+	plan := explain(t, pool, claim(false))
 	t.Logf("claim plan:\n%s", plan)
 	require.Contains(t, plan, "Index Scan using "+part+"_slow_available_at_idx on "+part+" ", plan)
 
-	plan = explain(claim(true))
+	plan = explain(t, pool, claim(true))
 	t.Logf("ordered claim plan:\n%s", plan)
 	require.Contains(t, plan, part+"_slow_available_at_idx", plan)
 	require.NotContains(t, plan, "Seq Scan on "+part+" ", "the head check must use the slow lane's partial indexes:\n%s", plan)
@@ -344,43 +314,37 @@ func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
-	for range 20 {
-		_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload)
-			SELECT 'a' || (g % 100), 't', '{}' FROM generate_series(1, 2000) g`)
-		require.NoError(t, err)
+	var first int64
+	for i := range 20 {
+		id := insertBulk(t, pool, 2000, 100, "t", false)
+		if i == 0 {
+			first = id
+		}
 	}
 	// The relay's position past them, as a move writes it.
-	_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('`+testTable.Key()+`', pg_current_snapshot())`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('r', $1, '{}'), ('r', $1, '{}'), ('n', 't', '{}')`, pipeline.RetryTopic)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `ANALYZE `+outboxSQL)
-	require.NoError(t, err)
-	var part string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM `+outboxSQL+` LIMIT 1`).Scan(&part))
+	placePosition(t, pool, "pg_current_snapshot()")
+	pipelinetest.InsertOutbox(t, pool, testTable,
+		pipelinetest.OutboxRow{AggregateID: "r", Topic: pipeline.RetryTopic},
+		pipelinetest.OutboxRow{AggregateID: "r", Topic: pipeline.RetryTopic},
+		pipelinetest.OutboxRow{AggregateID: "n", Topic: "t"})
+	analyze(t, pool)
+	part := rowWhere(t, pool, "id = $1", first).Partition
 
 	for _, q := range []string{
-		`SELECT count(*) FROM ` + pgoutbox.PendingOutbox + ` o WHERE topic = '` + pipeline.RetryTopic + `'`,
-		`SELECT topic, count(*) FROM ` + pgoutbox.PendingOutbox + ` o GROUP BY topic`,
-		`SELECT count(*) FROM ` + pgoutbox.PendingOutbox + ` o`,
+		pendingSelect("count(*)", `WHERE topic = '`+pipeline.RetryTopic+`'`),
+		pendingSelect("topic, count(*)", "GROUP BY topic"),
+		pendingSelect("count(*)", ""),
 	} {
-		rows, err := pool.Query(ctx, "EXPLAIN "+q)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		plan := strings.Join(lines, "\n")
+		plan := explain(t, pool, q)
 		require.False(t, strings.Contains(plan, "Seq Scan on "+part+" "), "%s\nreads every passed row:\n%s", q, plan)
 	}
 
 	count := func(q pgx.Tx) (retries, all int) {
-		var db interface {
-			QueryRow(context.Context, string, ...any) pgx.Row
-		} = pool
+		var db querier = pool
 		if q != nil {
 			db = q
 		}
-		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE topic = $1), count(*) FROM `+pgoutbox.PendingOutbox+` o`, pipeline.RetryTopic).Scan(&retries, &all))
-		return retries, all
+		return countPending(t, db, "topic = $1", pipeline.RetryTopic), countPending(t, db, "")
 	}
 	retries, all := count(nil)
 	require.Equal(t, [2]int{2, 3}, [2]int{retries, all})
@@ -394,17 +358,14 @@ func TestPendingReadsGoByIndexPastPassedRows(t *testing.T) {
 	own, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer own.Rollback(ctx)
-	_, err = own.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('r', $1, '{}')`, pipeline.RetryTopic)
-	require.NoError(t, err)
+	pipelinetest.InsertOutbox(t, own, testTable, pipelinetest.OutboxRow{AggregateID: "r", Topic: pipeline.RetryTopic})
 	retries, all = count(own)
 	require.Equal(t, [2]int{3, 4}, [2]int{retries, all}, "the caller's own rows are pending to it")
 	require.NoError(t, own.Rollback(ctx))
 
 	// A row restored from a dump of a cluster whose ids were ahead of
 	// this one's: its tx is above every id this cluster has given.
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, tx)
-		VALUES ('restored', 't', '{}', (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000000)::text::xid8)`)
-	require.NoError(t, err)
+	insertAtTx(t, pool, "", "restored", "t", "pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000000")
 	retries, all = count(nil)
 	require.Equal(t, [2]int{2, 4}, [2]int{retries, all}, "a restored row with a tx ahead of the cluster's is pending")
 }
@@ -421,12 +382,7 @@ func TestPendingReadsCountABatchInProgress(t *testing.T) {
 	t.Parallel()
 	pool := pipelinetest.Postgres(t)
 	ctx := context.Background()
-	insert := func(db interface {
-		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-	}, n int) {
-		_, err := db.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) SELECT 'a' || g, 't', '{}' FROM generate_series(1, $1::int) g`, n)
-		require.NoError(t, err)
-	}
+	insert := func(db querier, n int) { insertBulk(t, db, n, 0, "t", false) }
 	begin := func() pgx.Tx {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
@@ -437,8 +393,7 @@ func TestPendingReadsCountABatchInProgress(t *testing.T) {
 
 	atPosition := begin() // in progress when the position is taken
 	insert(atPosition, 5)
-	_, err := pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap) VALUES ('`+testTable.Key()+`', pg_current_snapshot())`)
-	require.NoError(t, err)
+	placePosition(t, pool, "pg_current_snapshot()")
 	commit(atPosition)
 	atRange := begin() // in progress when the range's snapshot is taken
 	insert(atRange, 3)
@@ -447,34 +402,19 @@ func TestPendingReadsCountABatchInProgress(t *testing.T) {
 	}
 	// The batch passed the first 950 rows of those 20 transactions (the
 	// rows of the one still in progress are not visible here).
-	var lastTx string
-	var lastID int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT tx::text, id FROM `+outboxSQL+`
-		ORDER BY tx, id OFFSET 5 + 949 LIMIT 1`).Scan(&lastTx, &lastID))
-	_, err = pool.Exec(ctx, `INSERT INTO `+pgoutbox.PositionTable+` (outbox_table, snap, cur, last_tx, last_id)
-		SELECT '`+testTable.Key()+`', snap, pg_current_snapshot(), $1::xid8, $2 FROM `+pgoutbox.PositionTable+` ORDER BY seq DESC LIMIT 1`, lastTx, lastID)
-	require.NoError(t, err)
+	passBatch(t, pool, 5+949)
 	commit(atRange)
 	insert(pool, 7)
-	_, err = pool.Exec(ctx, `ANALYZE `+outboxSQL)
-	require.NoError(t, err)
+	analyze(t, pool)
 
 	n, err := testTable.PendingCount(ctx, pool)
 	require.NoError(t, err)
 	require.EqualValues(t, 3+1050+7, n)
-	var perRow int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE NOT `+pgoutbox.DispatchedOutbox).Scan(&perRow))
-	require.Equal(t, perRow, n)
-	var mismatched int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` o WHERE (NOT `+pgoutbox.DispatchedOutbox+`)
-		IS DISTINCT FROM (o.id IN (SELECT p.id FROM `+pgoutbox.PendingOutbox+` p))`).Scan(&mismatched))
-	require.Zero(t, mismatched, "the pending reads and DispatchedCond disagree on some rows")
+	require.EqualValues(t, countWhere(t, pool, "NOT "+pgoutbox.DispatchedOutbox), n)
+	require.Zero(t, countWhere(t, pool, `(NOT `+pgoutbox.DispatchedOutbox+`) IS DISTINCT FROM (o.id IN (`+pendingSelect("o.id", "")+`))`),
+		"the pending reads and DispatchedCond disagree on some rows")
 
-	rows, err := pool.Query(ctx, `EXPLAIN SELECT count(*) FROM `+pgoutbox.PendingOutbox+` o`)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
+	plan := explain(t, pool, pendingSelect("count(*)", ""))
 	require.NotContains(t, plan, "SubPlan", "the position is read per row:\n%s", plan)
 	require.NotContains(t, plan, "Anti Join", "the position is joined to every row:\n%s", plan)
 }
@@ -503,11 +443,9 @@ func TestRelayCrashAfterConfirmRedelivers(t *testing.T) {
 	_, err := relay.RelayBatch(context.Background())
 	require.Error(t, err, "the outcome cannot be recorded on a dead connection")
 
-	var dispatched bool
-	var attempts int
-	require.NoError(t, admin.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+`, attempts FROM `+outboxSQL+` o`).Scan(&dispatched, &attempts))
-	require.False(t, dispatched)
-	require.Zero(t, attempts, "nothing of the crashed batch was recorded")
+	crashed := rowWhere(t, admin, "")
+	require.False(t, crashed.Dispatched)
+	require.Zero(t, crashed.Attempts, "nothing of the crashed batch was recorded")
 
 	crash = false
 	res, err := relay.RelayBatch(context.Background())
@@ -530,8 +468,7 @@ func TestFailingHeadHoldsBackOnlyItsOrderedAggregate(t *testing.T) {
 	publish(t, pool, "stripe.charge", event(t, "A", "charge-1"), event(t, "A", "charge-2"), event(t, "B", "charge-1"))
 	publish(t, pool, "mail.send", event(t, "A", "mail"))
 	headID := map[string]bool{}
-	var aHead int64
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM `+outboxSQL+` WHERE aggregate_id = 'A'`).Scan(&aHead))
+	aHead := rowsWhere(t, pool, "aggregate_id = 'A'")[0].ID
 	headID[fmt.Sprint(aHead)] = true
 	rec := &recorder{Publisher: b.pub, before: func(m *message.Message) error {
 		if headID[m.Metadata.Get(pipeline.MetaOutboxID)] {
@@ -548,17 +485,12 @@ func TestFailingHeadHoldsBackOnlyItsOrderedAggregate(t *testing.T) {
 		time.Sleep(60 * time.Millisecond) // past the head's backoff: it is retried, and fails again
 	}
 	var pendingA []string
-	rows, err := pool.Query(context.Background(), `SELECT payload #>> '{}' FROM `+pgoutbox.PendingOutbox+` o ORDER BY id`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var p string
-		require.NoError(t, rows.Scan(&p))
-		pendingA = append(pendingA, p)
+	for _, r := range rowsWhere(t, pool, "NOT "+pgoutbox.DispatchedOutbox) {
+		pendingA = append(pendingA, r.Payload)
 	}
-	require.Equal(t, []string{"charge-1", "charge-2"}, pendingA, "A's charges wait behind their failing head; B's charge and A's mail went")
-	var attempts2 int
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT attempts FROM `+outboxSQL+` WHERE aggregate_id = 'A' AND topic = 'stripe.charge' AND id > $1`, aHead).Scan(&attempts2))
-	require.Zero(t, attempts2, "the held-back event was never tried")
+	require.Equal(t, []string{`"charge-1"`, `"charge-2"`}, pendingA, "A's charges wait behind their failing head; B's charge and A's mail went")
+	heldBack := rowWhere(t, pool, "aggregate_id = 'A' AND topic = 'stripe.charge' AND id > $1", aHead)
+	require.Zero(t, heldBack.Attempts, "the held-back event was never tried")
 
 	delete(headID, fmt.Sprint(aHead)) // provider back
 	for range 4 {
@@ -690,22 +622,19 @@ func TestIdleRelayFindsUnannouncedCommits(t *testing.T) {
 	publish(t, pool, "mail.send", event(t, "u", "database/sql"))
 	relayed("PublishTx in a database/sql transaction, no Committed")
 
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('u', 'mail.send', '{"from":"another program"}')`)
-	require.NoError(t, err)
+	pipelinetest.InsertOutbox(t, pool, testTable, pipelinetest.OutboxRow{AggregateID: "u", Topic: "mail.send", Payload: `{"from":"another program"}`})
 	relayed("a plain INSERT")
 
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, available_at) VALUES ('u', 'mail.send', '{}', now() + interval '300 milliseconds')`)
-	require.NoError(t, err)
+	pipelinetest.InsertOutbox(t, pool, testTable, pipelinetest.OutboxRow{AggregateID: "u", Topic: "mail.send", AvailableAt: time.Now().Add(300 * time.Millisecond)})
 	time.Sleep(200 * time.Millisecond)
 	require.Equal(t, dispatched, relay.Stats().Dispatched, "a delayed row waits")
 	relayed("a delayed row once due")
 
 	// An ordered head in backoff for an hour, its successor due behind it:
 	// nothing a claim could take, so the probe says no.
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, available_at) VALUES ('A', 'stripe.charge', '{}', now() + interval '1 hour')`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) VALUES ('A', 'stripe.charge', '{}')`)
-	require.NoError(t, err)
+	pipelinetest.InsertOutbox(t, pool, testTable,
+		pipelinetest.OutboxRow{AggregateID: "A", Topic: "stripe.charge", AvailableAt: time.Now().Add(time.Hour)},
+		pipelinetest.OutboxRow{AggregateID: "A", Topic: "stripe.charge"})
 	// A second: about 100 probes on a quiet machine; a CI run of the full
 	// suite once got 10 in half a second.
 	probes := relay.Stats().Probes
@@ -747,30 +676,28 @@ func TestDispatchLatencyCountsFromDue(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	b := newBroker(t, "mail.send")
 	publish(t, pool, "mail.send", pipeline.WithDelay(event(t, "later", "welcome"), time.Hour), event(t, "now", "hi"))
-	_, err := pool.Exec(context.Background(), `UPDATE `+outboxSQL+` SET available_at = now() - interval '1 second', due_at = now() - interval '1 second',
-		created_at = now() - interval '1 hour 1 second' WHERE aggregate_id = 'later'`) // as if an hour had passed
-	require.NoError(t, err)
+	updateWhere(t, pool, `available_at = now() - interval '1 second', due_at = now() - interval '1 second',
+		created_at = now() - interval '1 hour 1 second'`, "aggregate_id = 'later'") // as if an hour had passed
 	var outcomes []pgoutbox.Outcome
 	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{Observer: func(o []pgoutbox.Outcome) { outcomes = append(outcomes, o...) }})
-	_, err = relay.RelayBatch(context.Background())
+	_, err := relay.RelayBatch(context.Background())
 	require.NoError(t, err)
 	require.Len(t, outcomes, 2)
 	for _, o := range outcomes {
 		require.Less(t, o.At.Sub(o.DueAt), 30*time.Second, "%s: counted from due", o.Msg.Metadata.Get(pipeline.MetaAggregateID))
 	}
 
-	var due, avail, created time.Time
 	publish(t, pool, "mail.send", event(t, "failing", "x"))
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at, created_at FROM `+outboxSQL+` WHERE aggregate_id = 'failing'`).Scan(&due, &avail, &created))
-	require.Equal(t, avail, due, "due as written")
+	written := rowWhere(t, pool, "aggregate_id = 'failing'")
+	require.NotNil(t, written.DueAt)
+	require.Equal(t, written.AvailableAt, *written.DueAt, "due as written")
 	failing := newRelay(t, pool, &recorder{Publisher: b.pub, before: func(*message.Message) error { return errors.New("no") }},
 		pgoutbox.RelayConfig{Backoff: pipeline.Backoff{Initial: time.Hour, Max: time.Hour, Jitter: -1}})
 	_, err = failing.RelayBatch(context.Background())
 	require.NoError(t, err)
-	var due2, avail2 time.Time
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT due_at, available_at FROM `+outboxSQL+` WHERE aggregate_id = 'failing'`).Scan(&due2, &avail2))
-	require.Equal(t, due, due2, "the relay's backoff moves available_at, not due_at")
-	require.True(t, avail2.After(avail.Add(50*time.Minute)))
+	failed := rowWhere(t, pool, "aggregate_id = 'failing'")
+	require.Equal(t, *written.DueAt, *failed.DueAt, "the relay's backoff moves available_at, not due_at")
+	require.True(t, failed.AvailableAt.After(written.AvailableAt.Add(50*time.Minute)))
 }
 
 // A busy ordered aggregate held behind a failure drains in runs: once
@@ -815,8 +742,7 @@ func TestHeldOrderedAggregateDrainsInRunsAfterAFailure(t *testing.T) {
 	// Another relay holds A's head: the run stays back, nothing overtakes.
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = other.Exec(ctx, `SELECT 1 FROM `+outboxSQL+` WHERE id = (SELECT min(id) FROM `+outboxSQL+` WHERE aggregate_id = 'A') FOR UPDATE`)
-	require.NoError(t, err)
+	lockRows(t, other, "id = $1", rowsWhere(t, pool, "aggregate_id = 'A'")[0].ID)
 	res, err = relay.RelayBatch(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res.Dispatched)
@@ -878,8 +804,7 @@ func TestHeldOrderedAggregatesDrainWhenTheirRowsOutnumberABatch(t *testing.T) {
 		res, err := relay.RelayBatch(ctx)
 		require.NoError(t, err)
 		require.Zero(t, res.Dispatched, "held behind their heads")
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxSQL+` WHERE slow AND dispatched_at IS NULL AND attempts = 0
-			AND available_at < (SELECT min(available_at) FROM `+outboxSQL+` WHERE attempts > 0)`).Scan(&held))
+		held = heldBehindHeads(rowsWhere(t, pool, "slow"))
 		if held == aggregates*behind {
 			break
 		}
@@ -931,7 +856,9 @@ func TestFastLaneCatchesUpInLargerPages(t *testing.T) {
 	}
 	publish(t, pool, "orders.placed", msgs...)
 	var size int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT max(octet_length(COALESCE(payload_raw, convert_to(payload::text, 'UTF8')))) FROM `+outboxSQL+` WHERE aggregate_id = 'big'`).Scan(&size))
+	for _, r := range rowsWhere(t, pool, "aggregate_id = 'big'") {
+		size = max(size, len(r.Payload), len(r.Raw))
+	}
 	catchUp := (8 << 20) / size
 	require.Greater(t, catchUp, 100)
 	require.Less(t, catchUp, 400)
@@ -952,4 +879,22 @@ func TestRelayConfigCatchUpBatchSize(t *testing.T) {
 	require.Equal(t, 5000, pgoutbox.RelayConfig{BatchSize: 5000}.WithDefaults().CatchUpBatchSize, "never below BatchSize by default")
 	c.CatchUpBatchSize = 50
 	require.ErrorContains(t, c.Validate(), "RelayConfig.CatchUpBatchSize must be in [BatchSize (100), 10000], got 50")
+}
+
+// heldBehindHeads counts the slow rows never tried, not marked, due
+// before the earliest failed head's retry: the rows a held head keeps back.
+func heldBehindHeads(slow []outboxRow) int {
+	var firstRetry time.Time
+	for _, r := range slow {
+		if r.Attempts > 0 && (firstRetry.IsZero() || r.AvailableAt.Before(firstRetry)) {
+			firstRetry = r.AvailableAt
+		}
+	}
+	held := 0
+	for _, r := range slow {
+		if r.Attempts == 0 && r.DispatchedAt == nil && r.AvailableAt.Before(firstRetry) {
+			held++
+		}
+	}
+	return held
 }

@@ -14,14 +14,11 @@ import (
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
-// insertRow writes one outbox row and returns its id.
-func insertRow(t *testing.T, pool *pgxpool.Pool, topic, aggregate, extraCols, extraVals string) int64 {
+// insertRow writes one outbox row of payload {"n":1} and returns its id.
+func insertRow(t *testing.T, pool *pgxpool.Pool, r pipelinetest.OutboxRow) int64 {
 	t.Helper()
-	var id int64
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload`+extraCols+`) VALUES ($1, $2, '{"n":1}'`+extraVals+`) RETURNING id`,
-		aggregate, topic).Scan(&id))
-	return id
+	r.Payload = `{"n":1}`
+	return pipelinetest.InsertOutbox(t, pool, testTable, r)[0]
 }
 
 type rowState struct {
@@ -32,10 +29,8 @@ type rowState struct {
 
 func stateOf(t *testing.T, pool *pgxpool.Pool, id int64) rowState {
 	t.Helper()
-	var s rowState
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT `+pgoutbox.DispatchedOutbox+`, attempts, shadowed FROM `+outboxSQL+` o WHERE id = $1`, id).
-		Scan(&s.Dispatched, &s.Attempts, &s.Shadowed))
-	return s
+	r := rowWhere(t, pool, "id = $1", id)
+	return rowState{Dispatched: r.Dispatched, Attempts: r.Attempts, Shadowed: r.Shadowed}
 }
 
 // RelayIDs (the CDC relay's way in) keeps the polling relay's rules:
@@ -51,23 +46,22 @@ func TestRelayIDsKeepsThePollingRelaysRules(t *testing.T) {
 	relay := newRelay(t, pool, orderedRecorder{recorder: rec, ordered: []string{"o"}}, pgoutbox.RelayConfig{})
 	ctx := context.Background()
 
-	head := insertRow(t, pool, "o", "held", "", "")         // locked by another relay below
-	behindLocked := insertRow(t, pool, "o", "held", "", "") // behind it
-	delayed := insertRow(t, pool, "o", "late", ", available_at", ", now() + interval '1 hour'")
-	behindDelayed := insertRow(t, pool, "o", "late", "", "")
-	outsideHead := insertRow(t, pool, "o", "outside", "", "") // pending, not in the ids
-	behindOutside := insertRow(t, pool, "o", "outside", "", "")
-	done := insertRow(t, pool, "u", "x", ", dispatched_at", ", now()")
-	shadow := insertRow(t, pool, "u", "x", ", headers", `, '{"shadow_mode":"true"}'`)
-	first := insertRow(t, pool, "o", "free", "", "")
-	second := insertRow(t, pool, "o", "free", "", "") // same aggregate: a later wave
-	plain := insertRow(t, pool, "u", "y", "", "")
+	head := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "held"})         // locked by another relay below
+	behindLocked := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "held"}) // behind it
+	delayed := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "late", AvailableAt: time.Now().Add(time.Hour)})
+	behindDelayed := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "late"})
+	outsideHead := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "outside"}) // pending, not in the ids
+	behindOutside := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "outside"})
+	done := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "u", AggregateID: "x", Dispatched: true})
+	shadow := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "u", AggregateID: "x", Headers: map[string]string{"shadow_mode": "true"}})
+	first := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "free"})
+	second := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "free"}) // same aggregate: a later wave
+	plain := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "u", AggregateID: "y"})
 
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer other.Rollback(ctx)
-	_, err = other.Exec(ctx, `SELECT 1 FROM `+outboxSQL+` WHERE id = $1 FOR UPDATE`, head)
-	require.NoError(t, err)
+	lockRows(t, other, "id = $1", head)
 
 	const gone = 1 << 40 // no such row: deleted, or not yet visible
 	res, err := relay.RelayIDs(ctx, []int64{head, behindLocked, delayed, behindDelayed, behindOutside, done, shadow, first, second, plain, gone})
@@ -101,24 +95,21 @@ func TestRelayIDsFailures(t *testing.T) {
 	relay := newRelay(t, pool, orderedRecorder{recorder: rec, ordered: []string{"o"}}, pgoutbox.RelayConfig{})
 	ctx := context.Background()
 
-	bad := insertRow(t, pool, "o", "bad", "", "")
-	afterBad := insertRow(t, pool, "o", "bad", "", "")
-	good := insertRow(t, pool, "u", "good", "", "")
+	bad := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "bad"})
+	afterBad := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "o", AggregateID: "bad"})
+	good := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "u", AggregateID: "good"})
 	failing["bad"] = true
 	res, err := relay.RelayIDs(ctx, []int64{bad, afterBad, good})
 	require.NoError(t, err)
 	require.Equal(t, pgoutbox.BatchResult{Claimed: 3, Dispatched: 1, Failed: 1, Left: 1}, res)
-	var attempts int
-	var lastError string
-	var backedOff bool
-	require.NoError(t, pool.QueryRow(ctx, `SELECT attempts, last_error, available_at > now() FROM `+outboxSQL+` WHERE id = $1`, bad).Scan(&attempts, &lastError, &backedOff))
-	require.Equal(t, 1, attempts)
-	require.Contains(t, lastError, "injected publish failure")
-	require.True(t, backedOff)
+	failed := rowWhere(t, pool, "id = $1", bad)
+	require.Equal(t, 1, failed.Attempts)
+	require.Contains(t, failed.LastError, "injected publish failure")
+	require.True(t, failed.AvailableAt.After(time.Now()))
 	require.Equal(t, rowState{}, stateOf(t, pool, afterBad), "a later row of a failed ordered aggregate is not sent")
 
 	failing["good2"] = true
-	good2 := insertRow(t, pool, "u", "good2", "", "")
+	good2 := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "u", AggregateID: "good2"})
 	_, err = relay.RelayIDs(ctx, []int64{good2})
 	require.ErrorIs(t, err, pgoutbox.ErrNothingConfirmed)
 	require.Equal(t, rowState{}, stateOf(t, pool, good2), "an outage records nothing")
@@ -139,19 +130,18 @@ func TestSafetyNetLeavesYoungRowsToTheCDCRelay(t *testing.T) {
 	cdc := newRelay(t, pool, rec, pgoutbox.RelayConfig{})
 	ctx := context.Background()
 
-	old := insertRow(t, pool, "u", "a", ", created_at", ", now() - interval '2 hours'")
-	young := insertRow(t, pool, "u", "b", "", "")
+	old := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "u", AggregateID: "a", CreatedAt: time.Now().Add(-2 * time.Hour)})
+	young := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "u", AggregateID: "b"})
 	// Committed after young, written as if two hours ago: after young in
 	// the lane's order, and old enough for the safety net.
-	oldAfter := insertRow(t, pool, "u", "c", ", created_at", ", now() - interval '2 hours'")
+	oldAfter := insertRow(t, pool, pipelinetest.OutboxRow{Topic: "u", AggregateID: "c", CreatedAt: time.Now().Add(-2 * time.Hour)})
 
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer other.Rollback(ctx)
 	var otherPID int
 	require.NoError(t, other.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID))
-	_, err = other.Exec(ctx, `SELECT 1 FROM `+outboxSQL+` WHERE id = $1 FOR UPDATE`, oldAfter)
-	require.NoError(t, err)
+	lockRows(t, other, "id = $1", oldAfter)
 
 	type batch struct {
 		res pgoutbox.BatchResult

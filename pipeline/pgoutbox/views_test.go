@@ -3,9 +3,11 @@ package pgoutbox_test
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 var update = flag.Bool("update", false, "rewrite migration 00027 from Table.ViewsDDL")
@@ -62,17 +65,17 @@ func TestViewsAgreeWithTheTypedReads(t *testing.T) {
 	ctx := context.Background()
 	tbl := testTable
 	// Pending new rows, one delayed, one failing, one durable retry.
-	_, err := pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload) SELECT g::text, 'views.t', '{}' FROM generate_series(1, 5) g`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, available_at) VALUES ('d', 'views.t', '{}', now() + interval '1 hour')`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, slow, attempts, last_error) VALUES ('f', 'views.t', '{}', true, 2, 'broker said no')`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, headers) VALUES ('r', $1, '{}', '{"ferry_retry_queue":"h"}')`, pipeline.RetryTopic)
-	require.NoError(t, err)
-	// One marked dispatched.
-	_, err = pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, slow, dispatched_at, attempts) VALUES ('x', 'views.t', '{}', true, now(), 1)`)
-	require.NoError(t, err)
+	var rows []pipelinetest.OutboxRow
+	for g := range 5 {
+		rows = append(rows, pipelinetest.OutboxRow{AggregateID: fmt.Sprint(g + 1), Topic: "views.t"})
+	}
+	rows = append(rows,
+		pipelinetest.OutboxRow{AggregateID: "d", Topic: "views.t", AvailableAt: time.Now().Add(time.Hour)},
+		pipelinetest.OutboxRow{AggregateID: "f", Topic: "views.t", Slow: true, Attempts: 2, LastError: "broker said no"},
+		pipelinetest.OutboxRow{AggregateID: "r", Topic: pipeline.RetryTopic, Headers: map[string]string{"ferry_retry_queue": "h"}},
+		// One marked dispatched.
+		pipelinetest.OutboxRow{AggregateID: "x", Topic: "views.t", Slow: true, Dispatched: true, Attempts: 1})
+	pipelinetest.InsertOutbox(t, pool, tbl, rows...)
 
 	count := func(view string) int64 {
 		var n int64

@@ -19,6 +19,8 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
 // TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne runs a batch
@@ -96,14 +98,16 @@ func TestBatchRouteProjectsEachEventOnceAndPoisonsOnlyTheBadOne(t *testing.T) {
 		return c
 	}
 	eventually(t, "598 events projected and the two bad ones poisoned", func() bool {
-		return count(`SELECT count(*) FROM projected`) == n-2 && count(`SELECT count(*) FROM poison_messages`) == 2
+		return count(`SELECT count(*) FROM projected`) == n-2 && pipelinetest.CountPoisoned(t, h.app.Pool(), pgpoison.Filter{}) == 2
 	})
 	rows, err := h.app.Pool().Query(ctx, `SELECT message_id FROM projected`)
 	require.NoError(t, err)
 	projected, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.ElementsMatch(t, ids, projected, "every good event projected, once")
-	require.Equal(t, n-2, count(`SELECT count(*) FROM processed_messages WHERE consumer = $1`, route), "a ledger row per projected event, none for the bad ones")
+	handled, err := pgledger.HandledOf(ctx, h.app.Pool(), ids, []string{route})
+	require.NoError(t, err)
+	require.Len(t, handled, n-2, "a ledger row per projected event, none for the bad ones")
 
 	poisoned, err := h.app.Poison().List(ctx, topic, 0)
 	require.NoError(t, err)

@@ -418,9 +418,7 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 		return err == nil && len(held) == 0 && handled.Load() == 3
 	})
 	require.Less(t, time.Since(asked), 30*time.Second, "retried at once, not after the backoff's minute")
-	var audited int
-	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM ferry_audit_log WHERE action = 'partition.retry-now'`).Scan(&audited))
-	require.Equal(t, 1, audited)
+	require.Len(t, pipelinetest.Audited(t, h.app.Pool(), "partition.retry-now"), 1)
 
 	// The page of a partition no longer held says so.
 	rec = httptest.NewRecorder()
@@ -488,9 +486,8 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
 	eventually(t, "the waiting events handled", func() bool { return len(handled()) == 3 })
 	require.Equal(t, []int{1, 2, 3}, handled(), "in order")
-	var audited int
-	require.NoError(t, h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM ferry_audit_log WHERE action IN ('handler.pause', 'handler.resume')`).Scan(&audited))
-	require.Equal(t, 2, audited)
+	require.Len(t, pipelinetest.Audited(t, h.app.Pool(), "handler.pause"), 1)
+	require.Len(t, pipelinetest.Audited(t, h.app.Pool(), "handler.resume"), 1)
 }
 
 // postConfirmed posts form to the console as a token holder and, when the

@@ -197,7 +197,8 @@ func failover(t *testing.T, synchronous bool, relayMode string) failoverResult {
 			var ledger int
 			if rows, _ := (pgoutbox.Table{}).Rows(ctx, conn, pgoutbox.RowFilter{Topic: "ha.order", AggregateID: strconv.Itoa(int(id))}); len(rows) == 1 {
 				row = rows[0]
-				_ = conn.QueryRow(ctx, `SELECT count(*) FROM processed_messages WHERE message_id = $1`, row.MessageID).Scan(&ledger)
+				handled, _ := pgledger.HandledOf(ctx, conn, []string{row.MessageID}, nil)
+				ledger = len(handled)
 			}
 			externalMu.Lock()
 			calls := external[id]
