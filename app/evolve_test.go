@@ -121,6 +121,15 @@ func TestEventsOutliveTheirCodeAcrossARollingDeploy(t *testing.T) {
 	}))})
 	_, err = a1.Pool().Exec(ctx, `CREATE TABLE bill_effects (id text PRIMARY KEY, cents bigint NOT NULL)`)
 	require.NoError(t, err)
+	// Its consumers registered the route table, for the tools without it.
+	registered, err := pgstatus.Routes(ctx, a1.Pool())
+	require.NoError(t, err)
+	require.Equal(t, []string{"bills.charge/" + billTopic}, func() (out []string) {
+		for _, r := range registered {
+			out = append(out, r.Route+"/"+r.Topic)
+		}
+		return out
+	}())
 	want := map[string]int64{}
 	for i := range 100 {
 		euros := float64(i%20) + 0.25

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"database/sql"
 	"slices"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -93,3 +95,15 @@ func (a *App) OrderedTopics() []string { return a.topology.OrderedTopics() }
 
 // Config returns the configuration the app runs with (defaults applied).
 func (a *App) Config() Config { return a.cfg }
+
+// routeRegistry is the route table as pgstatus.RegisterRoutes records it.
+func (a *App) routeRegistry() []pgstatus.Route {
+	out := make([]pgstatus.Route, len(a.routes))
+	for i, r := range a.routes {
+		out[i] = pgstatus.Route{Route: r.Name, Topic: r.Topic, Ordered: r.Ordered, Partitions: 1}
+		if r.Ordered {
+			out[i].Partitions = cmp.Or(a.cfg.AMQP.Partitions, rabbit.DefaultPartitions)
+		}
+	}
+	return out
+}

@@ -121,6 +121,13 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 			return err
 		}
 	}
+	if what.Consumers {
+		// The route table, for the tools that run without it: ferry find
+		// tells which pause or held partition a message waits behind.
+		if err := waitOutOutage(ctx, func() error { return pgstatus.RegisterRoutes(ctx, a.pool, a.routeRegistry()) }); err != nil {
+			return err
+		}
+	}
 
 	g, ctx := errgroup.WithContext(ctx)
 	var waits []<-chan struct{}

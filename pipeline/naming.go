@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 )
@@ -13,6 +14,16 @@ import (
 // idempotency keys use the route's name, so moving an aggregate to another
 // partition never makes a processed message look new.
 const PartitionSeparator = "@"
+
+// PartitionOf returns the partition of an aggregate among partitions: a
+// stable hash (FNV-1a) of its id, modulo partitions. The relay's
+// publisher routes by it, and the reports use it to tell which partition
+// a message waits in.
+func PartitionOf(aggregateID string, partitions int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(aggregateID))
+	return int(h.Sum32() % uint32(max(partitions, 1)))
+}
 
 // PartitionName is the name of partition k of a route.
 func PartitionName(route string, k int) string {

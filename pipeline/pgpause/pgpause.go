@@ -97,9 +97,14 @@ func Clear(ctx context.Context, pool *pgxpool.Pool, handler, actor string) error
 	})
 }
 
+// Reader is a pool, a connection or a transaction.
+type Reader interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
 // List returns the paused handlers, the longest paused first.
-func List(ctx context.Context, pool *pgxpool.Pool) ([]Pause, error) {
-	rows, err := pool.Query(ctx, `SELECT handler, paused_at, paused_by, reason FROM `+Table+` ORDER BY paused_at, handler`)
+func List(ctx context.Context, q Reader) ([]Pause, error) {
+	rows, err := q.Query(ctx, `SELECT handler, paused_at, paused_by, reason FROM `+Table+` ORDER BY paused_at, handler`)
 	if err != nil {
 		return nil, fmt.Errorf("reading paused handlers: %w", err)
 	}

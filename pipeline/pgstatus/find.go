@@ -43,12 +43,15 @@ type Sighting struct {
 
 // Trail is one message: what it is, where it is now, and where it was seen.
 type Trail struct {
-	MessageID     string     `json:"message_id"`
-	AggregateID   string     `json:"aggregate_id"`
-	Topic         string     `json:"topic"`
-	CorrelationID string     `json:"correlation_id,omitempty"`
-	TraceID       string     `json:"trace_id,omitempty"`
-	Now           string     `json:"now"`
+	MessageID     string `json:"message_id"`
+	AggregateID   string `json:"aggregate_id"`
+	Topic         string `json:"topic"`
+	CorrelationID string `json:"correlation_id,omitempty"`
+	TraceID       string `json:"trace_id,omitempty"`
+	Now           string `json:"now"`
+	// WaitingBehind says, of a message at the broker, which pause or held
+	// partition of a route that has not handled it keeps it waiting.
+	WaitingBehind []Wait     `json:"waiting_behind,omitempty"`
 	Sightings     []Sighting `json:"sightings"`
 	// atBroker: Now says it was dispatched and seen nowhere after.
 	atBroker bool
@@ -201,6 +204,17 @@ func Find(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, routes []st
 		found.Trails = append(found.Trails, *tr)
 	}
 	behindHolds(found.Trails)
+	if err := inTx("pauses and held partitions", func(tx pgx.Tx) error {
+		w, err := readWaits(ctx, tx)
+		if err == nil {
+			for i := range found.Trails {
+				w.explain(&found.Trails[i])
+			}
+		}
+		return err
+	}); err != nil {
+		return found, err
+	}
 	if len(found.Trails) > limit {
 		found.Trails, found.Truncated = found.Trails[:limit], true
 	}

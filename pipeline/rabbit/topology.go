@@ -3,7 +3,6 @@ package rabbit
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,12 +30,9 @@ type Binding struct {
 	Queue string
 }
 
-// PartitionOf returns the partition of an aggregate: a stable hash (FNV-1a)
-// of its id, modulo partitions.
+// PartitionOf returns the partition of an aggregate (pipeline.PartitionOf).
 func PartitionOf(aggregateID string, partitions int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(aggregateID))
-	return int(h.Sum32() % uint32(partitions))
+	return pipeline.PartitionOf(aggregateID, partitions)
 }
 
 // Topology names, declares and (for tests and demos) deletes Ferry's broker
