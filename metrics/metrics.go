@@ -28,6 +28,7 @@ import (
 	"github.com/ferry-dev/ferry/adoption/shadow"
 	"github.com/ferry-dev/ferry/internal/periodic"
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
@@ -85,6 +86,7 @@ type Metrics struct {
 	instances         *prometheus.GaugeVec
 	held              *prometheus.GaugeVec
 	paused            *prometheus.GaugeVec
+	pauseInfo         *prometheus.GaugeVec
 	queueReady        *prometheus.GaugeVec
 	queueConsumers    *prometheus.GaugeVec
 	pendingDue        *prometheus.GaugeVec
@@ -129,6 +131,9 @@ func New() *Metrics {
 		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_handler_paused_seconds", Help: "How long a handler has been paused (ferry pause, the console), by handler; 0 once resumed. Its messages wait at the broker meanwhile.",
 		}, []string{"handler"}),
+		pauseInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_handler_pause_info", Help: "1 for each paused handler, with who paused it (paused_by) and why (reason, personal data redacted, at most 100 characters): the alert's and the dashboard's words for the pause. Gone once resumed.",
+		}, []string{"handler", "paused_by", "reason"}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_partition_held_seconds", Help: "How long an ordered partition has waited behind failing head messages in this outage (one clock across its heads, as the console and ferry status show it), by partition and its route (handler); 0 once released.",
 		}, []string{"consumer", "handler"}),
@@ -221,7 +226,7 @@ func New() *Metrics {
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
 	}
-	m.own = []prometheus.Collector{m.held, m.paused, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.versions, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
+	m.own = []prometheus.Collector{m.held, m.paused, m.pauseInfo, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.versions, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.poisonCauses, m.batchSize, m.batches, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming,
 		m.overduePartitions, m.overdueSeconds}
@@ -372,6 +377,19 @@ func (m *Metrics) setGauges(vec *prometheus.GaugeVec, values map[string]float64)
 	}
 }
 
+// setPauses shows each pause's age, 0 for a handler resumed since, and
+// its words (who, why) as the labels of a series of their own, removed
+// with the pause: set as a whole each refresh (at most one per handler).
+func (m *Metrics) setPauses(now time.Time, pauses []pgpause.Pause) {
+	paused := make(map[string]float64, len(pauses))
+	m.pauseInfo.Reset()
+	for _, p := range pauses {
+		paused[p.Handler] = now.Sub(p.At).Seconds()
+		m.pauseInfo.WithLabelValues(p.Handler, pipeline.CleanText(p.By, 100), pipeline.RedactText(p.Reason, 100)).Set(1)
+	}
+	m.setGauges(m.paused, paused)
+}
+
 // heldSeconds is each held partition's ferry_partition_held_seconds,
 // keyed by its labels (partition, route): the hold's one clock, kept by
 // pgheld across the outage's heads (a head poisoned and the next one
@@ -508,11 +526,7 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	paused := make(map[string]float64, len(pauses))
-	for _, p := range pauses {
-		paused[p.Handler] = time.Since(p.At).Seconds()
-	}
-	m.setGauges(m.paused, paused)
+	m.setPauses(time.Now(), pauses)
 	instances, err := pgstatus.Instances(ctx, pool)
 	if err != nil {
 		return err
