@@ -37,8 +37,8 @@ func (w Wait) String() string {
 		return fmt.Sprintf("waiting at the broker for %s, paused since %s by %s (%s; ferry resume %s ends it)",
 			w.Route, since, w.By, pipeline.CleanText(w.Reason, 200), w.Route)
 	}
-	return fmt.Sprintf("waiting at the broker in partition %s, held since %s behind its head %s (%s; ferry held retry-now --route %s tries it now)",
-		w.Partition, since, w.HeadMessageID, pipeline.CleanText(w.Reason, 200), w.Route)
+	return fmt.Sprintf("waiting at the broker behind the held head %s of partition %s (held since %s: %s; ferry held retry-now --route %s tries it now)",
+		w.HeadMessageID, w.Partition, since, pipeline.CleanText(w.Reason, 200), w.Route)
 }
 
 // waits is what Find needs to tell a message's waits: the registered

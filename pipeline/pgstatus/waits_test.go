@@ -65,8 +65,7 @@ func TestFindNamesThePauseOrHoldAMessageWaitsBehind(t *testing.T) {
 		return found.Trails[0]
 	}
 	behind := find("m-behind")
-	require.Contains(t, behind.Now, "in partition "+part)
-	require.Contains(t, behind.Now, "behind its head m-head")
+	require.Contains(t, behind.Now, "waiting at the broker behind the held head m-head of partition "+part)
 	require.Contains(t, behind.Now, "ledger answered 503")
 	require.Contains(t, behind.Now, "ferry held retry-now --route ledger.post")
 	require.Equal(t, []pgstatus.Wait{{Route: "ledger.post", Kind: "held", Partition: part, HeadMessageID: "m-head",

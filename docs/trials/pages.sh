@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The on-call trial of deploy/prometheus/alerts.yml, live: the orders
+# example as three processes (serve, relay, consume) under 6 orders/s, a
+# real Prometheus (Debian's; scraping every 5 s, the rules unchanged) and
+# Alertmanager (deploy/alertmanager/alertmanager.yml with webhook
+# receivers that record each notification), through three incidents:
+#
+#   +2m   the payment provider down for 15 minutes
+#   +21m  the consumer fleet dead for 6 minutes
+#   +31m  payments.charge paused for 10 minutes
+#   +46m  end
+#
+# It prints each notification (receiver, status, alerts) with its delay
+# from its incident's start, and checks the orders: each charged once.
+# Run it by hand on a machine with PostgreSQL and RabbitMQ (as CI's);
+# it uses its own schema and vhost and removes them. Not part of CI: it
+# takes 46 minutes. docs/trials/pages.md holds a run's results.
+#
+#   bash docs/trials/pages.sh [minutes-scale]   (1 = the timings above)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+scale=${1:-1}
+work=$(mktemp -d /tmp/ferry-pages.XXXX)
+log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$work/timeline.log"; }
+mins() { awk -v m="$1" -v s="$scale" 'BEGIN { printf "%d", m * 60 * s }'; }
+
+schema=ferry_trial_pages
+vhost=ferry_trial_pages
+export FERRY_DATABASE_URL="postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+export FERRY_DATABASE_SCHEMA=$schema
+export FERRY_AMQP_URL="amqp://guest:guest@127.0.0.1:5672/$vhost"
+export FERRY_PAYMENT_URL="http://127.0.0.1:12111"
+export FERRY_SMTP_ADDR="127.0.0.1:2525"
+export FERRY_LOG_LEVEL=warn
+rabbitmqctl -q add_vhost "$vhost" >/dev/null
+rabbitmqctl -q set_permissions -p "$vhost" guest '.*' '.*' '.*' >/dev/null
+
+go build -o "$work/ferry" ./cmd/ferry
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  PGOPTIONS='-c client_min_messages=warning' psql -h 127.0.0.1 -U postgres -d test -qc "DROP SCHEMA IF EXISTS $schema CASCADE" || true
+  rabbitmqctl -q delete_vhost "$vhost" >/dev/null || true
+  echo "kept: $work"
+}
+trap cleanup EXIT
+
+# The notifications, as Alertmanager sends them: one JSON line each.
+cat > "$work/receiver.py" <<'EOF'
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+out = open(sys.argv[2], "a", buffering=1)
+class H(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        alerts = [(a["labels"].get("alertname"), a["labels"].get("handler", a["labels"].get("component", "")), a["status"]) for a in body["alerts"]]
+        out.write(json.dumps({"at": time.time(), "receiver": self.path.strip("/"), "status": body["status"], "alerts": alerts}) + "\n")
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+EOF
+python3 "$work/receiver.py" 19099 "$work/notifications.jsonl" & pids+=($!)
+
+sed -e 's#^  - name: on-call$#  - name: on-call\n    webhook_configs: [{url: "http://127.0.0.1:19099/on-call", send_resolved: true}]#' \
+    -e 's#^  - name: tickets$#  - name: tickets\n    webhook_configs: [{url: "http://127.0.0.1:19099/tickets", send_resolved: true}]#' \
+    deploy/alertmanager/alertmanager.yml > "$work/alertmanager.yml"
+prometheus-alertmanager --config.file="$work/alertmanager.yml" --storage.path="$work/am" \
+  --web.listen-address=127.0.0.1:19093 --cluster.listen-address= >"$work/alertmanager.log" 2>&1 & pids+=($!)
+
+cp deploy/prometheus/alerts.yml "$work/alerts.yml"
+cat > "$work/prometheus.yml" <<EOF
+global: {scrape_interval: 5s, evaluation_interval: 30s}
+alerting: {alertmanagers: [{static_configs: [{targets: ["127.0.0.1:19093"]}]}]}
+rule_files: ["$work/alerts.yml"]
+scrape_configs:
+  - job_name: ferry
+    static_configs: [{targets: ["127.0.0.1:19191", "127.0.0.1:19192", "127.0.0.1:19193"]}]
+EOF
+prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prom" \
+  --web.listen-address=127.0.0.1:19090 >"$work/prometheus.log" 2>&1 & pids+=($!)
+
+# The outside world: payments and SMTP in two processes, so that the
+# provider can go down alone.
+"$work/ferry" sandbox --payments-addr 127.0.0.1:12111 --smtp-addr 127.0.0.1:12526 >"$work/payments.log" 2>&1 & payments=$!; pids+=($payments)
+"$work/ferry" sandbox --payments-addr 127.0.0.1:12112 --smtp-addr 127.0.0.1:2525 >"$work/smtp.log" 2>&1 & pids+=($!)
+
+"$work/ferry" migrate up >/dev/null
+start_consumers() {
+  FERRY_ADMIN_ADDR=127.0.0.1:19193 "$work/ferry" consume >>"$work/consume.log" 2>&1 & consume=$!; pids+=($consume)
+}
+FERRY_ADMIN_ADDR=127.0.0.1:19191 FERRY_HTTP_ADDR=127.0.0.1:18080 "$work/ferry" serve >"$work/serve.log" 2>&1 & pids+=($!)
+FERRY_ADMIN_ADDR=127.0.0.1:19192 "$work/ferry" relay >"$work/relay.log" 2>&1 & pids+=($!)
+start_consumers
+sleep 5
+
+# 6 orders/s, each its own user (so its own aggregate).
+(
+  i=0
+  while true; do
+    i=$((i + 1))
+    curl -s -o /dev/null -X POST -H 'Content-Type: application/json' \
+      -d "{\"user_id\":\"u$i\",\"amount\":$((100 + i % 900)),\"currency\":\"EUR\"}" http://127.0.0.1:18080/orders &
+    sleep 0.166
+  done
+) & load=$!; pids+=($load)
+
+# What status and /metrics say of the holds and the pause, at one moment.
+sample() {
+  date +%s > "$work/at-$1"
+  "$work/ferry" status --json > "$work/status-$1.json" 2>/dev/null || true
+  curl -s http://127.0.0.1:19193/metrics | grep -E '^ferry_(partition_held_seconds|handler_paused_seconds)' > "$work/metrics-$1.txt" || true
+}
+
+t0=$(date +%s)
+at() { local until=$((t0 + $(mins "$1"))); while [ "$(date +%s)" -lt "$until" ]; do sleep 1; done; }
+log "start (t0)"
+at 2;  log "incident 1: provider down";  kill "$payments"; wait "$payments" 2>/dev/null || true
+at 12; sample held
+at 17; log "incident 1: provider back"
+"$work/ferry" sandbox --payments-addr 127.0.0.1:12111 --smtp-addr 127.0.0.1:12526 >>"$work/payments.log" 2>&1 & payments=$!; pids+=($payments)
+at 21; log "incident 2: consumer fleet killed"; kill -9 "$consume"; wait "$consume" 2>/dev/null || true
+at 27; log "incident 2: consumer fleet back"; start_consumers
+at 31; log "incident 3: pause";  "$work/ferry" pause --reason "provider maintenance" payments.charge >/dev/null
+at 36; sample paused
+at 41; log "incident 3: resume"; "$work/ferry" resume payments.charge >/dev/null
+at 46; log "end"
+kill "$load"; sleep 20
+
+log "notifications (seconds from t0):"
+python3 - "$work/notifications.jsonl" "$t0" <<'EOF' | tee -a "$work/timeline.log"
+import json, sys
+t0 = float(sys.argv[2])
+for line in open(sys.argv[1]):
+    n = json.loads(line)
+    m, s = divmod(int(n["at"] - t0), 60)
+    print(f"+{m}m{s:02d}s  {n['receiver']:8} {n['status']:9} {n['alerts']}")
+EOF
+"$work/ferry" status --json > "$work/status.json" || true
+log "hold and pause: ferry status --json against /metrics (seconds)"
+python3 - "$work" <<'EOF' | tee -a "$work/timeline.log"
+import json, re, sys
+from datetime import datetime
+w = sys.argv[1]
+def ts(s): return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", s.replace("Z", "+00:00"))).timestamp()
+for label, key, field, metric, lab in (("held", "held_partitions", "since", "ferry_partition_held_seconds", "consumer"),
+                                       ("paused", "paused_handlers", "paused_at", "ferry_handler_paused_seconds", "handler")):
+    at = float(open(f"{w}/at-{label}").read())
+    status = json.load(open(f"{w}/status-{label}.json")).get(key) or []
+    metrics = {}
+    for line in open(f"{w}/metrics-{label}.txt"):
+        m = re.match(r'(\w+)\{(.*)\} (\S+)', line)
+        if m and m.group(1) == metric:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            metrics[labels[lab]] = float(m.group(3))
+    for s in status:
+        name = s.get("consumer") or s.get("handler")
+        print(f"{label:6} {name:22} status {at - ts(s[field]):7.0f}  metrics {metrics.get(name, float('nan')):7.0f}")
+EOF
+orders=$(psql -h 127.0.0.1 -U postgres -d test -Atc "SELECT count(*) FROM $schema.orders")
+charges=$(grep -c '^charge ' "$work/payments.log" || true)
+distinct=$(grep -o 'OrderID:[^ ]*' "$work/payments.log" | sort -u | wc -l)
+log "orders $orders, charges $charges, orders charged $distinct"
