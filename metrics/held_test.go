@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,15 +20,44 @@ import (
 // none (setGauges shows it at 0), so nothing counts on after recovery.
 func TestHeldSecondsAreTheHoldsClock(t *testing.T) {
 	now := time.Date(2026, 12, 4, 3, 10, 0, 0, time.UTC)
-	got := heldSeconds(now, []pgheld.Partition{
+	m := New()
+	m.held.now = func() time.Time { return now }
+	m.held.set(heldSince([]pgheld.Partition{
 		{Consumer: "payments.charge@3", Since: now.Add(-7 * time.Minute)},
 		{Consumer: "ledger.post@0", Since: now.Add(-30 * time.Second)},
-	})
+	}))
 	require.Equal(t, map[string]float64{
-		"payments.charge@3" + labelSep + "payments.charge": 420,
-		"ledger.post@0" + labelSep + "ledger.post":         30,
-	}, got)
-	require.Empty(t, heldSeconds(now, nil))
+		"consumer=payments.charge@3 handler=payments.charge": 420,
+		"consumer=ledger.post@0 handler=ledger.post":         30,
+	}, collected(t, m.held))
+	// Read at the scrape: a minute later, a minute older, with no refresh.
+	now = now.Add(time.Minute)
+	require.Equal(t, 480.0, collected(t, m.held)["consumer=payments.charge@3 handler=payments.charge"])
+	// Released: 0 from then on.
+	m.held.set(heldSince(nil))
+	require.Equal(t, map[string]float64{
+		"consumer=payments.charge@3 handler=payments.charge": 0,
+		"consumer=ledger.post@0 handler=ledger.post":         0,
+	}, collected(t, m.held))
+}
+
+// collected is what a scrape of c reads: each series' labels and value.
+func collected(t *testing.T, c prometheus.Collector) map[string]float64 {
+	t.Helper()
+	series := make(chan prometheus.Metric, 100)
+	c.Collect(series)
+	close(series)
+	out := map[string]float64{}
+	for s := range series {
+		var d dto.Metric
+		require.NoError(t, s.Write(&d))
+		var labels []string
+		for _, l := range d.GetLabel() {
+			labels = append(labels, l.GetName()+"="+l.GetValue())
+		}
+		out[strings.Join(labels, " ")] = d.GetGauge().GetValue()
+	}
+	return out
 }
 
 // Poisonings are counted by route and cause, at most maxCauses causes a
@@ -61,37 +91,21 @@ func TestPoisonCausesAreBounded(t *testing.T) {
 func TestPausesShowTheirAgeAndWordsWhileTheyLast(t *testing.T) {
 	m := New()
 	now := time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC)
-	m.setPauses(now, []pgpause.Pause{{Handler: "payments.charge", At: now.Add(-6 * time.Minute), By: "ops@example.com", Reason: "provider down, see dave.smith@example.com"}})
-	age := func() float64 {
-		var out dto.Metric
-		require.NoError(t, m.paused.WithLabelValues("payments.charge").Write(&out))
-		return out.GetGauge().GetValue()
+	m.paused.now = func() time.Time { return now }
+	m.setPauses([]pgpause.Pause{{Handler: "payments.charge", At: now.Add(-6 * time.Minute), By: "ops@example.com", Reason: "provider down, see dave.smith@example.com"}})
+	require.Equal(t, map[string]float64{"handler=payments.charge": 360}, collected(t, m.paused))
+	info := collected(t, m.pauseInfo)
+	require.Len(t, info, 1)
+	for labels, v := range info {
+		require.Equal(t, 1.0, v)
+		require.Contains(t, labels, "paused_by=ops@example.com")
+		require.Contains(t, labels, "handler=payments.charge")
+		require.Contains(t, labels, "reason=provider down, see ")
+		require.NotContains(t, labels, "dave.smith", "personal data is masked")
 	}
-	require.Equal(t, 360.0, age())
-	info := func() []string {
-		series := make(chan prometheus.Metric, 10)
-		m.pauseInfo.Collect(series)
-		close(series)
-		var out []string
-		for s := range series {
-			var d dto.Metric
-			require.NoError(t, s.Write(&d))
-			var labels []string
-			for _, l := range d.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-			}
-			out = append(out, fmt.Sprint(labels))
-		}
-		return out
-	}
-	got := info()
-	require.Len(t, got, 1)
-	require.Contains(t, got[0], "paused_by=ops@example.com")
-	require.Contains(t, got[0], "handler=payments.charge")
-	require.Contains(t, got[0], "reason=provider down, see ")
-	require.NotContains(t, got[0], "dave.smith", "personal data is masked")
 
-	m.setPauses(now.Add(time.Minute), nil)
-	require.Zero(t, age())
-	require.Empty(t, info())
+	now = now.Add(time.Minute)
+	m.setPauses(nil)
+	require.Equal(t, map[string]float64{"handler=payments.charge": 0}, collected(t, m.paused))
+	require.Empty(t, collected(t, m.pauseInfo))
 }

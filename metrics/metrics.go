@@ -84,8 +84,8 @@ type Metrics struct {
 	versions          *prometheus.GaugeVec
 	shownVersions     map[[3]string]bool
 	instances         *prometheus.GaugeVec
-	held              *prometheus.GaugeVec
-	paused            *prometheus.GaugeVec
+	held              *ageGauge
+	paused            *ageGauge
 	pauseInfo         *prometheus.GaugeVec
 	queueReady        *prometheus.GaugeVec
 	queueConsumers    *prometheus.GaugeVec
@@ -128,15 +128,15 @@ func New() *Metrics {
 		queueConsumers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_queue_consumers", Help: "Consumers of a queue of the route table (0 with messages ready: nobody takes them).",
 		}, []string{"queue"}),
-		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ferry_handler_paused_seconds", Help: "How long a handler has been paused (ferry pause, the console), by handler; 0 once resumed. Its messages wait at the broker meanwhile.",
-		}, []string{"handler"}),
+		paused: newAgeGauge("ferry_handler_paused_seconds",
+			"How long a handler has been paused (ferry pause, the console), by handler, at the scrape; 0 once resumed. Its messages wait at the broker meanwhile.",
+			"handler"),
 		pauseInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_handler_pause_info", Help: "1 for each paused handler, with who paused it (paused_by) and why (reason, personal data redacted, at most 100 characters): the alert's and the dashboard's words for the pause. Gone once resumed.",
 		}, []string{"handler", "paused_by", "reason"}),
-		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ferry_partition_held_seconds", Help: "How long an ordered partition has waited behind failing head messages in this outage (one clock across its heads, as the console and ferry status show it), by partition and its route (handler); 0 once released.",
-		}, []string{"consumer", "handler"}),
+		held: newAgeGauge("ferry_partition_held_seconds",
+			"How long an ordered partition has waited behind failing head messages in this outage (one clock across its heads, as the console and ferry status show it), by partition and its route (handler), at the scrape; 0 once released.",
+			"consumer", "handler"),
 		instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_instances", Help: "Ferry processes registered in ferry_instances, by component (relay, consumers) and state: alive (a recent heartbeat) or stale (none for 15s: died without deregistering).",
 		}, []string{"component", "state"}),
@@ -380,25 +380,26 @@ func (m *Metrics) setGauges(vec *prometheus.GaugeVec, values map[string]float64)
 // setPauses shows each pause's age, 0 for a handler resumed since, and
 // its words (who, why) as the labels of a series of their own, removed
 // with the pause: set as a whole each refresh (at most one per handler).
-func (m *Metrics) setPauses(now time.Time, pauses []pgpause.Pause) {
-	paused := make(map[string]float64, len(pauses))
+func (m *Metrics) setPauses(pauses []pgpause.Pause) {
+	paused := make(map[string]time.Time, len(pauses))
 	m.pauseInfo.Reset()
 	for _, p := range pauses {
-		paused[p.Handler] = now.Sub(p.At).Seconds()
+		paused[p.Handler] = p.At
 		m.pauseInfo.WithLabelValues(p.Handler, pipeline.CleanText(p.By, 100), pipeline.RedactText(p.Reason, 100)).Set(1)
 	}
-	m.setGauges(m.paused, paused)
+	m.paused.set(paused)
 }
 
-// heldSeconds is each held partition's ferry_partition_held_seconds,
-// keyed by its labels (partition, route): the hold's one clock, kept by
-// pgheld across the outage's heads (a head poisoned and the next one
-// failing in turn), so the console, status and this gauge show one number,
-// and the gauge ends with the hold instead of counting on after recovery.
-func heldSeconds(now time.Time, held []pgheld.Partition) map[string]float64 {
-	out := make(map[string]float64, len(held))
+// heldSince is each held partition's start, keyed by the labels of
+// ferry_partition_held_seconds (partition, route): the hold's one clock,
+// kept by pgheld across the outage's heads (a head poisoned and the next
+// one failing in turn), so the console, status and this gauge show one
+// number, and the gauge ends with the hold instead of counting on after
+// recovery.
+func heldSince(held []pgheld.Partition) map[string]time.Time {
+	out := make(map[string]time.Time, len(held))
 	for _, h := range held {
-		out[h.Consumer+labelSep+h.Route()] = now.Sub(h.Since).Seconds()
+		out[h.Consumer+labelSep+h.Route()] = h.Since
 	}
 	return out
 }
@@ -521,12 +522,12 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	m.setGauges(m.held, heldSeconds(time.Now(), held))
+	m.held.set(heldSince(held))
 	pauses, err := pgpause.List(ctx, pool)
 	if err != nil {
 		return err
 	}
-	m.setPauses(time.Now(), pauses)
+	m.setPauses(pauses)
 	instances, err := pgstatus.Instances(ctx, pool)
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 scale=${1:-1}
 work=$(mktemp -d /tmp/ferry-pages.XXXX)
+run=$(date +%s)
 log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" | tee -a "$work/timeline.log"; }
 mins() { awk -v m="$1" -v s="$scale" 'BEGIN { printf "%d", m * 60 * s }'; }
 
@@ -99,8 +100,8 @@ sleep 5
   i=0
   while true; do
     i=$((i + 1))
-    curl -s -o /dev/null -X POST -H 'Content-Type: application/json' \
-      -d "{\"user_id\":\"u$i\",\"amount\":$((100 + i % 900)),\"currency\":\"EUR\"}" http://127.0.0.1:18080/orders &
+    curl -s -o /dev/null -X POST -H "Content-Type: application/json" -H "Idempotency-Key: trial-$run-$i" \
+      -d "{\"user_id\":\"u$i\",\"amount\":$((100 + i % 900)),\"currency\":\"USD\"}" http://127.0.0.1:18080/orders &
     sleep 0.166
   done
 ) & load=$!; pids+=($load)
