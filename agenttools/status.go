@@ -79,7 +79,8 @@ func intentStatusTool(outboxTable pgoutbox.Table) Tool {
 	t, err := New(Def{
 		Name: IntentStatusName, Title: "Intent status", ReadOnly: true,
 		Description: "Shows every intent (queued side effect) of an aggregate, or of one earlier tool call, and what became of it: " +
-			"pending, scheduled, retrying (with the last error), dispatched, handled (by which handler) or poisoned (with the reason). " +
+			"pending, scheduled, retrying (with the last error), dispatched, handled (by which handler) or poisoned (with the reason); " +
+			"a dispatched intent a handler has not taken yet says what it waits behind (waiting_behind: a paused handler, or a held partition and its error). " +
 			"Call it to check progress instead of calling a tool again.",
 	}, func(ctx context.Context, tx pgx.Tx, _ *Emitter, in StatusInput) (StatusOutput, error) {
 		return IntentStatus(ctx, tx, outboxTable, in)
@@ -125,6 +126,10 @@ func IntentStatus(ctx context.Context, q pgx.Tx, outboxTable pgoutbox.Table, in 
 		}
 		for j := range s.Poisoned {
 			s.Poisoned[j].Reason = summary(s.Poisoned[j].Reason)
+		}
+		for j := range s.WaitingBehind {
+			s.WaitingBehind[j].Reason = summary(s.WaitingBehind[j].Reason)
+			s.WaitingBehind[j].By = "" // an operator's identity is not the agent's business
 		}
 		switch {
 		case len(s.Poisoned) > 0:

@@ -32,6 +32,9 @@ type Intent struct {
 	HandledBy    []Handled   `json:"handled_by"`
 	Retrying     []RetryWait `json:"retrying"`
 	Poisoned     []Poisoning `json:"poisoned"`
+	// WaitingBehind says, of an intent at the broker, which pause or held
+	// partition keeps it from a handler that has not handled it.
+	WaitingBehind []Wait `json:"waiting_behind,omitempty"`
 }
 
 // Handled is one handler that processed an intent.
@@ -103,6 +106,24 @@ func Intents(ctx context.Context, q pgx.Tx, t pgoutbox.Table, aggregateID string
 		if s := idx[p.MessageID]; s != nil {
 			s.Poisoned = append(s.Poisoned, Poisoning{Handler: p.Handler, Reason: p.Reason, At: p.At})
 		}
+	}
+	w, err := readWaits(ctx, q)
+	if err != nil {
+		return nil, now, err
+	}
+	for i := range out {
+		s := &out[i]
+		if !s.Dispatched || len(s.Poisoned) > 0 {
+			continue
+		}
+		handled := map[string]bool{}
+		for _, h := range s.HandledBy {
+			handled[h.Handler] = true
+		}
+		for _, r := range s.Retrying {
+			handled[r.Handler] = true // its wait is the retry's, shown there
+		}
+		s.WaitingBehind = w.of(s.Topic, s.AggregateID, s.MessageID, handled)
 	}
 	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return nil, now, err

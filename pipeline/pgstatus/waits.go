@@ -96,23 +96,7 @@ func (w waits) explain(tr *Trail) {
 	if !dispatched {
 		return
 	}
-	for _, r := range w.byTopic[tr.Topic] {
-		if handled[r.Route] {
-			continue
-		}
-		if p, ok := w.paused[r.Route]; ok {
-			tr.WaitingBehind = append(tr.WaitingBehind, Wait{Route: r.Route, Kind: "paused", Since: p.At, By: p.By, Reason: p.Reason})
-			continue
-		}
-		if !r.Ordered {
-			continue
-		}
-		part := pipeline.PartitionName(r.Route, pipeline.PartitionOf(tr.AggregateID, r.Partitions))
-		if h, ok := w.held[part]; ok && h.MessageID != tr.MessageID {
-			tr.WaitingBehind = append(tr.WaitingBehind, Wait{Route: r.Route, Kind: "held", Partition: part, HeadMessageID: h.MessageID,
-				Since: h.Since, Reason: h.LastError})
-		}
-	}
+	tr.WaitingBehind = w.of(tr.Topic, tr.AggregateID, tr.MessageID, handled)
 	if len(tr.WaitingBehind) == 0 {
 		return
 	}
@@ -125,4 +109,27 @@ func (w waits) explain(tr *Trail) {
 		return
 	}
 	tr.Now = strings.Join(says, "; ")
+}
+
+// of is what keeps a dispatched message (its topic, aggregate and id) from
+// the routes of its topic that have not handled it (handled: by route).
+func (w waits) of(topic, aggregateID, messageID string, handled map[string]bool) []Wait {
+	var out []Wait
+	for _, r := range w.byTopic[topic] {
+		if handled[r.Route] {
+			continue
+		}
+		if p, ok := w.paused[r.Route]; ok {
+			out = append(out, Wait{Route: r.Route, Kind: "paused", Since: p.At, By: p.By, Reason: p.Reason})
+			continue
+		}
+		if !r.Ordered {
+			continue
+		}
+		part := pipeline.PartitionName(r.Route, pipeline.PartitionOf(aggregateID, r.Partitions))
+		if h, ok := w.held[part]; ok && h.MessageID != messageID {
+			out = append(out, Wait{Route: r.Route, Kind: "held", Partition: part, HeadMessageID: h.MessageID, Since: h.Since, Reason: h.LastError})
+		}
+	}
+	return out
 }

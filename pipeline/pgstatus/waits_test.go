@@ -84,3 +84,33 @@ func TestFindNamesThePauseOrHoldAMessageWaitsBehind(t *testing.T) {
 	require.NoError(t, pgpause.Clear(ctx, pool, "notifications.sms", "ops@example.com"))
 	require.Contains(t, find("m-sms").Now, "at the broker or being handled")
 }
+
+// intent_status's reading (Intents) tells the same waits of an intent at
+// the broker: the pause of a handler that has not handled it; nothing for
+// one handled, or one whose handler keeps a durable retry of it.
+func TestIntentsSayWhatTheyWaitBehind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pipelinetest.Postgres(t)
+	require.NoError(t, pgstatus.RegisterRoutes(ctx, pool, []pgstatus.Route{
+		{Route: "notifications.sms", Topic: "sms.send", Partitions: 1},
+		{Route: "audit.sms", Topic: "sms.send", Partitions: 1},
+	}))
+	pipelinetest.InsertOutbox(t, pool, testTable,
+		pipelinetest.OutboxRow{MessageUUID: "i-1", AggregateID: "order-1", Topic: "sms.send", Dispatched: true},
+		pipelinetest.OutboxRow{MessageUUID: "i-2", AggregateID: "order-1", Topic: "sms.send", Dispatched: true})
+	pipelinetest.InsertLedger(t, pool, pipelinetest.LedgerRow{Consumer: "notifications.sms", MessageID: "i-2"})
+	require.NoError(t, pgpause.Set(ctx, pool, "notifications.sms", "ops@example.com", "provider incident"))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // read-only
+	intents, _, err := pgstatus.Intents(ctx, tx, testTable, "order-1", nil, 10)
+	require.NoError(t, err)
+	require.Len(t, intents, 2)
+	require.Len(t, intents[0].WaitingBehind, 1)
+	require.Equal(t, "notifications.sms", intents[0].WaitingBehind[0].Route)
+	require.Equal(t, "paused", intents[0].WaitingBehind[0].Kind)
+	require.Equal(t, "provider incident", intents[0].WaitingBehind[0].Reason)
+	require.Empty(t, intents[1].WaitingBehind, "handled by the paused handler before the pause; audit.sms is not paused")
+}
