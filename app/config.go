@@ -309,6 +309,7 @@ func EnvVars() []EnvVar {
 			}
 			return durationVar(func(c *Config) *time.Duration { return &c.Relay.FailoverReplay })(c, v)
 		}},
+		{"FERRY_RELAY_CONFIRM_TIMEOUT", pgoutbox.DefaultRelayConfirmTimeout.String(), "how long a relay batch waits for the broker's confirms; past it (a broker behind a black hole) the messages count as the relay's outage, not the rows': no attempt spent, other relays send them", durationVar(func(c *Config) *time.Duration { return &c.Relay.ConfirmTimeout })},
 		{"FERRY_RELAY_MODE", RelayModeNotify, "notify (producers wake the relays after their commits; LISTEN, polling as the fallback), poll (polling only) or cdc (stream from the WAL; see CDC relay mode)", func(c *Config, v string) error { c.RelayMode = v; return nil }},
 		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},

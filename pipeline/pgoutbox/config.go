@@ -29,6 +29,9 @@ const (
 	// 1 until a benchmark on a quiet machine shows what 2 buys (see the
 	// docs/performance.md).
 	DefaultRelayInFlight  = 1
+	// DefaultRelayConfirmTimeout bounds the wait for a batch's confirms
+	// (see RelayConfig.ConfirmTimeout).
+	DefaultRelayConfirmTimeout = 10 * time.Second
 	MaxRelayInFlight      = 16
 	DefaultMaxErrorLength = 2048
 	// finishTimeout bounds the write that records a batch's outcome after
@@ -117,6 +120,17 @@ type RelayConfig struct {
 	// ones whose effect survived. Cover the consumers' queueing delay.
 	// Needs migration 00022. Default 5m; negative turns it off.
 	FailoverReplay time.Duration
+	// ConfirmTimeout bounds how long a batch waits for the broker to take
+	// and confirm its messages. A broker behind a black hole (packets
+	// dropped, the connection kept open: a security group, a dead NAT
+	// entry) answers nothing until the connection's heartbeat gives up
+	// (about 30 s), and meanwhile the batch holds the position, which every
+	// relay of the table needs. Past it, the messages not confirmed count
+	// as the relay's outage (pipeline.Infrastructure): no attempt spent,
+	// the batch records nothing of them, and relays that can reach the
+	// broker send them (once more, if the broker had them: consumers
+	// deduplicate). Default 10s; at most 10m.
+	ConfirmTimeout time.Duration
 	// MarkEachRow, if set, is asked at start and every few seconds whether
 	// the relay must also mark each row it sends dispatched (dispatched_at),
 	// as relays before migration 00024 did: true while such a relay is still
@@ -153,6 +167,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.FailoverReplay == 0 {
 		c.FailoverReplay = DefaultFailoverReplay
 	}
+	if c.ConfirmTimeout == 0 {
+		c.ConfirmTimeout = DefaultRelayConfirmTimeout
+	}
 	c.Backoff = c.Backoff.WithDefaults()
 	return c
 }
@@ -171,6 +188,9 @@ func (c RelayConfig) Validate() error {
 	}
 	if c.InFlight < 1 || c.InFlight > MaxRelayInFlight {
 		errs = append(errs, fmt.Errorf("RelayConfig.InFlight must be in [1, %d], got %d", MaxRelayInFlight, c.InFlight))
+	}
+	if c.ConfirmTimeout <= 0 || c.ConfirmTimeout > 10*time.Minute {
+		errs = append(errs, fmt.Errorf("RelayConfig.ConfirmTimeout must be in (0, 10m], got %s", c.ConfirmTimeout))
 	}
 	if c.MinAge < 0 {
 		errs = append(errs, fmt.Errorf("RelayConfig.MinAge must not be negative, got %s", c.MinAge))

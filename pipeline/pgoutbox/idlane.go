@@ -18,6 +18,13 @@ import (
 // position and try the same rows again.
 var ErrNothingConfirmed = errors.New("pgoutbox: the broker confirmed none of the batch")
 
+// ErrBrokerUnreachable is a batch's answer when the relay's own connection
+// to the broker is down (its publisher's errors are marked
+// pipeline.Infrastructure) and nothing was confirmed: nothing was recorded,
+// no row spent an attempt, and the relay waits before its next batch while
+// other relays take the rows. It is an ErrNothingConfirmed.
+var ErrBrokerUnreachable = fmt.Errorf("%w: the relay cannot reach the broker", ErrNothingConfirmed)
+
 // RelayIDs relays the outbox rows with these ids, by the rules of
 // RelayBatch: it is the CDC relay's way in, which learns from the WAL which
 // rows committed and so needs no claim scan. In one transaction it locks

@@ -31,8 +31,13 @@ func (r *Relay) shadow(c claimedRow) bool {
 }
 
 // relayClaimed publishes the rows claimed in tx (shadow intents aside) and
-// records the outcome: it ends tx. With holdOnOutage, a batch the broker
-// confirmed none of is not recorded but reported as ErrNothingConfirmed.
+// records the outcome: it ends tx. A publish that failed because the
+// relay's own connection is down (pipeline.Infrastructure) is not the
+// row's fault: the row is left as if not sent, with no attempt spent and
+// no backoff, for whichever relay can reach the broker. A batch the broker
+// confirmed none of is not recorded when that was the relay's outage
+// (ErrBrokerUnreachable), or with holdOnOutage whatever the failures
+// (ErrNothingConfirmed): the caller's rollback leaves every row as it was.
 // record, if set, is the append-only lane's: the confirmed rows are not
 // marked (the position passes them), and record adds its own statements to
 // the outcome's, given the ids of the rows neither confirmed nor failed
@@ -44,6 +49,10 @@ func (r *Relay) relayClaimed(ctx context.Context, tx pgx.Tx, claimed []claimedRo
 	outcomes, sent, unsent := r.publishInOrder(ctx, live)
 	res.Left += len(unsent)
 	o := r.sortOutcomes(ctx, outcomes, sent, unsent)
+	res.Left += o.outages
+	if len(o.ok) == 0 && o.outages > 0 {
+		return res, fmt.Errorf("%w (%d message(s) not sent; first: %v)", ErrBrokerUnreachable, o.outages, o.outageErr)
+	}
 	if len(o.ok) == 0 && len(o.failIDs) > 0 && holdOnOutage {
 		return res, fmt.Errorf("%w (%d message(s) failed; first: %v)", ErrNothingConfirmed, len(o.failIDs), outcomes[0].Err)
 	}
@@ -86,6 +95,10 @@ type sorted struct {
 	ok, unsent          []int64
 	failIDs, failDelays []int64
 	failErrs            []string
+	// outages counts the rows not sent because the relay's connection to
+	// the broker is down (among unsent); outageErr is the first such error.
+	outages   int
+	outageErr error
 }
 
 // sortOutcomes sorts the publishes' outcomes into confirmed, failed (with
@@ -104,6 +117,16 @@ func (r *Relay) sortOutcomes(ctx context.Context, outcomes []Outcome, sent, unse
 			// Stopping, not failing: the row stays pending as it was, and
 			// the next relay sends it (again, if the broker had it).
 			o.unsent = append(o.unsent, out.ID)
+			continue
+		}
+		if pipeline.IsInfrastructure(out.Err) {
+			// The relay's outage, not the row's: left as not sent, due at
+			// once, for a relay that can reach the broker.
+			o.unsent = append(o.unsent, out.ID)
+			o.outages++
+			if o.outageErr == nil {
+				o.outageErr = out.Err
+			}
 			continue
 		}
 		delay := r.cfg.Backoff.Delay(out.Attempt)
@@ -234,9 +257,17 @@ func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
 		}
 	}
 	if bp, ok := r.pub.(pipeline.BatchPublisher); ok {
-		errs := bp.PublishBatch(ctx, batch)
+		// A broker that answers nothing (a black hole) must not keep the
+		// batch, and the position it holds, past ConfirmTimeout.
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
+		errs := bp.PublishBatch(pctx, batch)
+		timedOut := pctx.Err() != nil && ctx.Err() == nil
+		cancel()
 		now := time.Now()
 		for i, err := range errs {
+			if err != nil && timedOut && errors.Is(err, context.DeadlineExceeded) {
+				err = pipeline.Infrastructure(fmt.Errorf("no confirm from the broker within %s (FERRY_RELAY_CONFIRM_TIMEOUT): %w", r.cfg.ConfirmTimeout, err))
+			}
 			outcomes[i].Err, outcomes[i].At = err, now
 			ends[i](err)
 		}

@@ -2,6 +2,7 @@ package pgoutbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ferry-dev/ferry/internal/periodic"
+	"github.com/ferry-dev/ferry/pipeline"
 )
 
 // The relay's loops: the batches in flight, the idle wait with its probe,
@@ -59,13 +61,38 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
+// brokerOutageBackoff is how long a relay whose broker connection is down
+// waits between tries: soon back after a blip, at most a few seconds
+// behind the connection's own reconnect.
+var brokerOutageBackoff = pipeline.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
+
 // loop is one of the relay's batches in flight: claim, publish, record,
 // again; asleep when nothing is due.
 func (r *Relay) loop(ctx context.Context) {
+	outages := 0
 	for {
 		res, err := r.RelayBatch(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, ErrBrokerUnreachable) {
+			// This relay's connection is down: it takes no more rows
+			// until it is back (a relay that can reach the broker sends
+			// them meanwhile), trying again after a growing wait that new
+			// commits do not cut short.
+			outages++
+			wait := brokerOutageBackoff.Delay(outages)
+			if outages == 1 || outages%10 == 0 {
+				r.logger.Warn("relay cannot reach the broker; leaving the rows to relays that can", "batches_refused", outages, "next_try_in", wait, "error", err)
+			}
+			if pipeline.Sleep(ctx, wait) != nil {
+				return
+			}
+			continue
+		}
+		if outages > 0 {
+			r.logger.Info("relay reaches the broker again", "batches_refused", outages)
+			outages = 0
 		}
 		if err != nil {
 			r.logger.Error("relay batch failed", "error", err)

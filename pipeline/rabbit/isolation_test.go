@@ -38,6 +38,41 @@ func clashingTopic(t *testing.T, topo *rabbit.Topology, topic string) {
 	})
 }
 
+// A message the broker refuses on a live connection is the message's
+// failure; every message of a batch published while the connection is down
+// is the publisher's outage (pipeline.Infrastructure), which the relay
+// does not charge to the rows.
+func TestAnOutageIsThePublishersAndARefusalTheMessages(t *testing.T) {
+	t.Parallel()
+	topo, err := rabbit.NewTopology(pipelinetest.Rabbit(t))
+	require.NoError(t, err)
+	pipelinetest.TeardownTopology(t, topo)
+	clashingTopic(t, topo, "clash")
+	conn, err := rabbit.Dial(topo.Config(), "ferry-isolation-test", watermill.NopLogger{})
+	require.NoError(t, err)
+	pub, err := rabbit.NewBatchPublisher(conn, topo)
+	require.NoError(t, err)
+	defer pub.Close()
+
+	errs := pub.PublishBatch(context.Background(), []pipeline.Outgoing{
+		{Topic: "fine.one", Msg: message.NewMessage("ok-1", []byte(`{}`))},
+		{Topic: "clash", Msg: message.NewMessage("bad", []byte(`{}`))},
+	})
+	require.NoError(t, errs[0])
+	require.Error(t, errs[1])
+	require.False(t, pipeline.IsInfrastructure(errs[1]), "a refusal on a live connection is the message's: %v", errs[1])
+
+	require.NoError(t, conn.Close())
+	errs = pub.PublishBatch(context.Background(), []pipeline.Outgoing{
+		{Topic: "fine.one", Msg: message.NewMessage("down-1", []byte(`{}`))},
+		{Topic: "fine.two", Msg: message.NewMessage("down-2", []byte(`{}`))},
+	})
+	for i, err := range errs {
+		require.Error(t, err, i)
+		require.True(t, pipeline.IsInfrastructure(err), "message %d, connection down: %v", i, err)
+	}
+}
+
 // One message whose publish makes the broker close the channel is charged
 // with the failure alone: the rest of its batch is delivered, before and
 // after it, and the relay records the error on its row only.

@@ -102,9 +102,29 @@ func (p *BatchPublisher) PublishBatch(ctx context.Context, batch []Outgoing) []e
 	return errs
 }
 
+// outage marks err as the publisher's own (pipeline.Infrastructure) when
+// the connection is down: the message is not at fault, and the relay
+// leaves it to a relay that can reach the broker instead of spending an
+// attempt and a backoff on it. A failure while connected (a nack, a
+// channel a message closed) stays the message's.
+func (p *BatchPublisher) outage(err error) error {
+	if err == nil || p.conn.IsConnected() && !errors.Is(err, amqp.ErrClosed) {
+		return err
+	}
+	return pipeline.Infrastructure(err)
+}
+
 // publish sends batch on one channel. channelClosed reports that the
 // channel closed under it (not merely that a message was nacked).
 func (p *BatchPublisher) publish(ctx context.Context, batch []Outgoing) (errs []error, channelClosed bool) {
+	errs, channelClosed = p.publishOnce(ctx, batch)
+	for i := range errs {
+		errs[i] = p.outage(errs[i])
+	}
+	return errs, channelClosed
+}
+
+func (p *BatchPublisher) publishOnce(ctx context.Context, batch []Outgoing) (errs []error, channelClosed bool) {
 	errs = make([]error, len(batch))
 	if len(batch) == 0 {
 		return errs, false
@@ -179,7 +199,7 @@ func (p *BatchPublisher) publish(ctx context.Context, batch []Outgoing) (errs []
 	}
 	if err := release(); err != nil {
 		healthy = false
-		return fail(fmt.Errorf("sending the batch: %w", err))
+		return fail(pipeline.Infrastructure(fmt.Errorf("sending the batch: %w", err)))
 	}
 	for i, dc := range confirms {
 		if dc == nil {
@@ -233,21 +253,23 @@ func (p *BatchPublisher) acquire(ctx context.Context) (*amqp.Channel, error) {
 	}
 	if p.isClosed() {
 		<-p.slots
-		return nil, errors.New("rabbit: publisher is closed")
+		return nil, pipeline.Infrastructure(errors.New("rabbit: publisher is closed"))
 	}
 	if !p.conn.IsConnected() {
 		<-p.slots
-		return nil, errors.New("rabbit: not connected to RabbitMQ (reconnecting)")
+		return nil, pipeline.Infrastructure(errors.New("rabbit: not connected to RabbitMQ (reconnecting)"))
 	}
+	// A channel that cannot be opened or put in confirm mode is the
+	// connection's trouble, never a message's.
 	ch, err := p.conn.Connection().Channel()
 	if err != nil {
 		<-p.slots
-		return nil, fmt.Errorf("opening publish channel: %w", err)
+		return nil, pipeline.Infrastructure(fmt.Errorf("opening publish channel: %w", err))
 	}
 	if err := ch.Confirm(false); err != nil {
 		_ = ch.Close()
 		<-p.slots
-		return nil, fmt.Errorf("enabling publisher confirms: %w", err)
+		return nil, pipeline.Infrastructure(fmt.Errorf("enabling publisher confirms: %w", err))
 	}
 	return ch, nil
 }
