@@ -28,12 +28,12 @@ const (
 	// DefaultRelayInFlight is how many batches one relay works on at once.
 	// 1 until a benchmark on a quiet machine shows what 2 buys (see the
 	// docs/performance.md).
-	DefaultRelayInFlight  = 1
+	DefaultRelayInFlight = 1
 	// DefaultRelayConfirmTimeout bounds the wait for a batch's confirms
 	// (see RelayConfig.ConfirmTimeout).
 	DefaultRelayConfirmTimeout = 10 * time.Second
-	MaxRelayInFlight      = 16
-	DefaultMaxErrorLength = 2048
+	MaxRelayInFlight           = 16
+	DefaultMaxErrorLength      = 2048
 	// finishTimeout bounds the write that records a batch's outcome after
 	// the relay was asked to stop: the broker already has those messages,
 	// and recording them saves a redelivery.
