@@ -235,3 +235,38 @@ func TestJSONBCanHoldAgreesWithPostgreSQL(t *testing.T) {
 		require.NoError(t, err, "%.120q", c.payload)
 	}
 }
+
+// On a server at the lowest max_stack_depth PostgreSQL allows (100 kB),
+// publishing a deeply nested payload beside a business write never aborts
+// the caller's transaction: what jsonb can hold at any setting is stored as
+// jsonb, deeper is kept as bytes. At the earlier bound (1,000) a payload
+// 1,000 deep aborted it.
+func TestDeepPayloadsNeverAbortTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	pool := thingsDB(t)
+	ctx := context.Background()
+	ob := pipelinetest.Outbox(t)
+	nested := func(depth int) []byte {
+		return []byte(strings.Repeat(`{"a":`, depth) + "1" + strings.Repeat("}", depth))
+	}
+	for _, depth := range []int{100, 256, 257, 630, 1000} {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) }) // a failed step must not leave the schema locked
+		_, err = tx.Exec(ctx, `SET LOCAL max_stack_depth = '100kB'`)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `INSERT INTO things (name) VALUES ($1)`, fmt.Sprintf("deep-%d", depth))
+		require.NoError(t, err)
+		msg := message.NewMessage(fmt.Sprintf("deep-%d", depth), nested(depth))
+		msg.Metadata.Set(pipeline.MetaAggregateID, "deep")
+		require.NoError(t, ob.PublishTx(ctx, pgoutbox.PgxTx(tx), "deep.t", msg), "depth %d", depth)
+		require.NoError(t, tx.Commit(ctx), "depth %d: the caller's transaction commits", depth)
+		row := rowWhere(t, pool, "message_uuid = $1", msg.UUID)
+		require.Equal(t, pgoutbox.JSONBCanHold(nested(depth)), row.Payload != "", "depth %d", depth)
+		if row.Payload == "" {
+			require.Equal(t, nested(depth), row.Raw, "depth %d: kept as bytes", depth)
+		}
+	}
+	require.True(t, pgoutbox.JSONBCanHold(nested(256)))
+	require.False(t, pgoutbox.JSONBCanHold(nested(257)))
+}
