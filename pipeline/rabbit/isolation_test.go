@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -38,21 +39,30 @@ func clashingTopic(t *testing.T, topo *rabbit.Topology, topic string) {
 	})
 }
 
-// A message the broker refuses on a live connection is the message's
-// failure; every message of a batch published while the connection is down
-// is the publisher's outage (pipeline.Infrastructure), which the relay
-// does not charge to the rows.
-func TestAnOutageIsThePublishersAndARefusalTheMessages(t *testing.T) {
-	t.Parallel()
+// clashRig is a connection and a publisher, closed when the test ends,
+// over a topology whose topic "clash" the broker refuses.
+func clashRig(t *testing.T) (*wamqp.ConnectionWrapper, *rabbit.BatchPublisher) {
+	t.Helper()
 	topo, err := rabbit.NewTopology(pipelinetest.Rabbit(t))
 	require.NoError(t, err)
 	pipelinetest.TeardownTopology(t, topo)
 	clashingTopic(t, topo, "clash")
 	conn, err := rabbit.Dial(topo.Config(), "ferry-isolation-test", watermill.NopLogger{})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
 	pub, err := rabbit.NewBatchPublisher(conn, topo)
 	require.NoError(t, err)
-	defer pub.Close()
+	t.Cleanup(func() { _ = pub.Close() })
+	return conn, pub
+}
+
+// A message the broker refuses on a live connection is the message's
+// failure; every message of a batch published while the connection is down
+// is the publisher's outage (pipeline.Infrastructure), which the relay
+// does not charge to the rows.
+func TestAnOutageIsThePublishersAndARefusalTheMessages(t *testing.T) {
+	t.Parallel()
+	conn, pub := clashRig(t)
 
 	errs := pub.PublishBatch(context.Background(), []pipeline.Outgoing{
 		{Topic: "fine.one", Msg: message.NewMessage("ok-1", []byte(`{}`))},
@@ -78,16 +88,7 @@ func TestAnOutageIsThePublishersAndARefusalTheMessages(t *testing.T) {
 // after it, and the relay records the error on its row only.
 func TestAChannelClosingMessageFailsAlone(t *testing.T) {
 	t.Parallel()
-	topo, err := rabbit.NewTopology(pipelinetest.Rabbit(t))
-	require.NoError(t, err)
-	pipelinetest.TeardownTopology(t, topo)
-	clashingTopic(t, topo, "clash")
-	conn, err := rabbit.Dial(topo.Config(), "ferry-isolation-test", watermill.NopLogger{})
-	require.NoError(t, err)
-	defer conn.Close()
-	pub, err := rabbit.NewBatchPublisher(conn, topo)
-	require.NoError(t, err)
-	defer pub.Close()
+	_, pub := clashRig(t)
 
 	batch := []pipeline.Outgoing{
 		{Topic: "fine.one", Msg: message.NewMessage("ok-1", []byte(`{}`))},
