@@ -2,12 +2,15 @@ package pgoutbox_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -24,21 +27,36 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	b := newBroker(t, "orders.placed")
 	seed(t, pool, "orders.placed", 30, 30)
+	// Three delayed: the slow lane sends them and marks each dispatched.
+	var delayed []*message.Message
+	for i := range 3 {
+		delayed = append(delayed, pipeline.WithDelay(event(t, fmt.Sprint("late-", i), i), 200*time.Millisecond))
+	}
+	publish(t, pool, "orders.placed", delayed...)
 	rec := &recorder{Publisher: b.pub}
 	cfg := pgoutbox.RelayConfig{FailoverReplay: time.Minute}
 	relay := newRelay(t, pool, rec, cfg)
-	for {
-		res, err := relay.RelayBatch(ctx)
-		require.NoError(t, err)
-		if res.Claimed == 0 {
-			break
+	drain := func() {
+		for {
+			res, err := relay.RelayBatch(ctx)
+			require.NoError(t, err)
+			if res.Claimed == 0 && countPending(t, pool, "") == 0 {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	// Ten were written and dispatched long ago, five are shadow intents.
+	drain()
+	// Ten were written and dispatched long ago, five are shadow intents;
+	// of the three the slow lane sent, one long ago.
 	all := rowsWhere(t, pool, "")
-	require.Len(t, all, 30)
+	require.Len(t, all, 33)
+	for _, r := range all[30:] {
+		require.NotNil(t, r.DispatchedAt, "the slow lane marks what it sends")
+	}
 	updateWhere(t, pool, "created_at = created_at - interval '1 hour'", "id <= $1", all[9].ID)
-	updateWhere(t, pool, "shadowed = true", "id >= $1", all[25].ID)
+	updateWhere(t, pool, "shadowed = true", "id BETWEEN $1 AND $2", all[25].ID, all[29].ID)
+	updateWhere(t, pool, "created_at = created_at - interval '1 hour', dispatched_at = dispatched_at - interval '1 hour'", "id = $1", all[32].ID)
 
 	// First sight records the timeline; a restart (same timeline) replays nothing.
 	res, err := relay.CheckFailover(ctx)
@@ -75,14 +93,14 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 	require.Len(t, replays, 1, "one relay replays")
 	require.Equal(t, timeline-1, replays[0].From)
 	require.Equal(t, timeline, replays[0].To)
-	require.EqualValues(t, 15, replays[0].Rows, "the dispatches in the window, shadow intents left")
-	require.Equal(t, 15, countPending(t, pool, ""))
+	require.EqualValues(t, 17, replays[0].Rows, "the dispatches in the window, both lanes', shadow intents left")
+	require.Equal(t, 17, countPending(t, pool, ""))
 	require.Zero(t, countPending(t, pool, "shadowed"))
 	after, err := testTable.Timeline(ctx, pool)
 	require.NoError(t, err)
 	require.Equal(t, replays[0].To, after.Timeline)
 	require.NotNil(t, after.ReplayedRows)
-	require.EqualValues(t, 15, *after.ReplayedRows)
+	require.EqualValues(t, 17, *after.ReplayedRows)
 
 	// They go to the broker again: the same message ids, for the ledger.
 	before := map[string]int{}
@@ -103,7 +121,7 @@ func TestRelayReplaysTheDispatchesBeforeAFailoverOnce(t *testing.T) {
 		require.Contains(t, before, id, "a replay publishes the same message ids")
 		again += n - before[id]
 	}
-	require.Equal(t, 15, again)
+	require.Equal(t, 17, again)
 
 	// Turned off, a promotion replays nothing.
 	promoted(t, pool)
