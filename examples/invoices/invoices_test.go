@@ -165,6 +165,13 @@ func TestInvoicesServiceEndToEnd(t *testing.T) {
 	outbox, err := pgoutbox.New(pgoutbox.Config{}, nil)
 	require.NoError(t, err)
 	ctx := context.Background()
+	// The invoices are issued once the relay idles (its first claim found
+	// nothing): with no wake-up from this process and a poll of an hour,
+	// only its probe finds them. Issued before it started, its first claim
+	// would take them, and the test would pass without the probe.
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"msg":"relay started"`) }, 60*time.Second, 10*time.Millisecond,
+		"the service did not start its relay; logs:\n%s", &logs)
+	time.Sleep(500 * time.Millisecond)
 	good, err := invoices.Issue(ctx, pool, outbox, "acme", "bob", 1200)
 	require.NoError(t, err)
 	orphan, err := invoices.Issue(ctx, pool, outbox, "", "eve", 300) // no tenant: the service's link refuses it
