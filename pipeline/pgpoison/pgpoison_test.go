@@ -331,14 +331,21 @@ func TestADiscardCanBeUndoneUntilItsRetention(t *testing.T) {
 	_, err = store.Undo(ctx, "run-one", "test")
 	require.ErrorIs(t, err, pgpoison.ErrNothingToUndo)
 
-	// Past retention, the other run cannot be undone.
+	// Past retention, the other run cannot be undone; a run discarded
+	// since, within retention, still can.
 	_, err = pool.Exec(ctx, `UPDATE ferry_poison_archive SET discarded_at = now() - interval '15 days'`)
 	require.NoError(t, err)
+	young, err := store.Discard(ctx, pgpoison.Selector{IDs: ids[:1]}, pgpoison.Run{Actor: "test", ID: "run-young"})
+	require.NoError(t, err)
+	require.Len(t, young, 1)
 	res2, err := pgretention.Prune(ctx, pool, pgretention.PoisonArchive, pgretention.Options{OlderThan: pgretention.DefaultPoisonArchiveRetention})
 	require.NoError(t, err)
-	require.EqualValues(t, 1, res2.Removed)
+	require.EqualValues(t, 1, res2.Removed, "only the run past retention")
 	_, err = store.Undo(ctx, sum.Run, "test")
 	require.ErrorIs(t, err, pgpoison.ErrNothingToUndo)
+	kept, err := store.Undo(ctx, "run-young", "test")
+	require.NoError(t, err, "a run within retention can still be undone")
+	require.Equal(t, ids[:1], kept.Restored)
 }
 
 // An undo pages as a discard does: each page of 500 in its own
