@@ -54,7 +54,7 @@ func TestAlertmanagerGroupsAnIncident(t *testing.T) {
 	require.NoError(t, err)
 	cfg := string(shipped)
 	// The waits shortened for the test; grouping and inhibition as shipped.
-	for from, to := range map[string]string{"group_wait: 1m": "group_wait: 2s", "group_interval: 5m": "group_interval: 4s"} {
+	for from, to := range map[string]string{"group_wait: 1m": "group_wait: 2s", "group_wait: 30s": "group_wait: 2s", "group_interval: 5m": "group_interval: 4s"} {
 		require.Contains(t, cfg, from)
 		cfg = strings.ReplaceAll(cfg, from, to)
 	}
