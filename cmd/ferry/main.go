@@ -154,13 +154,7 @@ func reportSandbox(ctx context.Context, w io.Writer, p *sandbox.PaymentProvider,
 	var charges, mails int
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			fmt.Fprintf(w, "stopped: %d charge(s), %d mail(s)\n", charges, mails)
-			return nil
-		case <-t.C:
-		}
+	report := func() {
 		for _, c := range p.Charges()[charges:] {
 			fmt.Fprintf(w, "charge  %+v\n", c)
 			charges++
@@ -169,6 +163,16 @@ func reportSandbox(ctx context.Context, w io.Writer, p *sandbox.PaymentProvider,
 			fmt.Fprintf(w, "mail    from %s to %v\n", m.From, m.To)
 			mails++
 		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			report() // what arrived since the last tick: a stop loses none of it
+			fmt.Fprintf(w, "stopped: %d charge(s), %d mail(s)\n", charges, mails)
+			return nil
+		case <-t.C:
+		}
+		report()
 	}
 }
 
