@@ -24,7 +24,8 @@ import (
 // notification: a route's outage fires FerryPartitionHeld and
 // FerryHandlerFailing (inhibited by the first) in one group, a second
 // cause on the same route (poison) notifies again, and the fleet's alerts
-// (no handler) are one notification of their own. The file is sent
+// (no handler) are one notification of their own, without a ticket for
+// the dead processes' heartbeats. The file is sent
 // through a real Alertmanager (Debian's prometheus-alertmanager, which
 // .ci/run installs), with its waits shortened and its receivers pointed
 // at this test.
@@ -120,11 +121,13 @@ func TestAlertmanagerGroupsAnIncident(t *testing.T) {
 	// alerts it is sent a moment behind, and a group of the test's 2 s
 	// wait could go out before it saw a source that came in the same
 	// request; Prometheus's 30 s group wait leaves it time.)
+	// The dead fleet's stale heartbeats (a ticket) add nothing to its page.
+	stale := map[string]string{"alertname": "FerryProcessWithoutHeartbeat", "severity": "ticket", "component": "consumers"}
 	post(page("FerryPartitionHeld", "ledger.post"), page("FerryQueueWithoutConsumer", ""))
 	time.Sleep(300 * time.Millisecond)
 	for range 3 {
 		post(page("FerryPartitionHeld", "ledger.post"), page("FerryHandlerFailing", "ledger.post"),
-			page("FerryQueueWithoutConsumer", ""), page("FerryNoLiveRelay", ""))
+			page("FerryQueueWithoutConsumer", ""), page("FerryNoLiveRelay", ""), stale)
 		time.Sleep(500 * time.Millisecond)
 	}
 	require.Eventually(t, func() bool { return len(sent()) >= 2 }, 20*time.Second, 100*time.Millisecond, "two incidents, two notifications: %s", &logs)
