@@ -90,7 +90,7 @@ func (p *BatchPublisher) Publish(topic string, msgs ...*message.Message) error {
 // charged with the failure, and the rest are delivered.
 func (p *BatchPublisher) PublishBatch(ctx context.Context, batch []Outgoing) []error {
 	errs, channelClosed := p.publish(ctx, batch)
-	if !channelClosed || len(batch) == 1 || !p.conn.IsConnected() {
+	if !channelClosed || len(batch) == 1 || !p.connected() {
 		return errs
 	}
 	for i := range batch {
@@ -102,13 +102,22 @@ func (p *BatchPublisher) PublishBatch(ctx context.Context, batch []Outgoing) []e
 	return errs
 }
 
+// connected reports whether the connection is up. watermill-amqp's
+// IsConnected reads a field that its reconnect loop writes without a lock
+// (a data race whenever the connection drops, which -race reports); the
+// amqp091 connection's own IsClosed is atomic.
+func (p *BatchPublisher) connected() bool {
+	c := p.conn.Connection()
+	return c != nil && !c.IsClosed()
+}
+
 // outage marks err as the publisher's own (pipeline.Infrastructure) when
 // the connection is down: the message is not at fault, and the relay
 // leaves it to a relay that can reach the broker instead of spending an
 // attempt and a backoff on it. A failure while connected (a nack, a
 // channel a message closed) stays the message's.
 func (p *BatchPublisher) outage(err error) error {
-	if err == nil || p.conn.IsConnected() && !errors.Is(err, amqp.ErrClosed) {
+	if err == nil || p.connected() && !errors.Is(err, amqp.ErrClosed) {
 		return err
 	}
 	return pipeline.Infrastructure(err)
@@ -157,7 +166,7 @@ func (p *BatchPublisher) publishOnce(ctx context.Context, batch []Outgoing) (err
 			continue
 		}
 		if exchanges[i], err = p.exchange(ch, o.Topic); err != nil {
-			if !ch.IsClosed() || !p.conn.IsConnected() {
+			if !ch.IsClosed() || !p.connected() {
 				healthy = false
 				return fail(err)
 			}
@@ -255,7 +264,7 @@ func (p *BatchPublisher) acquire(ctx context.Context) (*amqp.Channel, error) {
 		<-p.slots
 		return nil, pipeline.Infrastructure(errors.New("rabbit: publisher is closed"))
 	}
-	if !p.conn.IsConnected() {
+	if !p.connected() {
 		<-p.slots
 		return nil, pipeline.Infrastructure(errors.New("rabbit: not connected to RabbitMQ (reconnecting)"))
 	}
