@@ -24,8 +24,7 @@ import (
 // notification: a route's outage fires FerryPartitionHeld and
 // FerryHandlerFailing (inhibited by the first) in one group, a second
 // cause on the same route (poison) notifies again, and the fleet's alerts
-// (no handler) are one notification of their own, without a ticket for
-// the dead processes' heartbeats. The file is sent
+// (no handler) are one notification of their own. The file is sent
 // through a real Alertmanager (Debian's prometheus-alertmanager, which
 // .ci/run installs), with its waits shortened and its receivers pointed
 // at this test.
@@ -55,7 +54,7 @@ func TestAlertmanagerGroupsAnIncident(t *testing.T) {
 	require.NoError(t, err)
 	cfg := string(shipped)
 	// The waits shortened for the test; grouping and inhibition as shipped.
-	for from, to := range map[string]string{"group_wait: 1m": "group_wait: 2s", "group_wait: 30s": "group_wait: 2s", "group_interval: 5m": "group_interval: 4s"} {
+	for from, to := range map[string]string{"group_wait: 1m": "group_wait: 2s", "group_wait: 30s": "group_wait: 2s", "group_interval: 1m": "group_interval: 4s"} {
 		require.Contains(t, cfg, from)
 		cfg = strings.ReplaceAll(cfg, from, to)
 	}
@@ -121,13 +120,11 @@ func TestAlertmanagerGroupsAnIncident(t *testing.T) {
 	// alerts it is sent a moment behind, and a group of the test's 2 s
 	// wait could go out before it saw a source that came in the same
 	// request; Prometheus's 30 s group wait leaves it time.)
-	// The dead fleet's stale heartbeats (a ticket) add nothing to its page.
-	stale := map[string]string{"alertname": "FerryProcessWithoutHeartbeat", "severity": "ticket", "component": "consumers"}
 	post(page("FerryPartitionHeld", "ledger.post"), page("FerryQueueWithoutConsumer", ""))
 	time.Sleep(300 * time.Millisecond)
 	for range 3 {
 		post(page("FerryPartitionHeld", "ledger.post"), page("FerryHandlerFailing", "ledger.post"),
-			page("FerryQueueWithoutConsumer", ""), page("FerryNoLiveRelay", ""), stale)
+			page("FerryQueueWithoutConsumer", ""), page("FerryNoLiveRelay", ""))
 		time.Sleep(500 * time.Millisecond)
 	}
 	require.Eventually(t, func() bool { return len(sent()) >= 2 }, 20*time.Second, 100*time.Millisecond, "two incidents, two notifications: %s", &logs)

@@ -137,6 +137,37 @@ for line in open(sys.argv[1]):
     m, s = divmod(int(n["at"] - t0), 60)
     print(f"+{m}m{s:02d}s  {n['receiver']:8} {n['status']:9} {n['alerts']}")
 EOF
+# When each alert fired and resolved in Prometheus, beside when Ferry's own
+# state says each cause ended (the holds, the queues without consumers,
+# the pause): "resolves within 2 minutes after" is read off these.
+log "firing in Prometheus, and the causes as Ferry's metrics show them (from t0):"
+python3 - "$t0" "$(date +%s)" <<'EOF' | tee -a "$work/timeline.log"
+import json, sys, urllib.parse, urllib.request
+t0, end = float(sys.argv[1]), sys.argv[2]
+def spans(query):
+    q = urllib.parse.urlencode({"query": query, "start": int(t0), "end": end, "step": 5})
+    res = json.load(urllib.request.urlopen("http://127.0.0.1:19090/api/v1/query_range?" + q))["data"]["result"]
+    for r in res:
+        ts = [float(t) for t, _ in r["values"]]
+        start = prev = ts[0]
+        for t in ts[1:]:
+            if t - prev > 5:
+                yield r["metric"], start, prev
+                start = t
+            prev = t
+        yield r["metric"], start, prev
+def fmt(t):
+    m, s = divmod(int(t - t0), 60)
+    return f"+{m}m{s:02d}s"
+for metric, a, b in spans('ALERTS{alertstate="firing"}'):
+    who = metric.get("handler") or metric.get("component") or ""
+    print(f"alert {metric['alertname']:30} {who:18} {fmt(a)} .. {fmt(b)}")
+for name, query in (("held", "max(ferry_partition_held_seconds) > 0"),
+                    ("no consumer", "count(max by (queue) (ferry_queue_consumers) == 0) > 0"),
+                    ("paused", "max(ferry_handler_paused_seconds) > 0")):
+    for _, a, b in spans(query):
+        print(f"cause {name:30} {'':18} {fmt(a)} .. {fmt(b)}")
+EOF
 "$work/ferry" status --json > "$work/status.json" || true
 log "hold and pause: ferry status --json against /metrics (seconds)"
 python3 - "$work" <<'EOF' | tee -a "$work/timeline.log"
