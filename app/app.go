@@ -31,6 +31,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -118,6 +119,7 @@ type App struct {
 	ledger      *pgledger.Ledger
 	idempotency *middleware.Idempotency
 	rescheduler *pgoutbox.Rescheduler
+	pauses      *middleware.PauseWatch // the pause link's and the consumers' one reader
 	poison      *pgpoison.Store
 	metrics     *metrics.Metrics
 	routes      []handlers.Route
@@ -268,6 +270,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 	if a.rescheduler, err = pgoutbox.NewRescheduler(a.pool, a.outbox); err != nil {
+		return nil, err
+	}
+	if a.pauses, err = middleware.NewPauseWatch(pgpause.Source{Pool: a.pool}, 0, a.logger); err != nil {
 		return nil, err
 	}
 	if a.poisonPublisher, err = pgpoison.NewPublisher(a.db); err != nil {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,8 +12,8 @@ import (
 
 	"github.com/ferry-dev/ferry/handlers"
 	"github.com/ferry-dev/ferry/middleware"
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgheld"
-	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
@@ -52,7 +53,7 @@ func (a *App) Chain() (middleware.Chain, error) {
 		Recorder:       a.metrics,
 		Tracing:        a.tracer.Consumer,
 		TracingAttempt: a.tracer.Attempt,
-		Pause:          middleware.PauseConfig{Source: pgpause.Source{Pool: a.pool}},
+		Pause:          middleware.PauseConfig{Watch: a.pauses},
 	})
 	if err != nil {
 		return nil, err
@@ -118,9 +119,15 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 // consumer is the consumer of one of a route's queues. A stop drains it
 // for up to FERRY_SHUTDOWN_TIMEOUT (the router's own bound): a deploy
 // lets handlers finish and settle what they hold, so none runs twice, and
-// what is left goes back first in line (rabbit.ConsumerConfig).
+// what is left goes back first in line (rabbit.ConsumerConfig). A pause
+// of its route (ferry pause) detaches it, so that nothing waits unacked
+// past the broker's consumer_timeout.
 func (a *App) consumer(conn *wamqp.ConnectionWrapper, s rabbit.Subscription, inFlight int) (*rabbit.Consumer, error) {
-	return rabbit.NewConsumer(conn, a.topology, s, rabbit.ConsumerConfig{InFlight: inFlight, DrainTimeout: a.cfg.ShutdownTimeout}, a.watermillLogger())
+	route := pipeline.RouteName(s.Name)
+	paused := func() bool { return a.pauses.Paused(context.Background(), route) }
+	return rabbit.NewConsumer(conn, a.topology, s, rabbit.ConsumerConfig{
+		InFlight: inFlight, DrainTimeout: a.cfg.ShutdownTimeout, Paused: paused, PausePoll: a.pauses.Poll(),
+	}, a.watermillLogger())
 }
 
 // validateBatches checks the batch routes against the topology: a topic

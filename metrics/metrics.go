@@ -123,11 +123,11 @@ func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		queueReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ferry_queue_messages", Help: "Messages ready in a consumer queue of the route table (delivered and unacked ones not counted).",
-		}, []string{"queue"}),
+			Name: "ferry_queue_messages", Help: "Messages ready in a consumer queue of the route table (delivered and unacked ones not counted), with the route (handler) that consumes it.",
+		}, []string{"queue", "handler"}),
 		queueConsumers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ferry_queue_consumers", Help: "Consumers of a queue of the route table (0 with messages ready: nobody takes them).",
-		}, []string{"queue"}),
+			Name: "ferry_queue_consumers", Help: "Consumers of a queue of the route table, with the route (handler) that consumes it (0 with messages ready: nobody takes them, or the route is paused and its consumers detached).",
+		}, []string{"queue", "handler"}),
 		paused: newAgeGauge("ferry_handler_paused_seconds",
 			"How long a handler has been paused (ferry pause, the console), by handler, at the scrape; 0 once resumed. Its messages wait at the broker meanwhile.",
 			"handler"),
@@ -567,8 +567,12 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 		m.queueReady.Reset()
 		m.queueConsumers.Reset()
 		for _, st := range stats {
-			m.queueReady.WithLabelValues(st.Queue).Set(float64(st.Ready))
-			m.queueConsumers.WithLabelValues(st.Queue).Set(float64(st.Consumers))
+			route := ""
+			if st.Handler != "" {
+				route = pipeline.RouteName(st.Handler)
+			}
+			m.queueReady.WithLabelValues(st.Queue, route).Set(float64(st.Ready))
+			m.queueConsumers.WithLabelValues(st.Queue, route).Set(float64(st.Consumers))
 		}
 	}
 	if m.Unrouted != nil {

@@ -22,15 +22,22 @@ type PauseSource interface {
 
 // PauseConfig configures the pause link: a message of a paused route waits
 // before anything runs (its delivery unacked, so an ordered partition keeps
-// its order and the broker keeps the rest) until the route is resumed. A
-// consumer that stops meanwhile gives the delivery back.
+// its order and the broker keeps the rest) until the route is resumed, or
+// until its consumer stops or detaches (pipeline.Stopping: a consumer
+// asking the same PauseWatch, rabbit.ConsumerConfig.Paused, detaches from
+// a paused route within a Poll, and the delivery goes back to wait at the
+// broker, where nothing holds it unacked).
 type PauseConfig struct {
-	// Source reads the paused routes. Required.
+	// Source reads the paused routes. Required unless Watch is set.
 	Source PauseSource
 	// Poll is how often the paused routes are read (once per process, not
 	// per message), and so how soon a pause or a resume takes effect.
 	// Default 2s.
 	Poll time.Duration
+	// Watch, if set, is the process's one reader of the paused routes,
+	// shared with its consumers (NewPauseWatch); Source and Poll are then
+	// its own.
+	Watch *PauseWatch
 }
 
 // DefaultPausePoll is PauseConfig.Poll's default.
@@ -38,27 +45,27 @@ const DefaultPausePoll = 2 * time.Second
 
 // Middleware returns the pause link.
 func (c PauseConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware, error) {
-	if c.Source == nil {
-		return nil, errors.New("middleware: the pause link needs a Source")
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
-	if c.Poll == 0 {
-		c.Poll = DefaultPausePoll
+	w := c.Watch
+	if w == nil {
+		var err error
+		if w, err = NewPauseWatch(c.Source, c.Poll, logger); err != nil {
+			return nil, err
+		}
 	}
-	if c.Poll < 0 {
-		return nil, errors.New("middleware: the pause link's Poll must be positive")
-	}
-	w := &pauseWatch{src: c.Source, poll: c.Poll, logger: logger}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
 			route := pipeline.RouteName(message.HandlerNameFromCtx(ctx))
 			logged := false
-			for w.paused(ctx, route) {
+			for w.Paused(ctx, route) {
 				if !logged {
 					logger.InfoContext(ctx, "handler paused by an operator; the message waits", "handler", route, "message_id", pipeline.MessageID(msg))
 					logged = true
 				}
-				if err := pipeline.Sleep(ctx, c.Poll); err != nil {
+				if err := pipeline.Sleep(ctx, w.poll); err != nil {
 					return nil, err
 				}
 			}
@@ -67,9 +74,9 @@ func (c PauseConfig) Middleware(logger *slog.Logger) (message.HandlerMiddleware,
 	}, nil
 }
 
-// pauseWatch caches the paused routes for Poll: every message asks, one
-// query per Poll answers.
-type pauseWatch struct {
+// PauseWatch caches the paused routes for a Poll: every message and every
+// consumer asks, one query per Poll answers.
+type PauseWatch struct {
 	src    PauseSource
 	poll   time.Duration
 	logger *slog.Logger
@@ -79,7 +86,30 @@ type pauseWatch struct {
 	routes map[string]bool
 }
 
-func (w *pauseWatch) paused(ctx context.Context, route string) bool {
+// NewPauseWatch returns a reader of src's paused routes, read at most once
+// per poll (0: DefaultPausePoll).
+func NewPauseWatch(src PauseSource, poll time.Duration, logger *slog.Logger) (*PauseWatch, error) {
+	if src == nil {
+		return nil, errors.New("middleware: the pause link needs a Source")
+	}
+	if poll == 0 {
+		poll = DefaultPausePoll
+	}
+	if poll < 0 {
+		return nil, errors.New("middleware: the pause link's Poll must be positive")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &PauseWatch{src: src, poll: poll, logger: logger}, nil
+}
+
+// Poll is how often the watch reads the paused routes.
+func (w *PauseWatch) Poll() time.Duration { return w.poll }
+
+// Paused says whether route is paused, as last read (a failed read keeps
+// what was known: an outage neither pauses nor resumes).
+func (w *PauseWatch) Paused(ctx context.Context, route string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if time.Since(w.at) >= w.poll {

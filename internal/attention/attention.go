@@ -175,10 +175,16 @@ func Items(s State) []Item {
 		}
 		add(Item{Kind: "held_partitions", Target: r, Count: len(hs), Since: &since, Hint: hint, Text: text})
 	}
+	// A paused route's consumers detach (its messages wait at the broker,
+	// none held unacked): its queues are the paused item's, above.
+	pausedRoutes := map[string]bool{}
+	for _, p := range rep.Paused {
+		pausedRoutes[p.Handler] = true
+	}
 	var idle []string
 	idleReady := 0
 	for _, q := range s.Queues {
-		if q.Ready > 0 && q.Consumers == 0 {
+		if q.Ready > 0 && q.Consumers == 0 && (q.Handler == "" || !pausedRoutes[pipeline.RouteName(q.Handler)]) {
 			idle = append(idle, q.Queue)
 			idleReady += q.Ready
 		}

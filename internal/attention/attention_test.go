@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/attention"
 	"github.com/ferry-dev/ferry/pipeline/pgheld"
+	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
@@ -142,4 +143,24 @@ func TestEveryItemHasARunbookOnThePage(t *testing.T) {
 	for _, m := range regexp.MustCompile(`Kind: "([a-z_]+)"`).FindAllStringSubmatch(string(src), -1) {
 		require.Contains(t, attention.Runbooks(), m[1], "item kind %s has no runbook", m[1])
 	}
+}
+
+// A paused route's consumers detach (nothing waits unacked past the
+// broker's consumer_timeout): its queues, every partition of them, are the
+// pause's item, not queues without a consumer; another route's still are.
+func TestAPausedRoutesQueuesAreThePausesItem(t *testing.T) {
+	at := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	items := attention.Items(attention.State{
+		Report: pgstatus.Report{RelaysAlive: 1, Paused: []pgpause.Pause{{Handler: "payments.charge", At: at, By: "ops", Reason: "provider maintenance"}}},
+		Queues: []rabbit.QueueStat{
+			{Queue: "ns.payments.charge@0", Handler: "payments.charge@0", Ready: 5},
+			{Queue: "ns.payments.charge@1", Handler: "payments.charge@1", Ready: 7},
+			{Queue: "ns.mail.send", Handler: "mail.send", Ready: 3},
+		},
+	})
+	require.Len(t, items, 2, "%+v", items)
+	require.Equal(t, "paused_handler", items[0].Kind)
+	require.Equal(t, "queue_without_consumer", items[1].Kind)
+	require.Equal(t, 1, items[1].Count)
+	require.Equal(t, "ns.mail.send", items[1].Target)
 }

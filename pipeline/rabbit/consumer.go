@@ -61,13 +61,35 @@ type ConsumerConfig struct {
 	// partition, an outage) to give up instead. Zero: a stop cancels the
 	// messages' contexts at once, as Watermill's Pub/Sub contract has it.
 	DrainTimeout time.Duration
+	// Paused, if set, says whether the consumer's route is paused by an
+	// operator; it is asked every PausePoll. While it says yes the
+	// consumer takes no delivery: those in handlers finish, or give up
+	// what only waits (pipeline.Stopping: the pause link, a held head, an
+	// outage) and go back; then the channel closes, returning what was
+	// received and not handed out first in line, and the consumer
+	// consumes again once it says no. The route's messages wait at the
+	// broker, none of them unacked: RabbitMQ's consumer_timeout (30 min
+	// by default), which closes a channel holding a delivery unacked that
+	// long and redelivers it, has nothing to time out however long the
+	// pause, and each message goes back once per pause, not once per
+	// timeout.
+	Paused func() bool
+	// PausePoll is how often Paused is asked. Default 2s.
+	PausePoll time.Duration
 }
+
+// DefaultPausePoll is ConsumerConfig.PausePoll's default.
+const DefaultPausePoll = 2 * time.Second
 
 var _ message.Subscriber = (*Consumer)(nil)
 
 // errGivenBack ends a channel whose ordered delivery was nacked: closing
 // the channel returns it first in line, where a requeue would not.
 var errGivenBack = errors.New("an ordered delivery was not settled: the channel closes to give it back first in line")
+
+// errPaused ends a channel whose route was paused, once its handlers hold
+// nothing (ConsumerConfig.Paused).
+var errPaused = errors.New("the route is paused: the channel closes, its deliveries wait at the broker until it is resumed")
 
 // NewConsumer returns a consumer of sub's queue over conn.
 func NewConsumer(conn *wamqp.ConnectionWrapper, topo *Topology, sub Subscription, cfg ConsumerConfig, logger watermill.LoggerAdapter) (*Consumer, error) {
@@ -85,6 +107,12 @@ func NewConsumer(conn *wamqp.ConnectionWrapper, topo *Topology, sub Subscription
 	}
 	if cfg.DrainTimeout < 0 {
 		return nil, fmt.Errorf("rabbit: ConsumerConfig.DrainTimeout must not be negative, got %s", cfg.DrainTimeout)
+	}
+	if cfg.PausePoll == 0 {
+		cfg.PausePoll = DefaultPausePoll
+	}
+	if cfg.PausePoll < 0 {
+		return nil, fmt.Errorf("rabbit: ConsumerConfig.PausePoll must be positive, got %s", cfg.PausePoll)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -127,6 +155,9 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 					c.logger.Error("Declaring the queue again after a channel loss failed", err, fields)
 				}
 			}
+			if !c.awaitResume(ctx, fields) {
+				return
+			}
 			select {
 			case <-c.conn.Connected():
 			case <-c.closing:
@@ -137,6 +168,8 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 			switch err := c.consume(ctx, out); {
 			case errors.Is(err, errGivenBack):
 				c.logger.Info("Reopening the channel: "+err.Error(), fields)
+			case errors.Is(err, errPaused):
+				c.logger.Info("Consumer detached: "+err.Error(), fields)
 			case err != nil:
 				c.logger.Error("Consuming stopped; reopening", err, fields)
 			}
@@ -150,6 +183,29 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 		}
 	}()
 	return out, nil
+}
+
+// awaitResume waits while the route is paused (ConsumerConfig.Paused);
+// false when the consumer stops meanwhile.
+func (c *Consumer) awaitResume(ctx context.Context, fields watermill.LogFields) bool {
+	if c.cfg.Paused == nil || !c.cfg.Paused() {
+		return true
+	}
+	t := time.NewTicker(c.cfg.PausePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-c.closing:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+		if !c.cfg.Paused() {
+			c.logger.Info("Route resumed: consuming again", fields)
+			return true
+		}
+	}
 }
 
 func (c *Consumer) declare(exchange string) error {
@@ -202,13 +258,23 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		in     <-chan amqp.Delivery
 		send   chan<- *message.Message
 		// The drain: stop is closed when it begins (pipeline.Stopping),
-		// drained fires at its timeout.
+		// drained fires at its timeout. A pause closes stop too and takes
+		// no delivery; its channel closes once the handlers hold nothing.
 		stop     = make(chan struct{})
+		stopOnce sync.Once
 		draining bool
+		pausing  bool
 		drained  <-chan time.Time
 		stopped  = c.closing
 		ctxDone  = ctx.Done()
+		pauseAsk <-chan time.Time
 	)
+	signalStop := func() { stopOnce.Do(func() { close(stop) }) }
+	if c.cfg.Paused != nil {
+		t := time.NewTicker(c.cfg.PausePoll)
+		defer t.Stop()
+		pauseAsk = t.C
+	}
 	requeue := !c.sub.Config.Consume.NoRequeueOnNack
 	// A message's context ends once it is settled or the channel is gone
 	// (Watermill's contract: the handler's work for it is over).
@@ -225,7 +291,7 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			return false
 		}
 		draining = true
-		close(stop)
+		signalStop()
 		t := time.NewTimer(c.cfg.DrainTimeout)
 		drained = t.C
 		return true
@@ -238,8 +304,11 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		if draining && handedOut == 0 {
 			return nil
 		}
+		if pausing && handedOut == 0 {
+			return errPaused
+		}
 		in, send = nil, nil
-		if !draining {
+		if !draining && !pausing {
 			if next != nil {
 				send = out
 			} else if len(window) < c.cfg.InFlight {
@@ -267,10 +336,13 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			}
 			var mctx context.Context
 			var cancel context.CancelFunc
-			if c.cfg.DrainTimeout > 0 {
+			switch {
+			case c.cfg.DrainTimeout > 0:
 				// Not ended by ctx: a stop drains (see DrainTimeout).
 				mctx, cancel = context.WithCancel(pipeline.WithStopping(context.WithoutCancel(ctx), stop))
-			} else {
+			case c.cfg.Paused != nil:
+				mctx, cancel = context.WithCancel(pipeline.WithStopping(ctx, stop))
+			default:
 				mctx, cancel = context.WithCancel(ctx)
 			}
 			msg.SetContext(mctx)
@@ -313,6 +385,11 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		case <-ctxDone:
 			if !beginDrain() {
 				return nil
+			}
+		case <-pauseAsk:
+			if !pausing && !draining && c.cfg.Paused() {
+				pausing = true
+				signalStop()
 			}
 		case <-drained:
 			c.logger.Info("Drain timed out; the deliveries still in handlers go back to the queue with the channel", watermill.LogFields{

@@ -41,6 +41,17 @@ func (n *RabbitNode) Ctl(t testing.TB, args ...string) {
 	}
 }
 
+// Output runs rabbitmqctl against the node and returns what it printed
+// (list_queues ...).
+func (n *RabbitNode) Output(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := n.ctl(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // Run is Ctl for callers without a test: the chaos run.
 func (n *RabbitNode) Run(args ...string) error {
 	_, err := n.ctl(args...)

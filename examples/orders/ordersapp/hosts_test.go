@@ -159,8 +159,8 @@ func TestQueuesWithoutConsumersAreShown(t *testing.T) {
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	require.Regexp(t, `ferry_queue_messages\{queue="[^"]*notifications\.mail"\} 3`, string(body))
-	require.Regexp(t, `ferry_queue_consumers\{queue="[^"]*notifications\.mail"\} 0`, string(body))
+	require.Regexp(t, `ferry_queue_messages\{handler="notifications\.mail",queue="[^"]*notifications\.mail"\} 3`, string(body))
+	require.Regexp(t, `ferry_queue_consumers\{handler="notifications\.mail",queue="[^"]*notifications\.mail"\} 0`, string(body))
 
 	con, err := h.app.Console()
 	require.NoError(t, err)
