@@ -195,6 +195,7 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.Rounds, "rounds", 2, "producer_concurrency: runs of each variant (rotated)")
 		fs.DurationVar(&bc.ProducerDuration, "producer-duration", 4*time.Second, "producer_concurrency: length of one run")
 		fs.IntVar(&bc.ConsumerEvents, "consumer-events", 20_000, "consumer_throughput: messages the consumer process drains")
+		fs.IntVar(&bc.DiscardRows, "discard-rows", bench.PoisonDiscardRows, "poison_discard: poisoned messages previewed and discarded as the console does it")
 		fs.IntVar(&bc.HeldXminEvents, "held-xmin-events", 50_000, "held_xmin: events inserted and drained per round")
 		fs.IntVar(&bc.HeldXminRounds, "held-xmin-rounds", 6, "held_xmin: rounds without, then with, a long transaction holding the horizon")
 		fs.BoolVar(&bc.HeldXminRelayOnly, "held-xmin-relay-only", false, "held_xmin_steady: run the relay without the app's consumer (an auto-ack drain empties the queue), to measure dispatch on a machine too small for the whole app at --rate")

@@ -40,7 +40,7 @@ const (
 
 // BenchScenarios lists every scenario, in the order they run.
 var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory,
-	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady, ScenarioIdleCost}
+	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady, ScenarioIdleCost, ScenarioPoisonDiscard}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -118,6 +118,9 @@ type BenchConfig struct {
 	ServerLog string
 	// UpcastIterations are the decodes of each upcast round. Default 2,000.
 	UpcastIterations int
+	// DiscardRows is how many poisoned messages poison_discard discards.
+	// Default PoisonDiscardRows (200,000).
+	DiscardRows int
 	// Binary is the ferry binary the memory scenario starts its relay and
 	// consumer processes with. Default: this process's own executable.
 	Binary string
@@ -130,6 +133,7 @@ func (b BenchConfig) withDefaults() BenchConfig {
 	b.Events = cmp.Or(b.Events, 50_000)
 	b.BaselineEvents = cmp.Or(b.BaselineEvents, 5_000)
 	b.UpcastIterations = cmp.Or(b.UpcastIterations, 2_000)
+	b.DiscardRows = cmp.Or(b.DiscardRows, PoisonDiscardRows)
 	b.HeldXminEvents = cmp.Or(b.HeldXminEvents, 50_000)
 	b.HeldXminRounds = cmp.Or(b.HeldXminRounds, 6)
 	if len(b.Relays) == 0 {
@@ -236,6 +240,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioHeldXmin:            benchHeldXmin,
 		ScenarioHeldXminSteady:      benchHeldXminSteady,
 		ScenarioIdleCost:            benchIdleCost,
+		ScenarioPoisonDiscard:       benchPoisonDiscard,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {
