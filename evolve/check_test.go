@@ -145,3 +145,72 @@ func TestTransitiveModesCheckEveryRecordedVersion(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, evolve.Check(prev, []evolve.Schema{c1}, evolve.DefaultMode)[0].String(), "version went back")
 }
+
+// Nested fixtures: an order with a customer object and an array of lines,
+// as recorded, and the same type with a field dropped or retyped inside
+// them. The check reads nested fields by path: a change inside an object
+// or an array's items breaks stored events as one at the top does.
+type orderCustomerV1 struct {
+	ID    string `json:"id"`
+	Email string `json:"email"`
+}
+
+type orderLineV1 struct {
+	SKU string `json:"sku"`
+	Qty int    `json:"qty"`
+}
+
+type orderV1 struct {
+	OrderID  string          `json:"order_id"`
+	Customer orderCustomerV1 `json:"customer"`
+	Lines    []orderLineV1   `json:"lines"`
+}
+
+type orderCustomerNoEmail struct {
+	ID string `json:"id"`
+}
+
+type orderDroppedNested struct {
+	OrderID  string               `json:"order_id"`
+	Customer orderCustomerNoEmail `json:"customer"`
+	Lines    []orderLineV1        `json:"lines"`
+}
+
+type orderLineQtyText struct {
+	SKU string `json:"sku"`
+	Qty string `json:"qty"`
+}
+
+type orderRetypedInArray struct {
+	OrderID  string             `json:"order_id"`
+	Customer orderCustomerV1    `json:"customer"`
+	Lines    []orderLineQtyText `json:"lines"`
+}
+
+func TestSchemaCheckReadsNestedFields(t *testing.T) {
+	c, err := evolve.New[orderV1]("orders.placed", "1")
+	require.NoError(t, err)
+	prev := evolve.Take([]evolve.Schema{c}, evolve.Snapshot{})
+	require.Equal(t, evolve.Fields{
+		"order_id": {Type: "string", Required: true}, "customer": {Type: "object", Required: true},
+		"customer.id": {Type: "string", Required: true}, "customer.email": {Type: "string", Required: true},
+		"lines": {Type: "array", Required: true}, "lines[].sku": {Type: "string", Required: true}, "lines[].qty": {Type: "integer", Required: true},
+	}, prev.Types["orders.placed"].Versions["1"])
+	checkOrder := func(s evolve.Schema) []string {
+		var out []string
+		for _, v := range evolve.Check(prev, []evolve.Schema{s}, evolve.DefaultMode) {
+			out = append(out, v.String())
+		}
+		return out
+	}
+	dropped, err := evolve.New[orderDroppedNested]("orders.placed", "1")
+	require.NoError(t, err)
+	got := checkOrder(dropped)
+	require.Len(t, got, 1, "%v", got)
+	require.Contains(t, got[0], "orders.placed version 1 field customer.email: required field removed")
+	retyped, err := evolve.New[orderRetypedInArray]("orders.placed", "1")
+	require.NoError(t, err)
+	got = checkOrder(retyped)
+	require.Len(t, got, 1, "%v", got)
+	require.Contains(t, got[0], "orders.placed version 1 field lines[].qty: type changed: from integer to string")
+}
