@@ -429,14 +429,18 @@ func TestHeldPartitionIsVisibleWhileItWaits(t *testing.T) {
 }
 
 // A paused handler starts no message until it is resumed, in every
-// process, and then handles what waited in order; the console's handlers
-// page pauses and resumes (audited), as `ferry pause` and `ferry resume` do.
+// process (two here, sharing the schema and the broker namespace), and
+// then handles what waited in order; the console's handlers page pauses
+// and resumes (audited), as `ferry pause` and `ferry resume` do. Nothing
+// here waits a fixed time: the pause is seen when every consumer of the
+// route has detached, and the messages wait when the broker holds them
+// all ready (none in a process's hands).
 func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 	t.Parallel()
 	cfg, provider, sink := testConfig(t)
 	var mu sync.Mutex
 	var got []int
-	h := startWith(t, cfg, provider, sink, app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
+	opts := app.Options{Routes: func(app.Deps) ([]handlers.Route, error) {
 		return []handlers.Route{{Name: "paused.worker", Topic: "work.paused", Ordered: true,
 			Handler: handlers.Typed(func(ctx context.Context, j *job) error {
 				mu.Lock()
@@ -444,13 +448,31 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 				mu.Unlock()
 				return nil
 			})}}, nil
-	}}, app.Components{Relay: true, Consumers: true})
+	}}
+	h := startWith(t, cfg, provider, sink, opts, app.Components{Relay: true, Consumers: true})
+	startWith(t, cfg, provider, sink, opts, app.Components{Consumers: true})
 	handled := func() []int {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Clone(got)
 	}
 	ctx := context.Background()
+	// queues sums the route's queues at the broker: consumers, ready.
+	queues := func() (consumers, ready int) {
+		stats, err := h.app.QueueStats(ctx)
+		require.NoError(t, err)
+		n := 0
+		for _, st := range stats {
+			if pipeline.RouteName(st.Handler) == "paused.worker" {
+				consumers += st.Consumers
+				ready += st.Ready
+				n++
+			}
+		}
+		require.Positive(t, n, "the route's queues")
+		return consumers, ready
+	}
+	eventually(t, "both processes consuming", func() bool { c, _ := queues(); return c >= 2 })
 	con, err := h.app.Console()
 	require.NoError(t, err)
 	post := func(form url.Values) *httptest.ResponseRecorder {
@@ -460,7 +482,7 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
 	require.Equal(t, http.StatusBadRequest, post(url.Values{"handler": {"no.such.route"}, "action": {"pause"}}).Code, "only the app's routes")
 	require.Equal(t, http.StatusConflict, post(url.Values{"handler": {"paused.worker"}, "action": {"pause"}}).Code, "paused already")
-	time.Sleep(middleware.DefaultPausePoll + 500*time.Millisecond) // every consumer has seen it
+	eventually(t, "every consumer of the paused route detached", func() bool { c, _ := queues(); return c == 0 })
 
 	for i := 1; i <= 3; i++ {
 		publishEvent(t, h, "work.paused", "acct-P", job{N: i})
@@ -469,7 +491,7 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 		var pending int
 		return h.app.Pool().QueryRow(ctx, `SELECT count(*) FROM `+pgoutbox.Table{}.View(pgoutbox.StatePending)+` o WHERE topic = 'work.paused'`).Scan(&pending) == nil && pending == 0
 	})
-	time.Sleep(2 * time.Second)
+	eventually(t, "the three wait at the broker, none in a process's hands", func() bool { _, r := queues(); return r == 3 })
 	require.Empty(t, handled(), "nothing is handled while paused")
 	rep, err := pgstatus.Collect(ctx, h.app.Pool(), pgoutbox.Table{}, pgstatus.DefaultAttemptsThreshold)
 	require.NoError(t, err)
@@ -486,6 +508,7 @@ func TestAPausedHandlerWaitsUntilResumed(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
 	eventually(t, "the waiting events handled", func() bool { return len(handled()) == 3 })
 	require.Equal(t, []int{1, 2, 3}, handled(), "in order")
+	eventually(t, "the consumers attached again", func() bool { c, r := queues(); return c >= 2 && r == 0 })
 	require.Len(t, pipelinetest.Audited(t, h.app.Pool(), "handler.pause"), 1)
 	require.Len(t, pipelinetest.Audited(t, h.app.Pool(), "handler.resume"), 1)
 }
