@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -188,6 +189,10 @@ type ChaosReport struct {
 	// ProducerVersion is the charge event version the driver published
 	// last (the version roll moves it to 3).
 	ProducerVersion int `json:"producer_version,omitempty"`
+	// VersionAhead is how many orders the driver published at a version
+	// newer than the consumers' (the roll to version 3 takes the producers
+	// first): version 2's code read them through its down step.
+	VersionAhead int `json:"version_ahead_of_consumers"`
 	// PartitionHolds is how many times a consumer held an ordered
 	// partition behind a failing head (its WARN line in the consumers'
 	// logs): the holds the stops met.
@@ -274,7 +279,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	logDir := env.logDir
 
 	faults := startFaults(ctx, run, env, driver, provider, srv, vhost, appName, childFaults, &rep)
-	seq, committedKeys, err := placeOrders(ctx, run, rng, driver, svc, faults.retried, &rep)
+	seq, committedKeys, err := placeOrders(ctx, run, rng, driver, svc, faults.retried, env, &rep)
 	if err != nil {
 		faults.stop()
 		return rep, fmt.Errorf("placing orders (%d committed): %w", rep.OrdersCommitted, err)
@@ -420,7 +425,12 @@ func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema,
 // beside the database outage. It returns the audit events expected per
 // aggregate and the committed orders' keys.
 func placeOrders(ctx context.Context, run ChaosRun, rng *rand.Rand, driver *app.App, svc *orders.Service,
-	retried func(fn func() error, retries *int) error, rep *ChaosReport) (map[string]int64, []string, error) {
+	retried func(fn func() error, retries *int) error, env *chaosEnv, rep *ChaosReport) (map[string]int64, []string, error) {
+	consumersAt := func() int {
+		v, _ := env.version.Load().(string)
+		n, _ := strconv.Atoi(v)
+		return n
+	}
 	// Orders at a steady rate, some rolled back after publishing, some replayed.
 	start := time.Now()
 	interval := time.Second / time.Duration(run.Rate)
@@ -431,8 +441,13 @@ func placeOrders(ctx context.Context, run ChaosRun, rng *rand.Rand, driver *app.
 	}
 	for i := range run.Orders {
 		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
-		if run.Versions && (i == run.Orders*2/5 || i == run.Orders*4/5) {
-			// The producers follow the consumers to the next version.
+		env.placed.Store(int64(i))
+		if run.Versions && (i == run.Orders*2/5 || i == run.Orders*3/5) {
+			// The producers follow the consumers to version 2 (at two
+			// fifths; the consumers rolled at one) and go ahead of them to
+			// version 3 (at three fifths; the consumers roll at four), as
+			// a deploy of producers first does: version 2's code reads
+			// version 3 events through the down step it shipped.
 			fn, err := chargeEventOf(rep.ProducerVersion + 1)
 			if err != nil {
 				return seq, committedKeys, err
@@ -453,6 +468,9 @@ func placeOrders(ctx context.Context, run ChaosRun, rng *rand.Rand, driver *app.
 		}
 		rep.OrdersCommitted++
 		committedKeys = append(committedKeys, in.IdempotencyKey)
+		if run.Versions && rep.ProducerVersion > consumersAt() {
+			rep.VersionAhead++
+		}
 		if rng.IntN(20) == 0 { // a client retrying after a timeout
 			var res orders.Result
 			err := retried(func() (err error) {
@@ -513,7 +531,10 @@ func settleAndCheck(ctx context.Context, run ChaosRun, env *chaosEnv, driver *ap
 		if bugged == 0 {
 			rep.Violations = append(rep.Violations, "version 1's bug poisoned nothing: the run proves nothing about requeueing old versions")
 		}
-		res, err := driver.Poison().Requeue(dctx, pgpoison.Selector{All: true}, pgpoison.Run{Actor: "ferry chaos"})
+		// Only those: a message poisoned for anything else (an event a
+		// version's code could not read: a down step missing) stays
+		// poisoned and fails the run.
+		res, err := driver.Poison().Requeue(dctx, pgpoison.Selector{Filter: pgpoison.Filter{Text: VersionBugText}}, pgpoison.Run{Actor: "ferry chaos"})
 		if err != nil {
 			return fmt.Errorf("requeueing after the version roll: %w", err)
 		}

@@ -34,7 +34,11 @@ type chaosEnv struct {
 	env []string
 	// version, if set, is the event version children started now run
 	// (FERRY_CHAOS_EVENT_VERSION): the version roll changes it.
-	version  atomic.Value
+	version atomic.Value
+	// placed counts the orders the driver has placed: the version roll's
+	// consumer steps follow it, as its producer steps do (by time, a
+	// slow run had the consumers roll before the producers).
+	placed   atomic.Int64
 	logDir   string
 	mu       sync.Mutex
 	children []*child

@@ -82,24 +82,25 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 	}
 	if run.Versions {
 		// The version roll: the consumers to version 2 at a fifth of the
-		// orders, to version 3 at three fifths (the producers follow at two
-		// and four fifths: placeOrders). Each roll starts the new code
+		// orders (the producers follow at two fifths), to version 3 at four
+		// fifths, after the producers went ahead at three (placeOrders):
+		// both orders a deploy can take. Each roll starts the new code
 		// before it stops the old.
-		producing := time.Duration(run.Orders) * time.Second / time.Duration(run.Rate)
-		start := time.Now()
 		// finish waits for both rolls (haDone), as for the HA faults.
 		f.outageDone, f.haDone = make(chan struct{}), make(chan struct{})
 		close(f.outageDone)
 		f.wg.Go(func() {
 			defer close(f.haDone)
 			for _, step := range []struct {
-				at      time.Duration
+				at      int64
 				version string
-			}{{producing / 5, "2"}, {producing * 3 / 5, "3"}} {
-				select {
-				case <-faultCtx.Done():
-					return
-				case <-time.After(time.Until(start.Add(step.at))):
+			}{{int64(run.Orders) / 5, "2"}, {int64(run.Orders) * 4 / 5, "3"}} {
+				for env.placed.Load() < step.at {
+					select {
+					case <-faultCtx.Done():
+						return
+					case <-time.After(10 * time.Millisecond):
+					}
 				}
 				env.version.Store(step.version)
 				n, err := env.roll(context.WithoutCancel(faultCtx), driver.Pool(), "consume", syscall.SIGTERM, consumerStopWait, childFaults)

@@ -158,8 +158,10 @@ func TestChaosHA(t *testing.T) {
 }
 
 // The version roll (CI): 4,000 orders while the charge event goes from
-// version 1 to 2 to 3, the consumers rolled first each time (new code up
-// before the old stops: both read one queue), then the producers. Version
+// version 1 to 2 to 3 (new code up before the old stops: both read one
+// queue): to version 2 the consumers roll first, to version 3 the
+// producers do, so that version 2's code reads version 3 events through
+// the down step it shipped (without it they would be poisoned). Version
 // 1's code poisons the charges of a multiple of 97 (a bug); once version
 // 3 runs everywhere they are requeued, as version 1 events, and succeed.
 // Nothing is poisoned for its version, lost or done twice.
@@ -178,6 +180,7 @@ func TestChaosEventVersions(t *testing.T) {
 	require.Equal(t, 1, rep.Faults["version_consumers_v3"], report)
 	require.GreaterOrEqual(t, rep.ConsumerStops, 4, "each roll replaced every consumer: %s", report)
 	require.Positive(t, rep.VersionRequeued, report)
+	require.Positive(t, rep.VersionAhead, "a down-conversion window: %s", report)
 	require.GreaterOrEqual(t, rep.OrdersCommitted, 3600)
 	require.Equal(t, rep.OrdersCommitted, rep.Charges)
 	require.Equal(t, rep.OrdersCommitted, rep.Mails)
