@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -165,12 +166,17 @@ func (e *chaosEnv) roll(ctx context.Context, pool *pgxpool.Pool, role string, si
 		case <-time.After(stopWait):
 			_ = victim.cmd.Process.Kill()
 			<-victim.done
-			return stopped + 1, fmt.Errorf("a %s did not stop within %s of %s", role, stopWait, sig)
+			return stopped + 1, fmt.Errorf("%w: a %s did not stop within %s of %s (killed; its log is in %s)", errHungStop, role, stopWait, sig, e.logDir)
 		}
 		stopped++
 	}
 	return stopped, nil
 }
+
+// errHungStop is a graceful stop that did not end: a drain that hangs. It
+// fails the run (a violation), where a fault that could not be injected
+// is only reported.
+var errHungStop = errors.New("a graceful stop hung")
 
 func (e *chaosEnv) stopAll() {
 	e.mu.Lock()

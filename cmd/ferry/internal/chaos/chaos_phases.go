@@ -30,6 +30,9 @@ type faultPhase struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	err    error // what could not be injected: reported, not fatal
+	// hung are the graceful stops that did not end (errHungStop): each is
+	// a violation of the run.
+	hung []string
 	// outageDone and haDone close when the outage and the HA faults,
 	// which happen once each, are over.
 	outageDone, haDone chan struct{}
@@ -50,6 +53,9 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 	recordFault := func(kind, what string, err error, done func()) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		if errors.Is(err, errHungStop) {
+			f.hung = append(f.hung, fmt.Sprintf("%s: %v", what, err))
+		}
 		if err != nil {
 			f.err = errors.Join(f.err, fmt.Errorf("%s: %w", what, err))
 			return
@@ -338,6 +344,9 @@ func (f *faultPhase) finish(ctx context.Context) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	f.stop()
+	f.mu.Lock()
+	f.rep.Violations = append(f.rep.Violations, f.hung...)
+	f.mu.Unlock()
 	return f.err
 }
 
