@@ -116,6 +116,11 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 	return conn, nil
 }
 
+// DrainingLog is the INFO line of a consumer whose stop began with messages
+// in its handlers: they finish (up to FERRY_SHUTDOWN_TIMEOUT) before it
+// closes.
+const DrainingLog = "stopping: the messages in handlers finish first"
+
 // consumer is the consumer of one of a route's queues. A stop drains it
 // for up to FERRY_SHUTDOWN_TIMEOUT (the router's own bound): a deploy
 // lets handlers finish and settle what they hold, so none runs twice, and
@@ -125,8 +130,11 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 func (a *App) consumer(conn *wamqp.ConnectionWrapper, s rabbit.Subscription, inFlight int) (*rabbit.Consumer, error) {
 	route := pipeline.RouteName(s.Name)
 	paused := func() bool { return a.pauses.Paused(context.Background(), route) }
+	draining := func(n int) {
+		a.logger.Info(DrainingLog, "handler", s.Name, "in_handlers", n, "drain_timeout", a.cfg.ShutdownTimeout)
+	}
 	return rabbit.NewConsumer(conn, a.topology, s, rabbit.ConsumerConfig{
-		InFlight: inFlight, DrainTimeout: a.cfg.ShutdownTimeout, Paused: paused, PausePoll: a.pauses.Poll(),
+		InFlight: inFlight, DrainTimeout: a.cfg.ShutdownTimeout, Paused: paused, PausePoll: a.pauses.Poll(), Draining: draining,
 	}, a.watermillLogger())
 }
 

@@ -76,6 +76,10 @@ type ConsumerConfig struct {
 	Paused func() bool
 	// PausePoll is how often Paused is asked. Default 2s.
 	PausePoll time.Duration
+	// Draining, if set, is told when a stop begins with deliveries in
+	// handlers (the drain waits for them): a deploy's stop met work in
+	// flight. The chaos runs count these.
+	Draining func(inHandlers int)
 }
 
 // DefaultPausePoll is ConsumerConfig.PausePoll's default.
@@ -291,6 +295,9 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			return false
 		}
 		draining = true
+		if n := len(window) - btoi(next != nil); n > 0 && c.cfg.Draining != nil {
+			c.cfg.Draining(n)
+		}
 		signalStop()
 		t := time.NewTimer(c.cfg.DrainTimeout)
 		drained = t.C
@@ -398,6 +405,13 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			return nil
 		}
 	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func isClosed(ch <-chan struct{}) bool {

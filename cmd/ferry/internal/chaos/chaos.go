@@ -183,6 +183,10 @@ type ChaosReport struct {
 	// ConsumerStops is how many consumer processes the rolling restarts
 	// stopped (each replaced first, as a Deployment rolls).
 	ConsumerStops int `json:"consumer_stops"`
+	// StopsMetWork is how many graceful consumer stops began with messages
+	// in handlers (app.DrainingLog, one per queue): a stop that met
+	// nothing proves nothing about the drain.
+	StopsMetWork int `json:"stops_met_work_in_flight"`
 	// VersionRequeued is how many messages the version roll requeued from
 	// the poison store after version 3 was deployed (version 1's bug).
 	VersionRequeued int `json:"version_requeued"`
@@ -369,7 +373,7 @@ func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema,
 		"FERRY_DATABASE_URL=" + cfg.DatabaseURL, "FERRY_DATABASE_SCHEMA=" + schema, "FERRY_DATABASE_APP_NAME=" + appName,
 		"FERRY_AMQP_URL=" + c.AMQP.URL, "FERRY_AMQP_NAMESPACE=",
 		"FERRY_PAYMENT_URL=" + provider.URL(), "FERRY_SMTP_ADDR=" + sink.Addr(),
-		"FERRY_ADMIN_ADDR=off", "FERRY_LOG_FORMAT=json", "FERRY_LOG_LEVEL=warn",
+		"FERRY_ADMIN_ADDR=off", "FERRY_LOG_FORMAT=json", "FERRY_LOG_LEVEL=info",
 		"FERRY_RELAY_POLL_INTERVAL=100ms", "FERRY_RELAY_BACKOFF_INITIAL=200ms", "FERRY_RELAY_BACKOFF_MAX=2s",
 		"FERRY_DURABLE_RETRY_INITIAL=200ms", "FERRY_DURABLE_RETRY_MAX=2s", "FERRY_DURABLE_RETRY_MAX_ATTEMPTS=10",
 		"FERRY_RETRY_INITIAL_INTERVAL=10ms", "FERRY_RETRY_MAX_INTERVAL=50ms", "FERRY_SHUTDOWN_TIMEOUT=10s",
@@ -551,6 +555,7 @@ func settleAndCheck(ctx context.Context, run ChaosRun, env *chaosEnv, driver *ap
 	}
 	if b, err := os.ReadFile(filepath.Join(logDir, "consume.log")); err == nil {
 		rep.PartitionHolds = strings.Count(string(b), holdingThePartition)
+		rep.StopsMetWork = strings.Count(string(b), app.DrainingLog)
 		// The handler faults the run promised must have happened: a run
 		// whose faults never fired proves nothing about them.
 		rep.HandlerFailuresSeen = strings.Count(string(b), injectedFailureText)

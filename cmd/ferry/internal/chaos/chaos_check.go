@@ -237,7 +237,7 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 		r.Charges, r.ChargeRequests, r.ChargeRequests-r.Charges, r.MaxChargeRequestsPerOrder)
 	fmt.Fprintf(&b, "  mails                  %6d   (%d duplicate deliveries dropped by Message-ID)\n", r.Mails, r.MailDuplicates)
 	fmt.Fprintf(&b, "  ordered audit events   %6d   (%d order violations)\n", r.AuditEvents, r.OrderViolations)
-	fmt.Fprintf(&b, "  consumer stops         %6d   (rolling restarts, each process replaced first; %d partition holds met; %d effects a handler ran again, kept single by their keys)\n", r.ConsumerStops, r.PartitionHolds, r.EffectReplays)
+	fmt.Fprintf(&b, "  consumer stops         %6d   (rolling restarts, each process replaced first; %d drains began with messages in handlers; %d partition holds met; %d effects a handler ran again, kept single by their keys)\n", r.ConsumerStops, r.StopsMetWork, r.PartitionHolds, r.EffectReplays)
 	if r.ProducerVersion > 0 {
 		fmt.Fprintf(&b, "  version roll           v1 → v%d (to v2 consumers first, to v3 producers first: %d orders read by older code through its down step; old and new code at once); %d poisoned by version 1's bug, requeued under version 3\n", r.ProducerVersion, r.VersionAhead, r.VersionRequeued)
 	}

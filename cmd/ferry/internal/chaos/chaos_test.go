@@ -72,6 +72,7 @@ func TestChaosRollingRestarts(t *testing.T) {
 			require.Zero(t, rep.Duplicated)
 			if sig == "sigterm" {
 				require.Zero(t, rep.EffectReplays, report)
+				require.Positive(t, rep.StopsMetWork, "no stop met a message in a handler: %s", report)
 			}
 		})
 	}
