@@ -90,7 +90,7 @@ prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prom"
 start_consumers() {
   FERRY_ADMIN_ADDR=127.0.0.1:19193 "$work/ferry" consume >>"$work/consume.log" 2>&1 & consume=$!; pids+=($consume)
 }
-FERRY_ADMIN_ADDR=127.0.0.1:19191 FERRY_HTTP_ADDR=127.0.0.1:18080 "$work/ferry" serve >"$work/serve.log" 2>&1 & pids+=($!)
+FERRY_ADMIN_ADDR=127.0.0.1:19191 FERRY_ADMIN_TOKEN=trial-token FERRY_HTTP_ADDR=127.0.0.1:18080 "$work/ferry" serve >"$work/serve.log" 2>&1 & pids+=($!)
 FERRY_ADMIN_ADDR=127.0.0.1:19192 "$work/ferry" relay >"$work/relay.log" 2>&1 & pids+=($!)
 start_consumers
 sleep 5
@@ -106,11 +106,17 @@ sleep 5
   done
 ) & load=$!; pids+=($load)
 
-# What status and /metrics say of the holds and the pause, at one moment.
+# What status, /metrics and the console say of the holds and the pause,
+# at one moment.
 sample() {
   date +%s > "$work/at-$1"
   "$work/ferry" status --json > "$work/status-$1.json" 2>/dev/null || true
   curl -s http://127.0.0.1:19193/metrics | grep -E '^ferry_(partition_held_seconds|handler_paused_seconds)' > "$work/metrics-$1.txt" || true
+  local auth="Authorization: Bearer trial-token"
+  curl -s -H "$auth" http://127.0.0.1:19191/console/handlers > "$work/console-handlers-$1.html" || true
+  for c in $(python3 -c 'import json, sys; print(" ".join(p["consumer"] for p in (json.load(open(sys.argv[1])).get("held_partitions") or [])))' "$work/status-$1.json" 2>/dev/null); do
+    curl -s -H "$auth" "http://127.0.0.1:19191/console/held/$c" > "$work/console-held-$1-$c.html" || true
+  done
 }
 
 t0=$(date +%s)
@@ -169,9 +175,9 @@ for name, query in (("held", "max(ferry_partition_held_seconds) > 0"),
         print(f"cause {name:30} {'':18} {fmt(a)} .. {fmt(b)}")
 EOF
 "$work/ferry" status --json > "$work/status.json" || true
-log "hold and pause: ferry status --json against /metrics (seconds)"
+log "hold and pause: ferry status --json, /metrics and the console (seconds)"
 python3 - "$work" <<'EOF' | tee -a "$work/timeline.log"
-import json, re, sys
+import html, json, os, re, sys
 from datetime import datetime
 w = sys.argv[1]
 def ts(s): return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", s.replace("Z", "+00:00"))).timestamp()
@@ -185,9 +191,17 @@ for label, key, field, metric, lab in (("held", "held_partitions", "since", "fer
         if m and m.group(1) == metric:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
             metrics[labels[lab]] = float(m.group(3))
+    handlers_html = open(f"{w}/console-handlers-{label}.html").read() if os.path.exists(f"{w}/console-handlers-{label}.html") else ""
     for s in status:
         name = s.get("consumer") or s.get("handler")
-        print(f"{label:6} {name:22} status {at - ts(s[field]):7.0f}  metrics {metrics.get(name, float('nan')):7.0f}")
+        console = float("nan")
+        if label == "held" and os.path.exists(f"{w}/console-held-{label}-{name}.html"):
+            m = re.search(r'id="held-since" datetime="([^"]+)"', open(f"{w}/console-held-{label}-{name}.html").read())
+            console = at - ts(m.group(1)) if m else console
+        elif label == "paused":
+            row = re.search(re.escape(html.escape(name)) + r'.*?class="paused-since" datetime="([^"]+)"', handlers_html, re.S)
+            console = at - ts(row.group(1)) if row else console
+        print(f"{label:6} {name:22} status {at - ts(s[field]):7.0f}  metrics {metrics.get(name, float('nan')):7.0f}  console {console:7.0f}")
 EOF
 orders=$(psql -h 127.0.0.1 -U postgres -d test -Atc "SELECT count(*) FROM $schema.orders")
 charges=$(grep -c '^charge ' "$work/payments.log" || true)
