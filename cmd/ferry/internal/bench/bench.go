@@ -40,7 +40,7 @@ const (
 
 // BenchScenarios lists every scenario, in the order they run.
 var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory,
-	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady, ScenarioIdleCost, ScenarioPoisonDiscard}
+	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady, ScenarioIdleCost, ScenarioPoisonDiscard, ScenarioSearchLoad}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -121,6 +121,9 @@ type BenchConfig struct {
 	// DiscardRows is how many poisoned messages poison_discard discards.
 	// Default PoisonDiscardRows (200,000).
 	DiscardRows int
+	// SearchRows is the dispatched history search_load's searches read.
+	// Default 10,000,000.
+	SearchRows int
 	// Binary is the ferry binary the memory scenario starts its relay and
 	// consumer processes with. Default: this process's own executable.
 	Binary string
@@ -134,6 +137,7 @@ func (b BenchConfig) withDefaults() BenchConfig {
 	b.BaselineEvents = cmp.Or(b.BaselineEvents, 5_000)
 	b.UpcastIterations = cmp.Or(b.UpcastIterations, 2_000)
 	b.DiscardRows = cmp.Or(b.DiscardRows, PoisonDiscardRows)
+	b.SearchRows = cmp.Or(b.SearchRows, 10_000_000)
 	b.HeldXminEvents = cmp.Or(b.HeldXminEvents, 50_000)
 	b.HeldXminRounds = cmp.Or(b.HeldXminRounds, 6)
 	if len(b.Relays) == 0 {
@@ -241,6 +245,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioHeldXminSteady:      benchHeldXminSteady,
 		ScenarioIdleCost:            benchIdleCost,
 		ScenarioPoisonDiscard:       benchPoisonDiscard,
+		ScenarioSearchLoad:          benchSearchLoad,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {

@@ -38,7 +38,7 @@ func TestBenchSmoke(t *testing.T) {
 		Events: 600, BaselineEvents: 100, Relays: []int{1, 2}, Rate: 200, Duration: time.Second,
 		Orders: 40, History: []int{100, 3000}, ClaimRounds: 10, Binary: bin, RelayModes: []string{app.RelayModeCDC},
 		CPUProfile: profile, Writers: []int{2}, Rounds: 1, ProducerDuration: 300 * time.Millisecond,
-		ConsumerEvents: 300, DrainEvents: 300, UpcastIterations: 50, HeldXminEvents: 500, HeldXminRounds: 2, DiscardRows: 2500,
+		ConsumerEvents: 300, DrainEvents: 300, UpcastIterations: 50, HeldXminEvents: 500, HeldXminRounds: 2, DiscardRows: 2500, SearchRows: 20_000,
 		HeldXminRelayOnly: true, // end_to_end_latency runs the whole app
 		// A prefix with spaces and shell characters must reach the server whole.
 		ServerSettings: []string{"log_line_prefix=%m [%p] |x| ", "log_autovacuum_min_duration=0"}, ServerLog: serverLog,
@@ -157,6 +157,11 @@ func TestBenchSmoke(t *testing.T) {
 		require.Contains(t, string(kept), "== "+sc+": PostgreSQL server log, settings ", "each own server's log kept")
 	}
 	require.Regexp(t, `(?m)^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \S+ \[\d+\] \|x\| LOG: `, string(kept), "the servers logged with the prefix given")
+
+	sl := got[bench.ScenarioSearchLoad]
+	require.Positive(t, sl["messages_per_second_alone"].(float64))
+	require.Positive(t, sl["messages_per_second_searched"].(float64))
+	require.Positive(t, sl["searches"].(float64), "the operators searched while the consumer drained")
 
 	pd := got[bench.ScenarioPoisonDiscard]
 	require.Equal(t, 2500.0, pd["rows"], "every seeded message discarded (the scenario fails otherwise)")

@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/console"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/rabbit"
+)
+
+// ScenarioSearchLoad measures what operators searching in an incident cost
+// the consumers: a consumer process drains a queue while nobody searches,
+// then while SearchClients operators search ("find a message", the
+// console's pgstatus.Find, through the console's cap on searches at once:
+// one over the cap is answered 429 and tries again after its Retry-After)
+// for ids the outbox does not hold, the search that reads the most, over an
+// outbox of SearchRows dispatched rows. Issue 48: 20 searches on 10
+// million rows leave the consumers' rate ≥ 0.9× of none.
+const ScenarioSearchLoad = "search_load"
+
+// SearchClients is how many operators search at once.
+const SearchClients = 20
+
+func benchSearchLoad(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
+	p, err := newBenchPipeline(ctx, cfg, bc, 8)
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer p.drop()
+	n := bc.ConsumerEvents
+	// Both rounds' messages in the queue first (preload empties the
+	// outbox), then the history the searches read.
+	if err := preload(ctx, p.sch.pool, memoryTopic, 2*n); err != nil {
+		return benchReport{}, err
+	}
+	rconn, err := rabbit.Dial(p.topo.Config(), "ferry-bench-fill", watermill.NopLogger{})
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer rconn.Close()
+	pub, err := rabbit.NewBatchPublisher(rconn, p.topo)
+	if err != nil {
+		return benchReport{}, err
+	}
+	relay, err := pgoutbox.NewRelay(p.sch.pool, pub, pgoutbox.RelayConfig{OrderedTopics: pub.OrderedTopics(), BatchSize: bc.BatchSize, PollOnly: true, PollInterval: 20 * time.Millisecond}, logger)
+	if err != nil {
+		return benchReport{}, err
+	}
+	rctx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan struct{})
+	go func() { defer close(relayDone); _ = relay.Run(rctx) }()
+	err = waitFor(ctx, 5*time.Minute, func() (bool, error) {
+		pending, err := pgoutbox.Table{}.PendingCount(ctx, p.sch.pool)
+		return pending == 0, err
+	})
+	stopRelay()
+	<-relayDone
+	if err != nil {
+		return benchReport{}, fmt.Errorf("filling the queue: %w", err)
+	}
+	loadStart := time.Now()
+	for done := 0; done < bc.SearchRows; done += 1_000_000 {
+		k := min(1_000_000, bc.SearchRows-done)
+		if _, err := p.sch.pool.Exec(ctx, `INSERT INTO `+outboxSQL+` (aggregate_id, topic, payload, headers, message_uuid, created_at, available_at, dispatched_at, attempts)
+			SELECT 'order-' || g, $1, jsonb_build_object('order_id', g, 'amount', 1250),
+			       jsonb_build_object('schema_version', '1', 'correlation_id', md5(g::text)), gen_random_uuid()::text,
+			       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', 1
+			FROM generate_series($2::int, $3::int) g`, benchTopic, done+1, done+k); err != nil {
+			return benchReport{}, fmt.Errorf("loading the searched history: %w", err)
+		}
+	}
+	if _, err := p.sch.pool.Exec(ctx, `VACUUM ANALYZE `+outboxSQL); err != nil {
+		return benchReport{}, err
+	}
+	loaded := time.Since(loadStart)
+
+	alone, err := drainWithConsumer(ctx, p.sch, bc, p.env, n, "consume")
+	if err != nil {
+		return benchReport{}, fmt.Errorf("without searches: %w", err)
+	}
+	// The operators: each searches, waits out a 429's Retry-After (2 s),
+	// searches again, until the drain is over.
+	slots := make(chan struct{}, console.DefaultMaxSearches)
+	var searches, refused, slow atomic.Int64
+	var lat latencies
+	var latMu sync.Mutex
+	sctx, stopSearches := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range SearchClients {
+		wg.Go(func() {
+			for sctx.Err() == nil {
+				select {
+				case slots <- struct{}{}:
+				default:
+					refused.Add(1)
+					select {
+					case <-sctx.Done():
+					case <-time.After(2 * time.Second):
+					}
+					continue
+				}
+				start := time.Now()
+				found, err := pgstatus.Find(sctx, p.sch.pool, pgoutbox.Table{}, []string{memoryQueue}, watermill.NewUUID(), 50)
+				<-slots
+				if errors.Is(err, context.Canceled) || sctx.Err() != nil {
+					return
+				}
+				if err == nil {
+					searches.Add(1)
+					if len(found.NotSearched) > 0 {
+						slow.Add(1)
+					}
+					latMu.Lock()
+					lat = append(lat, time.Since(start))
+					latMu.Unlock()
+				}
+			}
+		})
+	}
+	searched, err := drainWithConsumer(ctx, p.sch, bc, p.env, 2*n, "consume")
+	stopSearches()
+	wg.Wait()
+	if err != nil {
+		return benchReport{}, fmt.Errorf("with searches: %w", err)
+	}
+	rateAlone, rateSearched := float64(n)/alone.seconds, float64(n)/searched.seconds
+	ratio := rateSearched / rateAlone
+	sum := lat.summary()
+	table := fmt.Sprintf("outbox of %d dispatched rows (loaded in %s); %d operators searching for ids it does not hold, %d at once (the console's cap)\n"+
+		"  consumer alone: %.0f messages/s; while searched: %.0f messages/s: %.2fx (target ≥ 0.9x)\n"+
+		"  searches: %d done (p50 %.0f ms, p99 %.0f ms), %d cut by the %s timeout, %d answered 429\n",
+		bc.SearchRows, loaded.Round(time.Second), SearchClients, console.DefaultMaxSearches, rateAlone, rateSearched, ratio,
+		searches.Load(), sum["p50_ms"], sum["p99_ms"], slow.Load(), pgstatus.FindTimeout, refused.Load())
+	return benchReport{JSON: map[string]any{
+		"rows": bc.SearchRows, "messages": n, "clients": SearchClients, "max_searches": console.DefaultMaxSearches,
+		"messages_per_second_alone": rateAlone, "messages_per_second_searched": rateSearched, "ratio": ratio,
+		"searches": searches.Load(), "searches_timed_out": slow.Load(), "refused_429": refused.Load(), "search_latency": sum,
+		"targets": map[string]any{"ratio_min": 0.9, "met": ratio >= 0.9},
+	}, Table: table}, nil
+}
