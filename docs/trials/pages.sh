@@ -87,12 +87,16 @@ prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prom"
 "$work/ferry" sandbox --payments-addr 127.0.0.1:12112 --smtp-addr 127.0.0.1:2525 >"$work/smtp.log" 2>&1 & pids+=($!)
 
 "$work/ferry" migrate up >/dev/null
+# Every process must be up: a trial without traffic proves nothing (a
+# configuration error ends it here, with the process's own words).
+alive() { sleep 3; kill -0 "$1" 2>/dev/null || { echo "$2 exited at start:"; cat "$3"; exit 1; }; }
 start_consumers() {
   FERRY_ADMIN_ADDR=127.0.0.1:19193 "$work/ferry" consume >>"$work/consume.log" 2>&1 & consume=$!; pids+=($consume)
 }
-FERRY_ADMIN_ADDR=127.0.0.1:19191 FERRY_ADMIN_TOKEN=trial-token FERRY_HTTP_ADDR=127.0.0.1:18080 "$work/ferry" serve >"$work/serve.log" 2>&1 & pids+=($!)
-FERRY_ADMIN_ADDR=127.0.0.1:19192 "$work/ferry" relay >"$work/relay.log" 2>&1 & pids+=($!)
+FERRY_ADMIN_ADDR=127.0.0.1:19191 FERRY_ADMIN_TOKEN=trial-console-token-16plus FERRY_HTTP_ADDR=127.0.0.1:18080 "$work/ferry" serve >"$work/serve.log" 2>&1 & serve=$!; pids+=($serve)
+FERRY_ADMIN_ADDR=127.0.0.1:19192 "$work/ferry" relay >"$work/relay.log" 2>&1 & relay=$!; pids+=($relay)
 start_consumers
+alive "$serve" serve "$work/serve.log"; alive "$relay" relay "$work/relay.log"; alive "$consume" consume "$work/consume.log"
 sleep 5
 
 # 6 orders/s, each its own user (so its own aggregate).
@@ -112,7 +116,7 @@ sample() {
   date +%s > "$work/at-$1"
   "$work/ferry" status --json > "$work/status-$1.json" 2>/dev/null || true
   curl -s http://127.0.0.1:19193/metrics | grep -E '^ferry_(partition_held_seconds|handler_paused_seconds)' > "$work/metrics-$1.txt" || true
-  local auth="Authorization: Bearer trial-token"
+  local auth="Authorization: Bearer trial-console-token-16plus"
   curl -s -H "$auth" http://127.0.0.1:19191/console/handlers > "$work/console-handlers-$1.html" || true
   for c in $(python3 -c 'import json, sys; print(" ".join(p["consumer"] for p in (json.load(open(sys.argv[1])).get("held_partitions") or [])))' "$work/status-$1.json" 2>/dev/null); do
     curl -s -H "$auth" "http://127.0.0.1:19191/console/held/$c" > "$work/console-held-$1-$c.html" || true
@@ -205,5 +209,5 @@ for label, key, field, metric, lab in (("held", "held_partitions", "since", "fer
 EOF
 orders=$(psql -h 127.0.0.1 -U postgres -d test -Atc "SELECT count(*) FROM $schema.orders")
 charges=$(grep -c '^charge ' "$work/payments.log" || true)
-distinct=$(grep -o 'OrderID:[^ ]*' "$work/payments.log" | sort -u | wc -l)
+distinct=$( (grep -o 'OrderID:[^ ]*' "$work/payments.log" || true) | sort -u | wc -l)
 log "orders $orders, charges $charges, orders charged $distinct"
