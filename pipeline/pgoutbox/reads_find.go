@@ -86,15 +86,17 @@ func scanRowPayload(row pgx.CollectableRow) (Row, error) {
 // Find returns, newest first, at most limit rows of the outbox (or, with
 // archived, of its archive, whose rows are all dispatched) whose message
 // id, aggregate id, correlation id or original message id (a durable
-// retry's) is id. The caller bounds it (a read-only transaction with a
-// statement timeout: an archive has no index on headers).
+// retry's) is id. Each key has an index (migration 00032: the last a
+// partial one, over the rows that carry it, which is why the condition
+// names the key), so the OR is a BitmapOr; the caller bounds it anyway (a
+// read-only transaction with a statement timeout).
 func (t Table) Find(ctx context.Context, q Reader, archived bool, id string, limit int) ([]Row, error) {
 	rel, done := t.Quoted(), t.dispatchedCond("o")
 	if archived {
 		rel, done = t.Archive(), "true"
 	}
 	rows, err := q.Query(ctx, `SELECT `+rowColumns(done, false)+`
-		FROM `+rel+` o WHERE o.message_uuid = $1 OR o.aggregate_id = $1 OR o.headers->>'`+pipeline.MetaCorrelationID+`' = $1 OR o.headers->>'`+pipeline.MetaMessageID+`' = $1
+		FROM `+rel+` o WHERE o.message_uuid = $1 OR o.aggregate_id = $1 OR o.headers->>'`+pipeline.MetaCorrelationID+`' = $1 OR (o.headers ? '`+pipeline.MetaMessageID+`' AND o.headers->>'`+pipeline.MetaMessageID+`' = $1)
 		ORDER BY o.id DESC LIMIT $2`, id, limit)
 	if err != nil {
 		return nil, err

@@ -28,8 +28,14 @@ import (
 // million rows leave the consumers' rate ≥ 0.9× of none.
 const ScenarioSearchLoad = "search_load"
 
-// SearchClients is how many operators search at once.
+// SearchClients is how many operators search at once, each searching
+// again SearchThink after its answer (or after a 429's Retry-After).
 const SearchClients = 20
+
+// SearchThink is an operator's pause between an answer and the next
+// search: reading what came back. Without it each of the 20 searches in a
+// loop, which no operator does.
+const SearchThink = time.Second
 
 func benchSearchLoad(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
 	p, err := newBenchPipeline(ctx, cfg, bc, 8)
@@ -111,6 +117,7 @@ func benchSearchLoad(ctx context.Context, cfg app.Config, bc BenchConfig, logger
 				}
 				start := time.Now()
 				found, err := pgstatus.Find(sctx, p.sch.pool, pgoutbox.Table{}, []string{memoryQueue}, watermill.NewUUID(), 50)
+				took := time.Since(start)
 				<-slots
 				if errors.Is(err, context.Canceled) || sctx.Err() != nil {
 					return
@@ -121,8 +128,12 @@ func benchSearchLoad(ctx context.Context, cfg app.Config, bc BenchConfig, logger
 						slow.Add(1)
 					}
 					latMu.Lock()
-					lat = append(lat, time.Since(start))
+					lat = append(lat, took)
 					latMu.Unlock()
+				}
+				select {
+				case <-sctx.Done():
+				case <-time.After(SearchThink):
 				}
 			}
 		})
@@ -136,13 +147,13 @@ func benchSearchLoad(ctx context.Context, cfg app.Config, bc BenchConfig, logger
 	rateAlone, rateSearched := float64(n)/alone.seconds, float64(n)/searched.seconds
 	ratio := rateSearched / rateAlone
 	sum := lat.summary()
-	table := fmt.Sprintf("outbox of %d dispatched rows (loaded in %s); %d operators searching for ids it does not hold, %d at once (the console's cap)\n"+
+	table := fmt.Sprintf("outbox of %d dispatched rows (loaded in %s); %d operators searching for ids it does not hold, %d at once (the console's cap), each again %s after its answer\n"+
 		"  consumer alone: %.0f messages/s; while searched: %.0f messages/s: %.2fx (target ≥ 0.9x)\n"+
 		"  searches: %d done (p50 %.0f ms, p99 %.0f ms), %d cut by the %s timeout, %d answered 429\n",
-		bc.SearchRows, loaded.Round(time.Second), SearchClients, console.DefaultMaxSearches, rateAlone, rateSearched, ratio,
+		bc.SearchRows, loaded.Round(time.Second), SearchClients, console.DefaultMaxSearches, SearchThink, rateAlone, rateSearched, ratio,
 		searches.Load(), sum["p50_ms"], sum["p99_ms"], slow.Load(), pgstatus.FindTimeout, refused.Load())
 	return benchReport{JSON: map[string]any{
-		"rows": bc.SearchRows, "messages": n, "clients": SearchClients, "max_searches": console.DefaultMaxSearches,
+		"rows": bc.SearchRows, "messages": n, "clients": SearchClients, "max_searches": console.DefaultMaxSearches, "think_seconds": SearchThink.Seconds(),
 		"messages_per_second_alone": rateAlone, "messages_per_second_searched": rateSearched, "ratio": ratio,
 		"searches": searches.Load(), "searches_timed_out": slow.Load(), "refused_429": refused.Load(), "search_latency": sum,
 		"targets": map[string]any{"ratio_min": 0.9, "met": ratio >= 0.9},
