@@ -21,6 +21,40 @@
 -- attached; a partition created later gets its own with it. Re-runnable:
 -- IF NOT EXISTS, and an attach of an attached index does nothing.
 
+-- A partition that holds no row (a new schema's, a week to come) takes its
+-- indexes at once, in one short transaction: CREATE INDEX CONCURRENTLY
+-- waits, twice, for every transaction of the database older than it,
+-- however unrelated (a long report, another service's batch), which an
+-- empty table need not. The statements after it then find those indexes
+-- there (IF NOT EXISTS) and build only the others, concurrently.
+-- +goose StatementBegin
+DO $$
+DECLARE
+  p text;
+  has_rows boolean;
+BEGIN
+  CREATE INDEX IF NOT EXISTS outbox_message_uuid_idx ON ONLY outbox (message_uuid);
+  CREATE INDEX IF NOT EXISTS outbox_correlation_id_idx ON ONLY outbox ((headers->>'correlation_id'));
+  CREATE INDEX IF NOT EXISTS outbox_ferry_message_id_idx ON ONLY outbox ((headers->>'ferry_message_id')) WHERE headers ? 'ferry_message_id';
+  FOR p IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass LOOP
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I)', p) INTO STRICT has_rows;
+    CONTINUE WHEN has_rows;
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I (message_uuid)', p || '_message_uuid_idx', p);
+    EXECUTE format('ALTER INDEX outbox_message_uuid_idx ATTACH PARTITION %I', p || '_message_uuid_idx');
+    EXECUTE format($q$CREATE INDEX IF NOT EXISTS %I ON %I ((headers->>'correlation_id'))$q$, p || '_correlation_id_idx', p);
+    EXECUTE format('ALTER INDEX outbox_correlation_id_idx ATTACH PARTITION %I', p || '_correlation_id_idx');
+    EXECUTE format($q$CREATE INDEX IF NOT EXISTS %I ON %I ((headers->>'ferry_message_id')) WHERE headers ? 'ferry_message_id'$q$, p || '_ferry_message_id_idx', p);
+    EXECUTE format('ALTER INDEX outbox_ferry_message_id_idx ATTACH PARTITION %I', p || '_ferry_message_id_idx');
+  END LOOP;
+  IF NOT EXISTS (SELECT 1 FROM outbox_archive) THEN
+    CREATE INDEX IF NOT EXISTS outbox_archive_message_uuid_idx ON outbox_archive (message_uuid);
+    CREATE INDEX IF NOT EXISTS outbox_archive_correlation_id_idx ON outbox_archive ((headers->>'correlation_id'));
+    CREATE INDEX IF NOT EXISTS outbox_archive_ferry_message_id_idx ON outbox_archive ((headers->>'ferry_message_id')) WHERE headers ? 'ferry_message_id';
+    CREATE INDEX IF NOT EXISTS outbox_archive_aggregate_id_idx ON outbox_archive (aggregate_id);
+  END IF;
+END
+$$;
+-- +goose StatementEnd
 CREATE INDEX IF NOT EXISTS outbox_message_uuid_idx ON ONLY outbox (message_uuid);
 CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_legacy_message_uuid_idx ON outbox_legacy (message_uuid);
 ALTER INDEX outbox_message_uuid_idx ATTACH PARTITION outbox_legacy_message_uuid_idx;

@@ -43,7 +43,7 @@ func TestUpDownUp(t *testing.T) {
 	require.Equal(t, ferryMigrations(t), n)
 
 	var indexes []string
-	rows, err := pool.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = 'outbox' AND indexdef LIKE '%WHERE%'`, schema)
+	rows, err := pool.Query(ctx, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = 'outbox' AND indexdef LIKE '%WHERE%dispatched_at%'`, schema)
 	require.NoError(t, err)
 	for rows.Next() {
 		var d string
@@ -55,6 +55,16 @@ func TestUpDownUp(t *testing.T) {
 	for _, d := range indexes {
 		require.Contains(t, d, "WHERE ((dispatched_at IS NULL) AND (slow OR (tx IS NULL)))")
 	}
+	// Find's (migration 00032): every key it looks up is indexed, on the
+	// partitioned table and its archive, and valid once attached.
+	var find, valid int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE i.indisvalid) FROM pg_indexes x
+		JOIN pg_class c ON c.relname = x.indexname JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = x.schemaname
+		JOIN pg_index i ON i.indexrelid = c.oid
+		WHERE x.schemaname = $1 AND x.tablename IN ('outbox', 'outbox_archive')
+		  AND (x.indexdef LIKE '%message_uuid%' OR x.indexdef LIKE '%correlation_id%' OR x.indexdef LIKE '%ferry_message_id%')`, schema).Scan(&find, &valid))
+	require.Equal(t, 6, find, "three on the outbox, three on its archive")
+	require.Equal(t, find, valid)
 }
 
 func TestStatusOfAnUnmigratedSchema(t *testing.T) {

@@ -179,8 +179,9 @@ func TestBenchSmoke(t *testing.T) {
 	require.Positive(t, mem["relay_cpu_us_per_event"].(float64), "CPU per relayed event")
 	require.Positive(t, mem["consumer_cpu_us_per_event"].(float64), "CPU per consumed event")
 	// memory: 4 relays and a consumer; consumer_throughput: a consumer of
-	// each kind; end_to_end_drain: a relay and a consumer, twice.
-	for kind, n := range map[string]int{"relay": 6, "consume": 3, "consume-batch": 2} {
+	// each kind; end_to_end_drain: a relay and a consumer, twice;
+	// search_load: a consumer, twice.
+	for kind, n := range map[string]int{"relay": 6, "consume": 5, "consume-batch": 2} {
 		files, err := filepath.Glob(profile + "." + kind + ".*")
 		require.NoError(t, err)
 		require.Len(t, files, n, "a CPU profile per %s process", kind)
