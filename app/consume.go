@@ -86,6 +86,9 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 		return nil, err
 	}
 	mws := chain.Middlewares()
+	// The consumers ask the pause watch before they attach: one read now,
+	// so that they attach at once rather than one after another behind it.
+	a.pauses.Paused(context.Background(), "")
 	// New declared the topology already (an app WithoutBroker has no
 	// consumers to mount), and each subscriber declares its own queue.
 	conn, err := rabbit.Dial(a.cfg.AMQP, "ferry-consumer", a.watermillLogger())

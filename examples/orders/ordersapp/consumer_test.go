@@ -239,6 +239,18 @@ func TestConcurrentDuplicateDeliveriesRunOnce(t *testing.T) {
 		}}}, nil
 	}}, app.Components{Consumers: true})
 	require.GreaterOrEqual(t, h.cfg.AMQP.Consumers, 2)
+	// Both workers attached before the two deliveries, so that the broker
+	// gives one to each (a worker attaching late would get neither).
+	eventually(t, "two workers consuming", func() bool {
+		stats, err := h.app.QueueStats(context.Background())
+		require.NoError(t, err)
+		for _, st := range stats {
+			if st.Handler != "" && pipeline.RouteName(st.Handler) == "slow.effect" && st.Consumers >= 2 {
+				return true
+			}
+		}
+		return false
+	})
 	ch, closeCh := h.channel(t)
 	defer closeCh()
 	for range 2 {
