@@ -265,7 +265,6 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		// drained fires at its timeout. A pause closes stop too and takes
 		// no delivery; its channel closes once the handlers hold nothing.
 		stop     = make(chan struct{})
-		stopOnce sync.Once
 		draining bool
 		pausing  bool
 		drained  <-chan time.Time
@@ -273,7 +272,12 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		ctxDone  = ctx.Done()
 		pauseAsk <-chan time.Time
 	)
-	signalStop := func() { stopOnce.Do(func() { close(stop) }) }
+	// Only this loop closes stop: a pause and a drain can both ask.
+	signalStop := func() {
+		if !isClosed(stop) {
+			close(stop)
+		}
+	}
 	if c.cfg.Paused != nil {
 		t := time.NewTicker(c.cfg.PausePoll)
 		defer t.Stop()
@@ -289,14 +293,14 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 	}()
 	// beginDrain starts the drain at a stop; false when there is none to
 	// run (no DrainTimeout).
-	beginDrain := func() bool {
+	beginDrain := func(handedOut int) bool {
 		stopped, ctxDone = nil, nil
 		if c.cfg.DrainTimeout == 0 {
 			return false
 		}
 		draining = true
-		if n := len(window) - btoi(next != nil); n > 0 && c.cfg.Draining != nil {
-			c.cfg.Draining(n)
+		if handedOut > 0 && c.cfg.Draining != nil {
+			c.cfg.Draining(handedOut)
 		}
 		signalStop()
 		t := time.NewTimer(c.cfg.DrainTimeout)
@@ -386,11 +390,11 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			}
 			return err
 		case <-stopped:
-			if !beginDrain() {
+			if !beginDrain(handedOut) {
 				return nil
 			}
 		case <-ctxDone:
-			if !beginDrain() {
+			if !beginDrain(handedOut) {
 				return nil
 			}
 		case <-pauseAsk:
@@ -405,13 +409,6 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			return nil
 		}
 	}
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func isClosed(ch <-chan struct{}) bool {

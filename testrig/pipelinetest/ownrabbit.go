@@ -36,9 +36,7 @@ type RabbitNode struct {
 // Ctl runs rabbitmqctl against the node (stop_app, start_app, ...).
 func (n *RabbitNode) Ctl(t testing.TB, args ...string) {
 	t.Helper()
-	if _, err := n.ctl(args...); err != nil {
-		t.Fatal(err)
-	}
+	n.Output(t, args...)
 }
 
 // Output runs rabbitmqctl against the node and returns what it printed

@@ -120,22 +120,30 @@ func consumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	}
 	defer p.drop()
 	n := bc.ConsumerEvents
-	if err := preload(ctx, p.sch.pool, memoryTopic, n); err != nil {
+	if err := fillQueue(ctx, p, bc, logger, n); err != nil {
 		return consumerRun{}, err
 	}
-	// Fill the queue with this process's relay: not what is measured.
+	return drainWithConsumer(ctx, p.sch, bc, p.env, n, kind)
+}
+
+// fillQueue empties the outbox, writes n events to it and relays them into
+// the pipeline's queue with this process's relay (not what is measured).
+func fillQueue(ctx context.Context, p *benchPipeline, bc BenchConfig, logger *slog.Logger, n int) error {
+	if err := preload(ctx, p.sch.pool, memoryTopic, n); err != nil {
+		return err
+	}
 	rconn, err := rabbit.Dial(p.topo.Config(), "ferry-bench-fill", watermill.NopLogger{})
 	if err != nil {
-		return consumerRun{}, err
+		return err
 	}
 	defer rconn.Close()
 	pub, err := rabbit.NewBatchPublisher(rconn, p.topo)
 	if err != nil {
-		return consumerRun{}, err
+		return err
 	}
 	relay, err := pgoutbox.NewRelay(p.sch.pool, pub, pgoutbox.RelayConfig{OrderedTopics: pub.OrderedTopics(), BatchSize: bc.BatchSize, PollOnly: true, PollInterval: 20 * time.Millisecond}, logger)
 	if err != nil {
-		return consumerRun{}, err
+		return err
 	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -147,9 +155,9 @@ func consumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig, log
 	stop()
 	<-done
 	if err != nil {
-		return consumerRun{}, fmt.Errorf("filling the queue: %w", err)
+		return fmt.Errorf("filling the queue: %w", err)
 	}
-	return drainWithConsumer(ctx, p.sch, bc, p.env, n, kind)
+	return nil
 }
 
 func benchEndToEndDrain(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {

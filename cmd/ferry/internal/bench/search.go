@@ -15,7 +15,6 @@ import (
 	"github.com/ferry-dev/ferry/console"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
-	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
 
 // ScenarioSearchLoad measures what operators searching in an incident cost
@@ -44,35 +43,10 @@ func benchSearchLoad(ctx context.Context, cfg app.Config, bc BenchConfig, logger
 	}
 	defer p.drop()
 	n := bc.ConsumerEvents
-	// Both rounds' messages in the queue first (preload empties the
+	// Both rounds' messages in the queue first (the fill empties the
 	// outbox), then the history the searches read.
-	if err := preload(ctx, p.sch.pool, memoryTopic, 2*n); err != nil {
+	if err := fillQueue(ctx, p, bc, logger, 2*n); err != nil {
 		return benchReport{}, err
-	}
-	rconn, err := rabbit.Dial(p.topo.Config(), "ferry-bench-fill", watermill.NopLogger{})
-	if err != nil {
-		return benchReport{}, err
-	}
-	defer rconn.Close()
-	pub, err := rabbit.NewBatchPublisher(rconn, p.topo)
-	if err != nil {
-		return benchReport{}, err
-	}
-	relay, err := pgoutbox.NewRelay(p.sch.pool, pub, pgoutbox.RelayConfig{OrderedTopics: pub.OrderedTopics(), BatchSize: bc.BatchSize, PollOnly: true, PollInterval: 20 * time.Millisecond}, logger)
-	if err != nil {
-		return benchReport{}, err
-	}
-	rctx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan struct{})
-	go func() { defer close(relayDone); _ = relay.Run(rctx) }()
-	err = waitFor(ctx, 5*time.Minute, func() (bool, error) {
-		pending, err := pgoutbox.Table{}.PendingCount(ctx, p.sch.pool)
-		return pending == 0, err
-	})
-	stopRelay()
-	<-relayDone
-	if err != nil {
-		return benchReport{}, fmt.Errorf("filling the queue: %w", err)
 	}
 	loadStart := time.Now()
 	for done := 0; done < bc.SearchRows; done += 1_000_000 {
