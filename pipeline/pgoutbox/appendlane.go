@@ -38,7 +38,7 @@ type pageRow struct {
 // (sortPage), move the position past the page (advance), then publish and
 // record, the position's move with the outcome (relayClaimed).
 func (r *Relay) appendBatch(ctx context.Context) (res BatchResult, took bool, err error) {
-	tx, err := r.pool.Begin(ctx)
+	tx, err := r.pool.BeginTx(ctx, r.txOptions)
 	if err != nil {
 		return res, false, fmt.Errorf("beginning relay transaction: %w", err)
 	}

@@ -31,7 +31,7 @@ const (
 	DefaultRelayInFlight = 1
 	// DefaultRelayConfirmTimeout bounds the wait for a batch's confirms
 	// (see RelayConfig.ConfirmTimeout).
-	DefaultRelayConfirmTimeout = 10 * time.Second
+	DefaultRelayConfirmTimeout = 5 * time.Second
 	MaxRelayInFlight           = 16
 	DefaultMaxErrorLength      = 2048
 	// finishTimeout bounds the write that records a batch's outcome after
@@ -123,13 +123,18 @@ type RelayConfig struct {
 	// ConfirmTimeout bounds how long a batch waits for the broker to take
 	// and confirm its messages. A broker behind a black hole (packets
 	// dropped, the connection kept open: a security group, a dead NAT
-	// entry) answers nothing until the connection's heartbeat gives up
-	// (about 30 s), and meanwhile the batch holds the position, which every
-	// relay of the table needs. Past it, the messages not confirmed count
-	// as the relay's outage (pipeline.Infrastructure): no attempt spent,
-	// the batch records nothing of them, and relays that can reach the
-	// broker send them (once more, if the broker had them: consumers
-	// deduplicate). Default 10s; at most 10m.
+	// entry) answers nothing until the connection's heartbeat gives up,
+	// and meanwhile the batch holds the position, which every relay of the
+	// table needs. Past it, the messages not confirmed count as the
+	// relay's outage (pipeline.Infrastructure): no attempt spent, the batch
+	// records nothing of them, and relays that can reach the broker send
+	// them (once more, if the broker had them: consumers deduplicate).
+	// It also bounds, with 2 s more, how long the database keeps a relay
+	// transaction idle between two statements
+	// (idle_in_transaction_session_timeout): a relay whose database link
+	// went silent mid-batch cannot roll back, and the server ends its
+	// session, releasing the position, at that bound. Default 5s; at most
+	// 10m.
 	ConfirmTimeout time.Duration
 	// MarkEachRow, if set, is asked at start and every few seconds whether
 	// the relay must also mark each row it sends dispatched (dispatched_at),

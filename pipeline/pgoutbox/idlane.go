@@ -43,7 +43,7 @@ func (r *Relay) RelayIDs(ctx context.Context, ids []int64) (res BatchResult, err
 	if len(ids) == 0 {
 		return res, nil
 	}
-	tx, err := r.pool.Begin(ctx)
+	tx, err := r.pool.BeginTx(ctx, r.txOptions)
 	if err != nil {
 		return res, fmt.Errorf("beginning relay transaction: %w", err)
 	}

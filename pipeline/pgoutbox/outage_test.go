@@ -141,3 +141,58 @@ func TestABatchWithoutConfirmsLetsGoOfThePosition(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 10, res.Dispatched)
 }
+
+// deaf is a publisher whose publish never returns until released, whatever
+// its context: a relay whose link went silent mid-batch, which cannot
+// even roll back its transaction.
+type deaf struct {
+	message.Publisher
+	entered, release chan struct{}
+	once             *sync.Once
+}
+
+func (d deaf) Publish(string, ...*message.Message) error {
+	d.once.Do(func() { close(d.entered) })
+	<-d.release
+	return errors.New("released")
+}
+
+// A relay that holds the position and then goes silent (its database link
+// dead, so it cannot roll back) holds it no longer than ConfirmTimeout and
+// 2 s: each batch's transaction carries that bound on its idle time, and
+// the server ends the session, releasing the position for the others.
+// Without it the position stayed with the silent relay until its
+// connection died, which behind a black hole takes until TCP gives up.
+func TestASilentRelayLetsGoOfThePositionWithinItsBound(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "orders.placed")
+	seed(t, pool, "orders.placed", 10, 10)
+	d := deaf{Publisher: b.pub, entered: make(chan struct{}), release: make(chan struct{}), once: &sync.Once{}}
+	silent := newRelay(t, pool, d, pgoutbox.RelayConfig{ConfirmTimeout: 500 * time.Millisecond})
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = silent.RelayBatch(context.Background()) })
+	t.Cleanup(func() { close(d.release); wg.Wait() })
+	select {
+	case <-d.entered: // it holds the position, publishing
+	case <-time.After(10 * time.Second):
+		t.Fatal("the silent relay never took the position")
+	}
+
+	healthy := newRelay(t, pool, &recorder{Publisher: b.pub}, pgoutbox.RelayConfig{})
+	res, err := healthy.RelayBatch(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, res.Dispatched, "the position is held: nothing to send yet")
+	start := time.Now()
+	sent := 0
+	require.Eventually(t, func() bool {
+		res, err := healthy.RelayBatch(context.Background())
+		if err == nil {
+			sent += res.Dispatched
+		}
+		return sent == 10
+	}, 15*time.Second, 100*time.Millisecond, "the silent relay kept the position")
+	took := time.Since(start)
+	t.Logf("the position came back after %s", took.Round(10*time.Millisecond))
+	require.Less(t, took, 2500*time.Millisecond+2*time.Second, "past ConfirmTimeout + 2 s, with room for a loaded machine")
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
@@ -72,8 +73,11 @@ type Relay struct {
 	ordered []string
 
 	claimSQL, headsSQL, lockSQL, dispatchedSQL, failedSQL, nextDueSQL, shadowSQL, probeSQL string
-	appendOnly                                                                             appendLane
-	t                                                                                      Table
+	// txOptions begin each batch's transaction with the bound on its idle
+	// time (RelayConfig.ConfirmTimeout).
+	txOptions  pgx.TxOptions
+	appendOnly appendLane
+	t          Table
 
 	dispatched, failed, probes, claims, replayed atomic.Int64
 	// gateRest counts down the idle rounds the probe's snapshot gate
@@ -128,8 +132,22 @@ func NewRelay(pool *pgxpool.Pool, pub message.Publisher, cfg RelayConfig, logger
 		failedSQL:     cfg.Table.markFailedSQL(),
 		nextDueSQL:    cfg.Table.nextDueSQL(),
 	}
+	r.txOptions = pgx.TxOptions{BeginQuery: batchBeginSQL(cfg.ConfirmTimeout)}
 	r.markEach.Store(cfg.MarkEachRow != nil)
 	return r, nil
+}
+
+// batchIdleSlack is how much longer than the confirm timeout the server
+// lets a batch's transaction sit idle (the statements that record the
+// outcome come right after the publish).
+const batchIdleSlack = 2 * time.Second
+
+// batchBeginSQL begins a batch's transaction with its idle bound, in the
+// same round trip (a simple-protocol BEGIN may carry more statements): a
+// relay whose link to the database goes silent mid-batch holds the
+// position, and only the server can end that hold.
+func batchBeginSQL(confirmTimeout time.Duration) string {
+	return fmt.Sprintf("BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d", (confirmTimeout + batchIdleSlack).Milliseconds())
 }
 
 // OrderedTopics are the topics whose order per aggregate the relay keeps

@@ -70,8 +70,22 @@ var brokerOutageBackoff = pipeline.Backoff{Initial: 200 * time.Millisecond, Max:
 // again; asleep when nothing is due.
 func (r *Relay) loop(ctx context.Context) {
 	outages := 0
+	reach, _ := r.pub.(pipeline.Reachability)
 	for {
-		res, err := r.RelayBatch(ctx)
+		var res BatchResult
+		var err error
+		if reach != nil && outages > 0 {
+			// After an outage, no row is taken (nor the position, which
+			// every relay of the table needs) until the publisher says a
+			// publish can get through: a silent broker would keep a batch
+			// for the whole confirm timeout each time.
+			err = reach.Reachable()
+		}
+		if err == nil {
+			res, err = r.RelayBatch(ctx)
+		} else {
+			err = fmt.Errorf("%w (not tried: %v)", ErrBrokerUnreachable, err)
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -90,7 +104,9 @@ func (r *Relay) loop(ctx context.Context) {
 			}
 			continue
 		}
-		if outages > 0 {
+		if outages > 0 && res.Dispatched > 0 {
+			// Back only once the broker confirmed a publish: a batch that
+			// found nothing to send proves nothing.
 			r.logger.Info("relay reaches the broker again", "batches_refused", outages)
 			outages = 0
 		}

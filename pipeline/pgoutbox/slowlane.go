@@ -18,7 +18,7 @@ import (
 // slowBatch claims one batch of the slow lane's due rows, publishes them
 // and records the outcome, in one transaction.
 func (r *Relay) slowBatch(ctx context.Context) (res BatchResult, err error) {
-	tx, err := r.pool.Begin(ctx)
+	tx, err := r.pool.BeginTx(ctx, r.txOptions)
 	if err != nil {
 		return res, fmt.Errorf("beginning claim transaction: %w", err)
 	}

@@ -80,7 +80,25 @@ type ConsumerConfig struct {
 	// handlers (the drain waits for them): a deploy's stop met work in
 	// flight. The chaos runs count these.
 	Draining func(inHandlers int)
+	// StepAside, if set, says whether this process cannot do the route's
+	// work now (its database out of reach); it is asked every PausePoll,
+	// as Paused is. While it says yes the consumer detaches as for a
+	// pause, except that its handlers get StepAsideGrace to finish: one
+	// stuck on the dead link would hold its delivery, and an ordered
+	// partition's single active consumer slot, until the link came back.
+	// Past the grace the channel closes and what the handlers still hold
+	// goes back to the queue, for a process that can reach the database
+	// (a handler whose effect ran and whose ledger commit could not is run
+	// there again, and the effect's idempotency key keeps it single). It
+	// consumes again once StepAside says no.
+	StepAside func() bool
+	// StepAsideGrace is how long a step aside waits for the handlers.
+	// Default 2s.
+	StepAsideGrace time.Duration
 }
+
+// DefaultStepAsideGrace is ConsumerConfig.StepAsideGrace's default.
+const DefaultStepAsideGrace = 2 * time.Second
 
 // DefaultPausePoll is ConsumerConfig.PausePoll's default.
 const DefaultPausePoll = 2 * time.Second
@@ -91,9 +109,21 @@ var _ message.Subscriber = (*Consumer)(nil)
 // the channel returns it first in line, where a requeue would not.
 var errGivenBack = errors.New("an ordered delivery was not settled: the channel closes to give it back first in line")
 
+// LostUnsettled ends the error of a channel lost with deliveries
+// unsettled (the count before it): the broker gives them to another
+// consumer, and an ack sent for them meanwhile is lost. The chaos runs
+// count such losses as faults that met work in flight.
+const LostUnsettled = "deliveries unsettled went back to the broker with the channel"
+
+var errUnsettled = errors.New(LostUnsettled)
+
 // errPaused ends a channel whose route was paused, once its handlers hold
 // nothing (ConsumerConfig.Paused).
 var errPaused = errors.New("the route is paused: the channel closes, its deliveries wait at the broker until it is resumed")
+
+// errSteppedAside ends a channel whose process cannot do the route's work
+// (ConsumerConfig.StepAside).
+var errSteppedAside = errors.New("this process cannot reach its database: the channel closes, its deliveries go to consumers that can")
 
 // NewConsumer returns a consumer of sub's queue over conn.
 func NewConsumer(conn *wamqp.ConnectionWrapper, topo *Topology, sub Subscription, cfg ConsumerConfig, logger watermill.LoggerAdapter) (*Consumer, error) {
@@ -117,6 +147,12 @@ func NewConsumer(conn *wamqp.ConnectionWrapper, topo *Topology, sub Subscription
 	}
 	if cfg.PausePoll < 0 {
 		return nil, fmt.Errorf("rabbit: ConsumerConfig.PausePoll must be positive, got %s", cfg.PausePoll)
+	}
+	if cfg.StepAsideGrace == 0 {
+		cfg.StepAsideGrace = DefaultStepAsideGrace
+	}
+	if cfg.StepAsideGrace < 0 {
+		return nil, fmt.Errorf("rabbit: ConsumerConfig.StepAsideGrace must be positive, got %s", cfg.StepAsideGrace)
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
@@ -172,7 +208,11 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 			switch err := c.consume(ctx, out); {
 			case errors.Is(err, errGivenBack):
 				c.logger.Info("Reopening the channel: "+err.Error(), fields)
-			case errors.Is(err, errPaused):
+			case errors.Is(err, errSteppedAside) && errors.Is(err, errUnsettled):
+				// Handlers were stuck on the dead link: worth an operator's
+				// eye, unlike a quiet detach.
+				c.logger.Error("Consumer stepped aside", err, fields)
+			case errors.Is(err, errPaused), errors.Is(err, errSteppedAside):
 				c.logger.Info("Consumer detached: "+err.Error(), fields)
 			case err != nil:
 				c.logger.Error("Consuming stopped; reopening", err, fields)
@@ -189,10 +229,11 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 	return out, nil
 }
 
-// awaitResume waits while the route is paused (ConsumerConfig.Paused);
-// false when the consumer stops meanwhile.
+// awaitResume waits while the route is paused (ConsumerConfig.Paused) or
+// the process steps aside (StepAside); false when the consumer stops
+// meanwhile.
 func (c *Consumer) awaitResume(ctx context.Context, fields watermill.LogFields) bool {
-	if c.cfg.Paused == nil || !c.cfg.Paused() {
+	if !c.detached() {
 		return true
 	}
 	t := time.NewTicker(c.cfg.PausePoll)
@@ -205,12 +246,19 @@ func (c *Consumer) awaitResume(ctx context.Context, fields watermill.LogFields) 
 		case <-ctx.Done():
 			return false
 		}
-		if !c.cfg.Paused() {
-			c.logger.Info("Route resumed: consuming again", fields)
+		if !c.detached() {
+			c.logger.Info("Consuming again", fields)
 			return true
 		}
 	}
 }
+
+// detached says whether the consumer must take no delivery now.
+func (c *Consumer) detached() bool {
+	return c.stepAside() || c.cfg.Paused != nil && c.cfg.Paused()
+}
+
+func (c *Consumer) stepAside() bool { return c.cfg.StepAside != nil && c.cfg.StepAside() }
 
 func (c *Consumer) declare(exchange string) error {
 	if !c.conn.IsConnected() {
@@ -271,6 +319,10 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		stopped  = c.closing
 		ctxDone  = ctx.Done()
 		pauseAsk <-chan time.Time
+		// aside is errSteppedAside once the process steps aside, graceUp
+		// fires at the end of its grace.
+		aside   error
+		graceUp <-chan time.Time
 	)
 	// Only this loop closes stop: a pause and a drain can both ask.
 	signalStop := func() {
@@ -278,12 +330,19 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			close(stop)
 		}
 	}
-	if c.cfg.Paused != nil {
+	if c.cfg.Paused != nil || c.cfg.StepAside != nil {
 		t := time.NewTicker(c.cfg.PausePoll)
 		defer t.Stop()
 		pauseAsk = t.C
 	}
 	requeue := !c.sub.Config.Consume.NoRequeueOnNack
+	// lost says how many deliveries a lost channel took back with it.
+	lost := func(err error) error {
+		if n := len(window); n > 0 {
+			return fmt.Errorf("%w: %d %w", err, n, errUnsettled)
+		}
+		return err
+	}
 	// A message's context ends once it is settled or the channel is gone
 	// (Watermill's contract: the handler's work for it is over).
 	defer func() {
@@ -316,6 +375,9 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			return nil
 		}
 		if pausing && handedOut == 0 {
+			if aside != nil {
+				return aside
+			}
 			return errPaused
 		}
 		in, send = nil, nil
@@ -333,7 +395,7 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		select {
 		case d, ok := <-in:
 			if !ok {
-				return errors.New("the broker closed the delivery stream")
+				return lost(errors.New("the broker closed the delivery stream"))
 			}
 			msg, err := c.sub.Config.Marshaler.Unmarshal(d)
 			if err != nil {
@@ -351,7 +413,7 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			case c.cfg.DrainTimeout > 0:
 				// Not ended by ctx: a stop drains (see DrainTimeout).
 				mctx, cancel = context.WithCancel(pipeline.WithStopping(context.WithoutCancel(ctx), stop))
-			case c.cfg.Paused != nil:
+			case c.cfg.Paused != nil || c.cfg.StepAside != nil:
 				mctx, cancel = context.WithCancel(pipeline.WithStopping(ctx, stop))
 			default:
 				mctx, cancel = context.WithCancel(ctx)
@@ -384,11 +446,12 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			if err := ch.Nack(tag, false, requeue); err != nil {
 				return fmt.Errorf("nacking: %w", err)
 			}
-		case err := <-closed:
-			if err == nil {
-				return errors.New("channel closed")
+		case amqpErr := <-closed:
+			err := errors.New("channel closed")
+			if amqpErr != nil {
+				err = amqpErr
 			}
-			return err
+			return lost(err)
 		case <-stopped:
 			if !beginDrain(handedOut) {
 				return nil
@@ -398,10 +461,22 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 				return nil
 			}
 		case <-pauseAsk:
-			if !pausing && !draining && c.cfg.Paused() {
+			if pausing || draining {
+				break
+			}
+			if c.stepAside() {
+				pausing, aside = true, errSteppedAside
+				graceUp = time.After(c.cfg.StepAsideGrace)
+				signalStop()
+			} else if c.cfg.Paused != nil && c.cfg.Paused() {
 				pausing = true
 				signalStop()
 			}
+		case <-graceUp:
+			// What the handlers still hold goes back with the channel
+			// (the deferred cancels end their contexts: a statement stuck
+			// on the dead link returns).
+			return fmt.Errorf("%w: %d %w", aside, handedOut, errUnsettled)
 		case <-drained:
 			c.logger.Info("Drain timed out; the deliveries still in handlers go back to the queue with the channel", watermill.LogFields{
 				"amqp_queue_name": c.sub.Queue, "in_handlers": handedOut, "drain_timeout": c.cfg.DrainTimeout.String(),

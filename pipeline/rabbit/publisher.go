@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -42,7 +44,116 @@ type BatchPublisher struct {
 	mu       sync.Mutex
 	declared map[string]bool // exchanges declared by this publisher
 	closed   bool
+
+	// silent is set when the broker left a call unanswered past the
+	// caller's deadline (a confirm, a channel open) while the connection
+	// looked up: a black hole (packets dropped, the connection kept open)
+	// that the heartbeat notices only after three intervals. Meanwhile
+	// every publish would wait out the caller's deadline again, holding
+	// what the caller holds (the relay's position); so until a channel
+	// opens again (probe, in the background), publishes fail at once as
+	// the publisher's outage.
+	silent  atomic.Bool
+	probing atomic.Bool
 }
+
+// silentProbeTimeout bounds each background look for the broker's answer
+// after it went silent.
+const silentProbeTimeout = 2 * time.Second
+
+var _ pipeline.Reachability = (*BatchPublisher)(nil)
+
+// Reachable implements pipeline.Reachability: nil while the connection is
+// up and the broker answers.
+func (p *BatchPublisher) Reachable() error {
+	switch {
+	case p.isClosed():
+		return pipeline.Infrastructure(errors.New("rabbit: publisher is closed"))
+	case !p.connected():
+		return pipeline.Infrastructure(errors.New("rabbit: not connected to RabbitMQ (reconnecting)"))
+	case p.silent.Load():
+		p.probe()
+		return pipeline.Infrastructure(errors.New("rabbit: the broker stopped answering (no confirm or channel within the deadline); publishing waits until it answers again"))
+	}
+	return nil
+}
+
+// wentSilent marks the broker silent after a call that ctx's deadline cut
+// short, and starts the probe that clears it.
+func (p *BatchPublisher) wentSilent(ctx context.Context, err error) {
+	if errors.Is(err, context.DeadlineExceeded) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		p.silent.Store(true)
+		p.probe()
+	}
+}
+
+// probe opens a channel in the background, one probe at a time, until the
+// broker answers (silent cleared) or the publisher closes.
+func (p *BatchPublisher) probe() {
+	if !p.probing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer p.probing.Store(false)
+		for p.silent.Load() && !p.isClosed() {
+			if p.connected() {
+				ctx, cancel := context.WithTimeout(context.Background(), silentProbeTimeout)
+				ch, err := p.openChannel(ctx)
+				cancel()
+				if err == nil {
+					closeAsync(ch)
+					p.silent.Store(false)
+					return
+				}
+			}
+			time.Sleep(silentProbeTimeout / 4)
+		}
+	}()
+}
+
+// openChannel opens a confirm-mode channel, waiting at most until ctx
+// ends: amqp091's Channel and Confirm wait for the broker's answer with no
+// deadline, and behind a black hole it comes only when the heartbeat gives
+// the connection up. A channel that opens after ctx ended is closed.
+func (p *BatchPublisher) openChannel(ctx context.Context) (*amqp.Channel, error) {
+	type opened struct {
+		ch  *amqp.Channel
+		err error
+	}
+	conn := p.conn.Connection()
+	if conn == nil {
+		return nil, errors.New("not connected")
+	}
+	done := make(chan opened, 1)
+	go func() {
+		ch, err := conn.Channel()
+		if err != nil {
+			done <- opened{err: fmt.Errorf("opening publish channel: %w", err)}
+			return
+		}
+		if err := ch.Confirm(false); err != nil {
+			closeAsync(ch)
+			done <- opened{err: fmt.Errorf("enabling publisher confirms: %w", err)}
+			return
+		}
+		done <- opened{ch: ch}
+	}()
+	select {
+	case o := <-done:
+		return o.ch, o.err
+	case <-ctx.Done():
+		go func() {
+			if o := <-done; o.ch != nil {
+				closeAsync(o.ch)
+			}
+		}()
+		return nil, fmt.Errorf("opening publish channel: %w", ctx.Err())
+	}
+}
+
+// closeAsync closes ch without waiting: Close waits for the broker's
+// close-ok, which a silent broker never sends.
+func closeAsync(ch *amqp.Channel) { go func() { _ = ch.Close() }() }
 
 // NewBatchPublisher returns a publisher over conn (which it does not own).
 func NewBatchPublisher(conn *wamqp.ConnectionWrapper, topo *Topology) (*BatchPublisher, error) {
@@ -112,12 +223,12 @@ func (p *BatchPublisher) connected() bool {
 }
 
 // outage marks err as the publisher's own (pipeline.Infrastructure) when
-// the connection is down: the message is not at fault, and the relay
+// the connection is down or the broker silent: the message is not at fault, and the relay
 // leaves it to a relay that can reach the broker instead of spending an
 // attempt and a backoff on it. A failure while connected (a nack, a
 // channel a message closed) stays the message's.
 func (p *BatchPublisher) outage(err error) error {
-	if err == nil || p.connected() && !errors.Is(err, amqp.ErrClosed) {
+	if err == nil || p.connected() && !p.silent.Load() && !errors.Is(err, amqp.ErrClosed) {
 		return err
 	}
 	return pipeline.Infrastructure(err)
@@ -218,6 +329,7 @@ func (p *BatchPublisher) publishOnce(ctx context.Context, batch []Outgoing) (err
 		switch {
 		case err != nil:
 			healthy = false // confirms of this channel are now out of step with us
+			p.wentSilent(ctx, err)
 			errs[i] = fmt.Errorf("waiting for confirm of message %s: %w", batch[i].Msg.UUID, err)
 		case !ok:
 			errs[i] = fmt.Errorf("broker did not confirm message %s (nack or channel closed)", batch[i].Msg.UUID)
@@ -253,6 +365,12 @@ func (p *BatchPublisher) acquire(ctx context.Context) (*amqp.Channel, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	// Down or silent: at once, before a pooled channel would wait out
+	// ctx's deadline on a broker that answers nothing.
+	if err := p.Reachable(); err != nil {
+		<-p.slots
+		return nil, err
+	}
 	select {
 	case ch := <-p.channels:
 		if !ch.IsClosed() {
@@ -260,25 +378,13 @@ func (p *BatchPublisher) acquire(ctx context.Context) (*amqp.Channel, error) {
 		}
 	default:
 	}
-	if p.isClosed() {
-		<-p.slots
-		return nil, pipeline.Infrastructure(errors.New("rabbit: publisher is closed"))
-	}
-	if !p.connected() {
-		<-p.slots
-		return nil, pipeline.Infrastructure(errors.New("rabbit: not connected to RabbitMQ (reconnecting)"))
-	}
 	// A channel that cannot be opened or put in confirm mode is the
 	// connection's trouble, never a message's.
-	ch, err := p.conn.Connection().Channel()
+	ch, err := p.openChannel(ctx)
 	if err != nil {
+		p.wentSilent(ctx, err)
 		<-p.slots
-		return nil, pipeline.Infrastructure(fmt.Errorf("opening publish channel: %w", err))
-	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
-		<-p.slots
-		return nil, pipeline.Infrastructure(fmt.Errorf("enabling publisher confirms: %w", err))
+		return nil, pipeline.Infrastructure(err)
 	}
 	return ch, nil
 }
@@ -286,13 +392,13 @@ func (p *BatchPublisher) acquire(ctx context.Context) (*amqp.Channel, error) {
 func (p *BatchPublisher) release(ch *amqp.Channel, healthy bool) {
 	defer func() { <-p.slots }()
 	if !healthy || ch.IsClosed() || p.isClosed() {
-		_ = ch.Close()
+		closeAsync(ch)
 		return
 	}
 	select {
 	case p.channels <- ch:
 	default:
-		_ = ch.Close()
+		closeAsync(ch)
 	}
 }
 
