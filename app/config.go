@@ -267,6 +267,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_AMQP_NAMESPACE", "(none)", "prefix of every exchange and queue name", func(c *Config, v string) error { c.AMQP.Namespace = v; return nil }},
 		{"FERRY_AMQP_QUEUE_TYPE", rabbit.QueueTypeQuorum, "quorum or classic", func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
 		{"FERRY_AMQP_PREFETCH", strconv.Itoa(rabbit.DefaultPrefetch), "unacked messages per consumer", intVar(func(c *Config) *int { return &c.AMQP.Prefetch }, 1, 65535)},
+		{"FERRY_AMQP_HEARTBEAT", rabbit.DefaultHeartbeat.String(), "AMQP heartbeat timeout: bounds how long a connection behind a black hole goes unnoticed (the broker hands a silent consumer's deliveries and ordered partitions to the others after about two timeouts)", durationVar(func(c *Config) *time.Duration { return &c.AMQP.Heartbeat })},
 		{"FERRY_AMQP_PUBLISH_CHANNELS", strconv.Itoa(rabbit.DefaultPublishChannels), "publisher channel pool size", intVar(func(c *Config) *int { return &c.AMQP.PublishChannels }, 1, 1024)},
 		{"FERRY_AMQP_CONSUMERS", strconv.Itoa(rabbit.DefaultConsumers), "consumers per queue of an unordered handler", intVar(func(c *Config) *int { return &c.AMQP.Consumers }, 1, rabbit.MaxConsumers)},
 		{"FERRY_AMQP_PARTITIONS", strconv.Itoa(rabbit.DefaultPartitions), "partition queues per handler of an ordered topic (drain before changing)", intVar(func(c *Config) *int { return &c.AMQP.Partitions }, 1, rabbit.MaxPartitions)},
@@ -309,7 +310,7 @@ func EnvVars() []EnvVar {
 			}
 			return durationVar(func(c *Config) *time.Duration { return &c.Relay.FailoverReplay })(c, v)
 		}},
-		{"FERRY_RELAY_CONFIRM_TIMEOUT", pgoutbox.DefaultRelayConfirmTimeout.String(), "how long a relay batch waits for the broker's confirms; past it (a broker behind a black hole) the messages count as the relay's outage, not the rows': no attempt spent, other relays send them", durationVar(func(c *Config) *time.Duration { return &c.Relay.ConfirmTimeout })},
+		{"FERRY_RELAY_CONFIRM_TIMEOUT", pgoutbox.DefaultRelayConfirmTimeout.String(), "how long a relay batch waits for the broker's confirms; past it (a broker behind a black hole) the messages count as the relay's outage, not the rows': no attempt spent, other relays send them; with 2s more, it bounds how long the database keeps a batch's transaction idle (a relay whose database link went silent releases the position then)", durationVar(func(c *Config) *time.Duration { return &c.Relay.ConfirmTimeout })},
 		{"FERRY_RELAY_MODE", RelayModeNotify, "notify (producers wake the relays after their commits; LISTEN, polling as the fallback), poll (polling only) or cdc (stream from the WAL; see CDC relay mode)", func(c *Config, v string) error { c.RelayMode = v; return nil }},
 		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},
@@ -641,6 +642,9 @@ func (c Config) Validate() error {
 	}
 	if c.CDC.HeartbeatInterval <= 0 {
 		add("FERRY_CDC_HEARTBEAT_INTERVAL", errors.New("must be positive"))
+	}
+	if c.AMQP.Heartbeat != 0 && c.AMQP.Heartbeat < time.Second {
+		add("FERRY_AMQP_HEARTBEAT", fmt.Errorf("must be at least 1s, got %s", c.AMQP.Heartbeat))
 	}
 	if c.DurableRetry.MaxAttempts < 1 {
 		add("FERRY_DURABLE_RETRY_MAX_ATTEMPTS", errors.New("must be at least 1"))

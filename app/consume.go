@@ -129,15 +129,20 @@ const DrainingLog = "stopping: the messages in handlers finish first"
 // lets handlers finish and settle what they hold, so none runs twice, and
 // what is left goes back first in line (rabbit.ConsumerConfig). A pause
 // of its route (ferry pause) detaches it, so that nothing waits unacked
-// past the broker's consumer_timeout.
+// past the broker's consumer_timeout. A process that cannot reach its
+// database steps aside the same way (rabbit.ConsumerConfig.StepAside).
 func (a *App) consumer(conn *wamqp.ConnectionWrapper, s rabbit.Subscription, inFlight int) (*rabbit.Consumer, error) {
 	route := pipeline.RouteName(s.Name)
 	paused := func() bool { return a.pauses.Paused(context.Background(), route) }
+	// A process whose database does not answer steps aside: its
+	// deliveries (and ordered partitions) go to processes that can reach
+	// theirs, within a poll, the read's bound and the grace.
+	stepAside := func() bool { return a.pauses.Unreachable(context.Background()) != nil }
 	draining := func(n int) {
 		a.logger.Info(DrainingLog, "handler", s.Name, "in_handlers", n, "drain_timeout", a.cfg.ShutdownTimeout)
 	}
 	return rabbit.NewConsumer(conn, a.topology, s, rabbit.ConsumerConfig{
-		InFlight: inFlight, DrainTimeout: a.cfg.ShutdownTimeout, Paused: paused, PausePoll: a.pauses.Poll(), Draining: draining,
+		InFlight: inFlight, DrainTimeout: a.cfg.ShutdownTimeout, Paused: paused, PausePoll: a.pauses.Poll(), Draining: draining, StepAside: stepAside,
 	}, a.watermillLogger())
 }
 

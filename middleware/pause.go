@@ -3,7 +3,9 @@ package middleware
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -84,7 +86,16 @@ type PauseWatch struct {
 	mu     sync.Mutex
 	at     time.Time
 	routes map[string]bool
+	// unreachable is the last read's failure when it says that this
+	// process cannot reach the database (no answer in time, no
+	// connection), nil otherwise.
+	unreachable error
 }
+
+// pauseReadTimeout bounds one read of the paused routes: a simple read of
+// a small table, so a database that has not answered by then is out of
+// reach from this process (a black hole, a link down).
+const pauseReadTimeout = 3 * time.Second
 
 // NewPauseWatch returns a reader of src's paused routes, read at most once
 // per poll (0: DefaultPausePoll).
@@ -112,17 +123,58 @@ func (w *PauseWatch) Poll() time.Duration { return w.poll }
 func (w *PauseWatch) Paused(ctx context.Context, route string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if time.Since(w.at) >= w.poll {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		routes, err := w.src.Paused(rctx)
-		cancel()
-		if err != nil {
-			// Keep what was known: an outage neither pauses nor resumes.
-			w.logger.WarnContext(ctx, "cannot read the paused handlers; keeping the last known", "error", pipeline.ErrorText(err, 300))
-		} else {
-			w.routes = routes
-		}
-		w.at = time.Now()
-	}
+	w.refresh(ctx)
 	return w.routes[route]
+}
+
+// Unreachable returns, as of the last read, why this process cannot reach
+// the database the paused routes are read from (the read timed out or
+// found no connection), or nil. The consumers step aside while it is not
+// nil (rabbit.ConsumerConfig.StepAside): a handler here could not reach
+// its ledger either, and would hold its delivery, and an ordered
+// partition, that a process which can reach the database would handle.
+func (w *PauseWatch) Unreachable(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refresh(ctx)
+	return w.unreachable
+}
+
+// refresh reads the paused routes once they are a Poll old; w.mu is held.
+func (w *PauseWatch) refresh(ctx context.Context) {
+	if time.Since(w.at) < w.poll {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseReadTimeout)
+	routes, err := w.src.Paused(rctx)
+	if err != nil && rctx.Err() == nil {
+		// Once more, on another connection, within the same bound: a
+		// pooled connection whose backend was terminated fails once.
+		routes, err = w.src.Paused(rctx)
+	}
+	cancel()
+	w.at = time.Now()
+	if err != nil {
+		// Keep what was known: an outage neither pauses nor resumes.
+		w.logger.WarnContext(ctx, "cannot read the paused handlers; keeping the last known", "error", pipeline.ErrorText(err, 300))
+		if out := outOfReach(err); out && w.unreachable == nil {
+			w.unreachable = err
+			w.logger.WarnContext(ctx, "the database does not answer this process; its consumers step aside until it does", "error", pipeline.ErrorText(err, 300))
+		}
+		return
+	}
+	w.routes = routes
+	if w.unreachable != nil {
+		w.unreachable = nil
+		w.logger.InfoContext(ctx, "the database answers this process again; its consumers take deliveries")
+	}
+}
+
+// outOfReach reports whether err says the server could not be reached or
+// did not answer in time, rather than that it answered with an error (a
+// backend terminated by an administrator answers, and another connection
+// will do).
+func outOfReach(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr)
 }

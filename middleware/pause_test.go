@@ -3,7 +3,10 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,4 +84,64 @@ func TestPauseHoldsAPausedRoutesMessagesUntilResumed(t *testing.T) {
 
 	_, err = middleware.PauseConfig{}.Middleware(slog.New(slog.DiscardHandler))
 	require.Error(t, err, "a pause link needs its source")
+}
+
+// scriptedSource answers each read with the next of its errors (nil: the
+// routes), as a database link would: silent, dropped, or answering.
+type scriptedSource struct {
+	mu    sync.Mutex
+	errs  []error
+	reads int
+}
+
+func (s *scriptedSource) Paused(ctx context.Context) (map[string]bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reads++
+	if len(s.errs) == 0 {
+		return map[string]bool{"h": true}, nil
+	}
+	err := s.errs[0]
+	s.errs = s.errs[1:]
+	if errors.Is(err, context.DeadlineExceeded) {
+		s.mu.Unlock()
+		<-ctx.Done() // silent: only the read's bound ends it
+		s.mu.Lock()
+		return nil, fmt.Errorf("%w: %w", err, ctx.Err())
+	}
+	return nil, err
+}
+
+// The watch tells a database out of reach (no answer in time, a connection
+// dropped twice over) from one that answers with an error (a backend an
+// administrator terminated: the next connection will do): only the first
+// makes the consumers step aside, and the next good read brings them back.
+func TestThePauseWatchTellsADatabaseOutOfReach(t *testing.T) {
+	src := &scriptedSource{}
+	w, err := middleware.NewPauseWatch(src, time.Millisecond, nil)
+	require.NoError(t, err)
+	read := func(errs ...error) error {
+		src.mu.Lock()
+		src.errs = errs
+		src.mu.Unlock()
+		time.Sleep(2 * time.Millisecond) // past the poll
+		return w.Unreachable(context.Background())
+	}
+	require.NoError(t, read())
+	require.True(t, w.Paused(context.Background(), "h"))
+
+	silent := fmt.Errorf("no answer: %w", context.DeadlineExceeded)
+	require.Error(t, read(silent), "no answer in time")
+	require.True(t, w.Paused(context.Background(), "h"), "what was known is kept")
+	require.NoError(t, read(), "back once a read succeeds")
+
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	require.Error(t, read(refused, refused))
+	require.NoError(t, read())
+
+	// A pooled connection whose backend died fails once; the retry, on
+	// another connection within the same bound, answers.
+	require.NoError(t, read(io.ErrUnexpectedEOF))
+	// The server answered, with an error: reachable.
+	require.NoError(t, read(errors.New("FATAL: terminating connection due to administrator command (SQLSTATE 57P01)"), errors.New("FATAL: again")))
 }
