@@ -301,11 +301,22 @@ var cmdChaos = &cli.Command{
 		fs.StringVar(&run.RelayMode, "relay-mode", "notify", "relay processes' mode: notify, or cdc (the CDC variant: the relays stream from a replication slot, one active, one standing by)")
 		fs.BoolVar(&run.Versions, "versions", false, "make a version roll the run's only fault: the charge event goes v1 → v2 → v3 while orders flow, the consumers rolled first each time (old and new code at once), then the producers; version 1's code poisons some charges (a bug), which are requeued after version 3 is deployed and must succeed")
 		fs.StringVar(&run.Restarts, "restarts", "", "make rolling restarts of the consumers (one at a time, the replacement up first, as a Deployment rolls) the only fault, with this signal: sigterm (a deploy: nothing may run twice) or sigkill; by default a SIGTERM roll is one fault among the others")
+		fs.BoolVar(&run.Network, "network", false, "make faults of the network the only faults, from Toxiproxy (in this process): two `ferry run` processes, A and B, each behind proxies of its own to PostgreSQL and RabbitMQ, meet black holes, 300 ± 200 ms latency, resets, slow closes and bandwidth limits one link at a time; nothing may be poisoned, and the orders committed during a fault must be charged within 15 s (p99). Orders flow (20/s unless --rate) until the plan ends; with --long the plan goes on for 10 minutes")
 		fs.BoolVar(&run.HA, "ha", false, "on clusters of the run's own (3 RabbitMQ nodes, a PostgreSQL primary with a synchronous standby, on loopback ports, removed afterwards), with a broker node's loss and a database failover among the faults")
 		asJSON := fs.Bool("json", false, "print the report as JSON")
 		return func(ctx context.Context, _ []string) error {
 			run.Seed = *seed
-			if *long {
+			if run.Network {
+				rateSet := false
+				fs.Visit(func(f *flag.Flag) { rateSet = rateSet || f.Name == "rate" })
+				if !rateSet {
+					run.Rate = 20
+				}
+				if *long {
+					run.NetworkDuration = 10 * time.Minute
+				}
+			}
+			if *long && !run.Network {
 				run.Orders = max(run.Orders, 10_000)
 				run.RestartBroker = !run.HA // the HA run loses a node of its own cluster instead
 			}

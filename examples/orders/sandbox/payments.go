@@ -21,6 +21,9 @@ type Charge struct {
 	OrderID        string
 	// TraceID is the trace id of the request's traceparent header, if any.
 	TraceID string
+	// At is when the charge was made (its first request): a run measures
+	// commit → effect from it.
+	At time.Time
 }
 
 // PaymentProvider is a Stripe-like payment API: POST /v1/charges with an
@@ -184,7 +187,7 @@ func (p *PaymentProvider) handleCharge(w http.ResponseWriter, r *http.Request) {
 		c = Charge{
 			ID: fmt.Sprintf("ch_%06d", len(p.charges)+1), IdempotencyKey: key,
 			Amount: req.Amount, Currency: req.Currency, Customer: req.Customer, OrderID: req.Metadata["order_id"],
-			TraceID: traceIDOf(r.Header.Get("traceparent")),
+			TraceID: traceIDOf(r.Header.Get("traceparent")), At: time.Now(),
 		}
 		p.charges = append(p.charges, c)
 		p.byKey[key] = c

@@ -114,6 +114,19 @@ type ChaosRun struct {
 	// processes (at most two minutes more): on a loaded machine a roll
 	// takes longer, and a run that stopped few processes proves little.
 	MinConsumerStops int
+	// Network makes faults of the network the run's only faults
+	// (chaos_network.go): two `ferry run` processes, A and B, each behind
+	// Toxiproxy proxies of its own to PostgreSQL and RabbitMQ; black holes,
+	// latency, resets, slow closes and bandwidth limits strike one process's
+	// link at a time. Handlers do not fail on purpose, nothing may be
+	// poisoned, and the orders committed during a fault must be charged
+	// within NetworkBound. Orders are placed until the plan ends.
+	Network bool
+	// NetworkShort keeps the network plan to its first four faults (the CI
+	// run); NetworkDuration, if set, draws further faults until the plan
+	// lasts that long (the long run: 10 minutes).
+	NetworkShort    bool
+	NetworkDuration time.Duration
 	// Binary is the ferry binary to run. Default: this process's executable.
 	Binary string
 	// DrainTimeout bounds the wait for the pipeline to settle. Default 3m.
@@ -144,6 +157,13 @@ func (r ChaosRun) withDefaults() ChaosRun {
 		r.DrainTimeout = 3 * time.Minute
 	}
 	r.RelayMode = cmp.Or(r.RelayMode, app.RelayModeNotify)
+	if r.Network {
+		// Orders until the plan's last fault is over; no handler faults:
+		// a poisoned message is the network's doing, and a violation.
+		r.Orders = max(r.Orders, int(planDuration(networkPlan(r)).Seconds())*r.Rate)
+		r.HandlerFail, r.HandlerPanic = 0, 0
+		r.Relays, r.Consumers = 0, 0
+	}
 	return r
 }
 
@@ -155,6 +175,13 @@ type ChaosReport struct {
 	OrdersRolledBack int            `json:"orders_rolled_back"`
 	OrderReplays     int            `json:"order_replays_deduped"`
 	Faults           map[string]int `json:"faults"`
+	// FaultsMetWork counts, by kind, the faults that met work in flight
+	// (the network run's: NetworkFault.MetWork).
+	FaultsMetWork map[string]int `json:"faults_met_work,omitempty"`
+	// Network is the network run's faults, each with the delays of the
+	// orders committed while it lasted; NetworkBoundSeconds is their bound.
+	Network             []NetworkFault `json:"network_faults,omitempty"`
+	NetworkBoundSeconds float64        `json:"network_bound_seconds,omitempty"`
 	// FaultsMissed are faults tried that met nothing (no live process, no
 	// backend) or were cut short by the run's end: not counted in Faults.
 	FaultsMissed map[string]int `json:"faults_missed"`
@@ -249,7 +276,7 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if err := run.validate(); err != nil {
 		return ChaosReport{}, err
 	}
-	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, HA: run.HA, Faults: map[string]int{}, FaultsMissed: map[string]int{}, PoisonReasons: map[string]int{}}
+	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, HA: run.HA, Faults: map[string]int{}, FaultsMissed: map[string]int{}, FaultsMetWork: map[string]int{}, PoisonReasons: map[string]int{}}
 	rng := rand.New(rand.NewPCG(run.Seed, run.Seed+1))
 	if run.Binary == "" {
 		if run.Binary, err = os.Executable(); err != nil {
@@ -276,14 +303,20 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		return rep, fmt.Errorf("starting the driver: %w", err)
 	}
 
-	env, childFaults, err := startChildren(ctx, cfg, c, run, schema, appName, provider, sink, driver, logger, &cl)
+	if run.Network {
+		if srv.net, err = startNetwork(cfg.DatabaseURL, c.AMQP.URL, &cl); err != nil {
+			return rep, fmt.Errorf("starting the run's Toxiproxy: %w", err)
+		}
+	}
+	env, childFaults, err := startChildren(ctx, cfg, c, run, schema, appName, provider, sink, driver, srv.net, logger, &cl)
 	if err != nil {
 		return rep, fmt.Errorf("starting the relay and consumer processes: %w", err)
 	}
 	logDir := env.logDir
 
 	faults := startFaults(ctx, run, env, driver, provider, srv, vhost, appName, childFaults, &rep)
-	seq, committedKeys, err := placeOrders(ctx, run, rng, driver, svc, faults.retried, env, &rep)
+	committedAt := map[int64]time.Time{}
+	seq, committedKeys, err := placeOrders(ctx, run, rng, driver, svc, faults.retried, env, committedAt, &rep)
 	if err != nil {
 		faults.stop()
 		return rep, fmt.Errorf("placing orders (%d committed): %w", rep.OrdersCommitted, err)
@@ -294,6 +327,14 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 
 	if err := settleAndCheck(ctx, run, env, driver, provider, sink, seq, committedKeys, childFaults, logDir, &rep); err != nil {
 		return rep, fmt.Errorf("waiting for every effect and checking them (logs in %s): %w", logDir, err)
+	}
+	if run.Network {
+		checkNetwork(&rep, faults.windows, committedAt, provider.Charges(), logDir)
+		// A process that loses a link waits it out: it must not exit.
+		if live := len(env.live("run")); live < len(networkProcesses) {
+			rep.Violations = append(rep.Violations, fmt.Sprintf("%d of the %d `ferry run` processes exited during the network faults (their logs: %s)",
+				len(networkProcesses)-live, len(networkProcesses), logTail(logDir)))
+		}
 	}
 	printChaosReport(out, rep, logDir)
 	if rep.OK() {
@@ -364,7 +405,7 @@ func startDriver(ctx context.Context, cfg app.Config, run ChaosRun, schema, vhos
 // heartbeating. faults gives each child its own handler-fault seed; cl
 // stops the children (and drops a CDC run's slot) when the run ends.
 func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema, appName string, provider *sandbox.PaymentProvider, sink *sandbox.SMTPSink,
-	driver *app.App, logger *slog.Logger, cl *cleanups) (*chaosEnv, func() string, error) {
+	driver *app.App, net *network, logger *slog.Logger, cl *cleanups) (*chaosEnv, func() string, error) {
 	logDir, err := os.MkdirTemp("", "ferry-chaos-")
 	if err != nil {
 		return nil, nil, err
@@ -413,10 +454,20 @@ func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema,
 			return nil, nil, err
 		}
 	}
+	wantRelays, wantConsumers := run.Relays, run.Consumers
+	if net != nil {
+		// The network run's processes: `ferry run` each, through its proxies.
+		for i, name := range networkProcesses {
+			if _, err := env.startAs(name, "run", append(net.env(i, appName), faults())...); err != nil {
+				return nil, nil, err
+			}
+		}
+		wantRelays, wantConsumers = len(networkProcesses), len(networkProcesses)
+	}
 	if err := wait.For(ctx, func() bool {
 		var relays, consumers int
 		_ = driver.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE components LIKE '%relay%'), count(*) FILTER (WHERE components LIKE '%consumers%') FROM ferry_instances`).Scan(&relays, &consumers)
-		return relays >= run.Relays && consumers >= run.Consumers
+		return relays >= wantRelays && consumers >= wantConsumers
 	}); err != nil {
 		return nil, nil, fmt.Errorf("children did not come up: %w; their last words: %s (logs in %s)", err, logTail(logDir), logDir)
 	}
@@ -429,7 +480,7 @@ func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema,
 // beside the database outage. It returns the audit events expected per
 // aggregate and the committed orders' keys.
 func placeOrders(ctx context.Context, run ChaosRun, rng *rand.Rand, driver *app.App, svc *orders.Service,
-	retried func(fn func() error, retries *int) error, env *chaosEnv, rep *ChaosReport) (map[string]int64, []string, error) {
+	retried func(fn func() error, retries *int) error, env *chaosEnv, committedAt map[int64]time.Time, rep *ChaosReport) (map[string]int64, []string, error) {
 	consumersAt := func() int {
 		v, _ := env.version.Load().(string)
 		n, _ := strconv.Atoi(v)
@@ -462,7 +513,11 @@ func placeOrders(ctx context.Context, run ChaosRun, rng *rand.Rand, driver *app.
 		userID := fmt.Sprintf("user-%02d", rng.IntN(40))
 		in := orders.Input{UserID: userID, Amount: int64(100 + rng.IntN(9900)), Currency: []string{"JPY", "USD"}[rng.IntN(2)], IdempotencyKey: fmt.Sprintf("chaos-%d", i)}
 		rollback := rng.Float64() < run.RollbackRate
-		err := retried(func() error { return chaosOrder(ctx, driver, svc, in, seq, rollback) }, &rep.OrderRetries)
+		var orderID int64
+		err := retried(func() (err error) {
+			orderID, err = chaosOrder(ctx, driver, svc, in, seq, rollback)
+			return err
+		}, &rep.OrderRetries)
 		if err != nil {
 			return seq, committedKeys, fmt.Errorf("placing order %d: %w", i, err)
 		}
@@ -471,6 +526,7 @@ func placeOrders(ctx context.Context, run ChaosRun, rng *rand.Rand, driver *app.
 			continue
 		}
 		rep.OrdersCommitted++
+		committedAt[orderID] = time.Now()
 		committedKeys = append(committedKeys, in.IdempotencyKey)
 		if run.Versions && rep.ProducerVersion > consumersAt() {
 			rep.VersionAhead++
@@ -590,6 +646,9 @@ func (r ChaosRun) validate() error {
 	if r.Restarts != "" && (r.HA || r.DatabaseOutage > 0 || r.RestartBroker) {
 		return errors.New("a run of rolling restarts has no other faults: not with HA, a database outage or broker restarts")
 	}
+	if r.Network && (r.Versions || r.Restarts != "" || r.HA || r.DatabaseOutage > 0 || r.RestartBroker || r.RelayMode == app.RelayModeCDC) {
+		return errors.New("a network run has no other faults: not with a version roll, rolling restarts, HA, a database outage, broker restarts or the CDC relay")
+	}
 	if r.HA && (r.DatabaseOutage > 0 || r.RestartBroker || r.RelayMode == app.RelayModeCDC) {
 		return errors.New("the HA run has its own database and broker faults: not with a database outage, broker restarts or the CDC relay")
 	}
@@ -598,36 +657,36 @@ func (r ChaosRun) validate() error {
 
 // chaosOrder places one order with its audit event in one transaction, or
 // rolls the transaction back after publishing.
-func chaosOrder(ctx context.Context, a *app.App, svc *orders.Service, in orders.Input, seq map[string]int64, rollback bool) error {
+func chaosOrder(ctx context.Context, a *app.App, svc *orders.Service, in orders.Input, seq map[string]int64, rollback bool) (orderID int64, _ error) {
 	tx, err := a.DB().BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer tx.Rollback()
 	res, err := svc.CreateOrderTx(ctx, tx, in)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if res.Deduped {
 		// A retry of an order whose commit went through though its answer
 		// was lost (a crash mid-commit): its audit event committed with it.
 		seq[in.UserID]++
-		return nil
+		return res.OrderID, nil
 	}
 	evt, err := pipeline.NewEvent(ctx, in.UserID, ChaosAudit{Aggregate: in.UserID, Seq: seq[in.UserID]})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := a.Outbox().PublishEventsTx(ctx, tx, pipeline.Outgoing{Topic: ChaosAuditTopic, Msg: evt}); err != nil {
-		return err
+		return 0, err
 	}
 	if rollback {
-		return tx.Rollback()
+		return res.OrderID, tx.Rollback()
 	}
 	if err := tx.Commit(); err != nil {
-		return err
+		return 0, err
 	}
 	a.Outbox().Committed()
 	seq[in.UserID]++
-	return nil
+	return res.OrderID, nil
 }

@@ -216,6 +216,23 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 		}
 	}
 	fmt.Fprintf(&b, "  faults injected        %6d   (%s; only faults that hit something count)\n", total, strings.Join(faults, ", "))
+	if len(r.Network) > 0 {
+		met := 0
+		for _, nf := range r.Network {
+			if nf.MetWork {
+				met++
+			}
+		}
+		fmt.Fprintf(&b, "  network faults         %6d   (%d met work in flight; commit → charge of the orders committed during each; bound p99 %.0fs where marked *)\n", len(r.Network), met, r.NetworkBoundSeconds)
+		for _, nf := range r.Network {
+			mark := " "
+			if nf.Bounded {
+				mark = "*"
+			}
+			fmt.Fprintf(&b, "    +%4.0fs %-18s on %s for %4.1fs  met work %-5t  %4d orders  p50 %5.2fs  p99 %5.2fs%s max %5.2fs\n",
+				nf.At, nf.Kind, nf.Process, nf.Seconds, nf.MetWork, nf.Orders, nf.P50, nf.P99, mark, nf.Max)
+		}
+	}
 	if len(r.FaultsMissed) > 0 {
 		var missed []string
 		for k, n := range r.FaultsMissed {

@@ -61,7 +61,12 @@ func startOwnPostgres(ctx context.Context) (*pipelinetest.PostgresServer, error)
 }
 
 func (e *chaosEnv) start(role string, extra ...string) (*child, error) {
-	logf, err := os.OpenFile(filepath.Join(e.logDir, role+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	return e.startAs(role, role, extra...)
+}
+
+// startAs starts `bin role`, logging to name.log.
+func (e *chaosEnv) startAs(name, role string, extra ...string) (*child, error) {
+	logf, err := os.OpenFile(filepath.Join(e.logDir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -213,6 +218,8 @@ type servers struct {
 	// failover halts the HA run's primary and promotes its standby.
 	failover    func(ctx context.Context) error
 	brokerNodes []*pipelinetest.RabbitNode
+	// net is the network run's Toxiproxy and proxies.
+	net *network
 }
 
 // startServers is the first phase: the servers of the run's own, cfg

@@ -36,6 +36,8 @@ type faultPhase struct {
 	// outageDone and haDone close when the outage and the HA faults,
 	// which happen once each, are over.
 	outageDone, haDone chan struct{}
+	// windows are the network faults' spans, in rep.Network's order.
+	windows [][2]time.Time
 }
 
 // startFaults is the fourth phase: every fault of the run, started in the
@@ -85,6 +87,23 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 	kind, sig := "rolling_restart", syscall.SIGTERM
 	if run.Restarts != "" {
 		kind, sig = "rolling_restart_"+run.Restarts, map[string]syscall.Signal{"sigterm": syscall.SIGTERM, "sigkill": syscall.SIGKILL}[run.Restarts]
+	}
+	if run.Network {
+		// The network plan is the run's only fault; finish waits for it
+		// (haDone), as for the HA faults.
+		f.outageDone, f.haDone = make(chan struct{}), make(chan struct{})
+		close(f.outageDone)
+		start := time.Now()
+		// Work in flight: a transaction of the process open at the
+		// database (its sessions carry appName-A, appName-B).
+		inFlight := func(ctx context.Context, process string) bool {
+			var n int
+			_ = driver.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 || '%' AND state LIKE 'idle in transaction%'`,
+				appName+"-"+process).Scan(&n)
+			return n > 0
+		}
+		f.wg.Go(func() { f.runNetworkFaults(srv.net, networkPlan(run), start, inFlight, f.haDone) })
+		return f
 	}
 	if run.Versions {
 		// The version roll: the consumers to version 2 at a fifth of the

@@ -190,3 +190,39 @@ func TestChaosEventVersions(t *testing.T) {
 	require.Zero(t, rep.Duplicated)
 	require.Zero(t, rep.OrderViolations)
 }
+
+// Faults the network makes (CI): two `ferry run` processes, A and B, one
+// schema and one vhost, each reaching PostgreSQL and RabbitMQ through
+// Toxiproxy proxies of its own; orders at 20/s while, in turn, A's broker
+// links are black-holed for 45 s, B's database answers 300 ± 200 ms late
+// for 30 s, B's database links are black-holed for 20 s (B holds every
+// ordered partition by then: it must hand them over) and A's broker
+// connections are reset for 4 s. Each fault met the sick process with a
+// transaction open. Every committed order charged once and mailed once,
+// nothing poisoned, nothing pending, order kept on the ordered topic, and
+// the orders committed during a black hole or the resets charged within
+// chaos.NetworkBound (p99): the healthy process does the sick one's work.
+// `ferry chaos --network` adds slow closes, bandwidth and more kinds;
+// with --long it runs 10 minutes.
+func TestChaosNetwork(t *testing.T) {
+	rep, report := runChaos(t, chaos.ChaosRun{Rate: 20, Seed: 51, Network: true, NetworkShort: true})
+	require.True(t, rep.OK(), report)
+	for _, kind := range []string{"broker_black_hole", "db_latency", "db_black_hole", "broker_resets"} {
+		require.Equal(t, 1, rep.Faults[kind], "fault %s: %s", kind, report)
+	}
+	for _, nf := range rep.Network {
+		require.True(t, nf.MetWork, "%s on %s met no work in flight: %s", nf.Kind, nf.Process, report)
+		require.Equal(t, nf.Kind != "db_latency", nf.Bounded, nf.Kind)
+		if nf.Bounded {
+			require.LessOrEqual(t, nf.P99, chaos.NetworkBound.Seconds(), report)
+		}
+	}
+	require.Equal(t, rep.OrdersCommitted, rep.Charges)
+	require.Equal(t, rep.OrdersCommitted, rep.Mails)
+	require.Equal(t, rep.OrdersCommitted, rep.AuditEvents)
+	require.Zero(t, rep.Poisoned, report)
+	require.Zero(t, rep.PendingDue, report)
+	require.Zero(t, rep.Lost)
+	require.Zero(t, rep.Duplicated)
+	require.Zero(t, rep.OrderViolations)
+}
