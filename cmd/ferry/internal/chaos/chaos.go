@@ -308,7 +308,15 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 			return rep, fmt.Errorf("starting the run's Toxiproxy: %w", err)
 		}
 	}
-	env, childFaults, err := startChildren(ctx, cfg, c, run, schema, appName, provider, sink, driver, srv.net, logger, &cl)
+	var links *linkProxies
+	if !run.Network && !run.HA && !run.Versions && run.Restarts == "" {
+		// The default mix's network faults: each relay and consumer behind
+		// proxies of its own.
+		if links, err = newLinkProxies(cfg.DatabaseURL, c.AMQP.URL, &cl); err != nil {
+			return rep, fmt.Errorf("starting the run's Toxiproxy: %w", err)
+		}
+	}
+	env, childFaults, err := startChildren(ctx, cfg, c, run, schema, appName, provider, sink, driver, srv.net, links, logger, &cl)
 	if err != nil {
 		return rep, fmt.Errorf("starting the relay and consumer processes: %w", err)
 	}
@@ -405,12 +413,12 @@ func startDriver(ctx context.Context, cfg app.Config, run ChaosRun, schema, vhos
 // heartbeating. faults gives each child its own handler-fault seed; cl
 // stops the children (and drops a CDC run's slot) when the run ends.
 func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema, appName string, provider *sandbox.PaymentProvider, sink *sandbox.SMTPSink,
-	driver *app.App, net *network, logger *slog.Logger, cl *cleanups) (*chaosEnv, func() string, error) {
+	driver *app.App, net *network, links *linkProxies, logger *slog.Logger, cl *cleanups) (*chaosEnv, func() string, error) {
 	logDir, err := os.MkdirTemp("", "ferry-chaos-")
 	if err != nil {
 		return nil, nil, err
 	}
-	env := &chaosEnv{bin: run.Binary, logDir: logDir, logger: logger, env: []string{
+	env := &chaosEnv{bin: run.Binary, logDir: logDir, logger: logger, links: links, appName: appName, env: []string{
 		"FERRY_DATABASE_URL=" + cfg.DatabaseURL, "FERRY_DATABASE_SCHEMA=" + schema, "FERRY_DATABASE_APP_NAME=" + appName,
 		"FERRY_AMQP_URL=" + c.AMQP.URL, "FERRY_AMQP_NAMESPACE=",
 		"FERRY_PAYMENT_URL=" + provider.URL(), "FERRY_SMTP_ADDR=" + sink.Addr(),

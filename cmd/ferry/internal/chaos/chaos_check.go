@@ -209,13 +209,14 @@ func printChaosReport(w io.Writer, r ChaosReport, logDir string) {
 	var faults []string
 	total := 0
 	for _, k := range []string{"kill_relay", "kill_consumer", "rolling_restart", "rolling_restart_sigterm", "rolling_restart_sigkill", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8", "restart_broker", "database_refuses_connections",
-		"broker_node_lost", "database_failover", "version_consumers_v2", "version_consumers_v3"} {
+		"broker_node_lost", "database_failover", "version_consumers_v2", "version_consumers_v3", "network_black_hole", "network_resets",
+		"broker_black_hole", "db_black_hole", "db_latency", "broker_latency", "broker_resets", "db_resets", "db_slow_close", "broker_bandwidth"} {
 		if n, ok := r.Faults[k]; ok {
 			faults = append(faults, fmt.Sprintf("%s %d", k, n))
 			total += n
 		}
 	}
-	fmt.Fprintf(&b, "  faults injected        %6d   (%s; only faults that hit something count)\n", total, strings.Join(faults, ", "))
+	fmt.Fprintf(&b, "  faults injected        %6d   (%s; only faults that hit something count; a network fault only if it met work in flight)\n", total, strings.Join(faults, ", "))
 	if len(r.Network) > 0 {
 		met := 0
 		for _, nf := range r.Network {

@@ -28,6 +28,8 @@ type child struct {
 	role string
 	cmd  *exec.Cmd
 	done chan struct{}
+	// links are the child's own proxies (linkProxies), nil without them.
+	links *childLinks
 }
 
 type chaosEnv struct {
@@ -44,6 +46,13 @@ type chaosEnv struct {
 	mu       sync.Mutex
 	children []*child
 	logger   *slog.Logger
+	// links, if set, puts each relay and consumer started behind proxies of
+	// its own, for the mix's network faults.
+	links *linkProxies
+	// appName is the children's application name; a child behind proxies
+	// gets appName-<role>-<n>, so that its sessions can be told apart.
+	appName string
+	started atomic.Int64
 }
 
 // startOwnPostgres starts a PostgreSQL server of the run's own with the
@@ -75,13 +84,23 @@ func (e *chaosEnv) startAs(name, role string, extra ...string) (*child, error) {
 	if v, _ := e.version.Load().(string); v != "" {
 		cmd.Env = append(cmd.Env, "FERRY_CHAOS_EVENT_VERSION="+v)
 	}
+	var links *childLinks
+	if e.links != nil && (role == "relay" || role == "consume") {
+		var err error
+		if links, err = e.links.open(fmt.Sprintf("%s-%s-%d", e.appName, role, e.started.Add(1))); err != nil {
+			logf.Close()
+			return nil, err
+		}
+		cmd.Env = append(cmd.Env, links.env...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
+		links.close()
 		return nil, fmt.Errorf("starting %s: %w", role, err)
 	}
-	c := &child{role: role, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logf.Close(); close(c.done) }()
+	c := &child{role: role, cmd: cmd, done: make(chan struct{}), links: links}
+	go func() { _ = cmd.Wait(); logf.Close(); links.close(); close(c.done) }()
 	e.mu.Lock()
 	e.children = append(e.children, c)
 	e.mu.Unlock()

@@ -248,6 +248,8 @@ func (n *network) inject(ctx context.Context, f netFault, inFlight func(context.
 		}
 		ended = time.Now()
 	}()
+	// A sample just before: what a reset cuts at once was in flight then.
+	met = inFlight(ctx)
 	began = time.Now()
 	for i, t := range f.toxics {
 		name := fmt.Sprintf("%s-%d", f.kind, i)
@@ -380,4 +382,84 @@ func loggedWork(path string, from, to time.Time) bool {
 		}
 	}
 	return false
+}
+
+// linkProxies puts each child of the default mix behind two proxies of its
+// own (PostgreSQL, RabbitMQ), made when it starts and removed when it
+// exits, for the mix's network faults (black holes and resets of one
+// child's link, a few seconds each).
+type linkProxies struct {
+	tp             *pipelinetest.Toxiproxy
+	dbURL, amqpURL string
+	dbUp, brokerUp string
+}
+
+func newLinkProxies(dbURL, amqpURL string, cl *cleanups) (*linkProxies, error) {
+	dbUp, err := pipelinetest.Upstream(dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("the network faults need FERRY_DATABASE_URL with one host: %w", err)
+	}
+	brokerUp, err := pipelinetest.Upstream(amqpURL)
+	if err != nil {
+		return nil, fmt.Errorf("the network faults need FERRY_AMQP_URL with one host: %w", err)
+	}
+	tp, err := pipelinetest.StartToxiproxy()
+	if err != nil {
+		return nil, err
+	}
+	cl.add(func() { _ = tp.Close() })
+	return &linkProxies{tp: tp, dbURL: dbURL, amqpURL: amqpURL, dbUp: dbUp, brokerUp: brokerUp}, nil
+}
+
+// childLinks are one child's proxies, its configuration through them and
+// its application name.
+type childLinks struct {
+	name       string
+	db, broker *toxiclient.Proxy
+	env        []string
+}
+
+func (l *linkProxies) open(name string) (*childLinks, error) {
+	db, err := l.tp.Proxy(name+"-postgres", l.dbUp)
+	if err != nil {
+		return nil, err
+	}
+	broker, err := l.tp.Proxy(name+"-rabbitmq", l.brokerUp)
+	if err != nil {
+		_ = db.Delete()
+		return nil, err
+	}
+	c := &childLinks{name: name, db: db, broker: broker}
+	d, err := pipelinetest.ThroughProxy(l.dbURL, db.Listen)
+	if err == nil {
+		var b string
+		if b, err = pipelinetest.ThroughProxy(l.amqpURL, broker.Listen); err == nil {
+			c.env = []string{"FERRY_DATABASE_URL=" + d, "FERRY_AMQP_URL=" + b, "FERRY_DATABASE_APP_NAME=" + name}
+			return c, nil
+		}
+	}
+	c.close()
+	return nil, err
+}
+
+// close removes the child's proxies (nil: none).
+func (c *childLinks) close() {
+	if c == nil {
+		return
+	}
+	_ = c.db.Delete()
+	_ = c.broker.Delete()
+}
+
+// mixFault is one network fault of the default mix on child c's link
+// ("db" or "broker"): a black hole for 3 s or resets for 1 s. It reports
+// whether the fault met the child with a transaction open.
+func mixFault(ctx context.Context, kind, link string, c *child, inFlight func(ctx context.Context, appName string) bool) (bool, error) {
+	f := faultOf(map[string]string{"network_black_hole": link + "_black_hole", "network_resets": link + "_resets"}[kind], 0, 3*time.Second)
+	if kind == "network_resets" {
+		f.dur = time.Second
+	}
+	n := &network{db: []*toxiclient.Proxy{c.links.db}, broker: []*toxiclient.Proxy{c.links.broker}}
+	_, _, met, err := n.inject(ctx, f, func(ctx context.Context) bool { return inFlight(ctx, c.links.name) })
+	return met, err
 }

@@ -150,6 +150,16 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 		}
 		frng := rand.New(rand.NewPCG(run.Seed^0xfa17, run.Seed))
 		kinds := []string{"kill_relay", "kill_consumer", "terminate_db_backends", "close_amqp_connections", "provider_non_utf8"}
+		if env.links != nil {
+			kinds = append(kinds, "network_black_hole", "network_resets")
+		}
+		// sessionsOpen says whether a child (by its application name) has
+		// a transaction open: a network fault that met none met no work.
+		sessionsOpen := func(ctx context.Context, name string) bool {
+			var n int
+			_ = driver.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, name).Scan(&n)
+			return n > 0
+		}
 		for n := 1; ; n++ {
 			select {
 			case <-faultCtx.Done():
@@ -181,7 +191,10 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 			case "terminate_db_backends":
 				f.gate.RLock()
 				var n int
-				err = driver.Pool().QueryRow(faultCtx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n)
+				// The children's sessions: appName, or appName-<role>-<n>
+				// for a child behind proxies of its own (not the driver's).
+				err = driver.Pool().QueryRow(faultCtx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+					WHERE application_name = $1 OR application_name LIKE $1 || '-relay-%' OR application_name LIKE $1 || '-consume-%'`, appName).Scan(&n)
 				f.gate.RUnlock()
 				hit = n > 0
 			case "close_amqp_connections":
@@ -192,6 +205,36 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 				} else {
 					err = rabbitmqctl(faultCtx, "close_all_connections", "--vhost", vhost, "ferry chaos")
 				}
+			case "network_black_hole", "network_resets":
+				// One child's link, beside the other faults (a black hole
+				// lasts 3 s): counted once it is over, and only if it met
+				// the child with a transaction open.
+				live := append(env.live("relay"), env.live("consume")...)
+				if len(live) == 0 {
+					hit = false
+					break
+				}
+				c, link := live[frng.IntN(len(live))], []string{"db", "broker"}[frng.IntN(2)]
+				f.wg.Go(func() {
+					met, err := mixFault(faultCtx, kind, link, c, sessionsOpen)
+					select {
+					case <-c.done:
+						err = nil // killed meanwhile: its proxies went with it
+					default:
+					}
+					f.mu.Lock()
+					defer f.mu.Unlock()
+					switch {
+					case faultCtx.Err() != nil || err == nil && !met:
+						rep.FaultsMissed[kind]++
+					case err != nil:
+						f.err = errors.Join(f.err, fmt.Errorf("%s: %w", kind, err))
+					default:
+						rep.Faults[kind]++
+						rep.FaultsMetWork[kind]++
+					}
+				})
+				continue
 			case "provider_non_utf8":
 				// The next charges are answered 503 in Latin-1 with a NUL.
 				provider.FailNextWithGarbage(3, providerGarbage)
