@@ -1,4 +1,4 @@
-.PHONY: help test test-race test-norace test-renamed test-short lint demo bench chaos chaos-long build ci
+.PHONY: help test test-race test-norace test-renamed test-short lint demo bench chaos chaos-long chaos-network mutations mutations-all build ci
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -10,8 +10,8 @@ test-race: ## the same with the race detector, then the three tests too slow und
 	go test -race -count=1 -timeout 20m ./...
 	$(MAKE) test-norace
 
-test-norace: ## the broker-restart, CDC broker-cut and node-loss tests, which run without -race (see their files)
-	go test -count=1 -run '^TestPubSubReconnect$$' ./pipeline/rabbit/
+test-norace: ## the broker-restart, black-hole publisher, CDC broker-cut and node-loss tests, which run without -race (see their files)
+	go test -count=1 -run '^(TestPubSubReconnect|TestAPublisherBehindABlackHoleFailsFastAfterItsFirstTimeout)$$' ./pipeline/rabbit/
 	go test -count=1 -run '^TestBrokerCutHoldsTheConfirmedPosition$$' ./pipeline/pgcdc/
 	go test -count=1 -run '^TestBrokerNodeLossLosesAndDoublesNothing$$' ./examples/orders/ordersapp/
 
@@ -38,6 +38,15 @@ chaos: ## the short fault-injection run
 
 chaos-long: ## the long fault-injection run (10,000 orders, broker restarts)
 	go run ./cmd/ferry chaos --long
+
+chaos-network: ## faults the network makes, through Toxiproxy, for 10 minutes
+	go run ./cmd/ferry chaos --network --long
+
+mutations: ## each mutation of docs/reliability.md's table with a quick test, applied alone: its test must fail
+	bash .ci/mutations
+
+mutations-all: ## the same, with those whose test is a chaos run (about 10 minutes more)
+	bash .ci/mutations --all
 
 build: ## build bin/ferry
 	go build -o bin/ferry ./cmd/ferry

@@ -33,6 +33,10 @@ func StartToxiproxy() (*Toxiproxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting Toxiproxy: %w", err)
 	}
+	// Some toxics log through zerolog's global logger (the bandwidth
+	// toxic traces every interruption to standard error); nothing else in
+	// a Ferry process uses zerolog.
+	zerolog.SetGlobalLevel(zerolog.Disabled)
 	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	t := &Toxiproxy{server: server, http: &http.Server{Handler: server.Routes(), ReadHeaderTimeout: 5 * time.Second}}
 	go func() { _ = t.http.Serve(ln) }()
