@@ -303,20 +303,15 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 		return rep, fmt.Errorf("starting the driver: %w", err)
 	}
 
-	if run.Network {
-		if srv.net, err = startNetwork(cfg.DatabaseURL, c.AMQP.URL, &cl); err != nil {
-			return rep, fmt.Errorf("starting the run's Toxiproxy: %w", err)
-		}
-	}
 	var links *linkProxies
-	if !run.Network && !run.HA && !run.Versions && run.Restarts == "" {
-		// The default mix's network faults: each relay and consumer behind
-		// proxies of its own.
+	if !run.HA && !run.Versions && run.Restarts == "" {
+		// The network faults (the network run's, the default mix's): each
+		// child behind proxies of its own.
 		if links, err = newLinkProxies(cfg.DatabaseURL, c.AMQP.URL, &cl); err != nil {
 			return rep, fmt.Errorf("starting the run's Toxiproxy: %w", err)
 		}
 	}
-	env, childFaults, err := startChildren(ctx, cfg, c, run, schema, appName, provider, sink, driver, srv.net, links, logger, &cl)
+	env, childFaults, err := startChildren(ctx, cfg, c, run, schema, appName, provider, sink, driver, links, logger, &cl)
 	if err != nil {
 		return rep, fmt.Errorf("starting the relay and consumer processes: %w", err)
 	}
@@ -413,7 +408,7 @@ func startDriver(ctx context.Context, cfg app.Config, run ChaosRun, schema, vhos
 // heartbeating. faults gives each child its own handler-fault seed; cl
 // stops the children (and drops a CDC run's slot) when the run ends.
 func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema, appName string, provider *sandbox.PaymentProvider, sink *sandbox.SMTPSink,
-	driver *app.App, net *network, links *linkProxies, logger *slog.Logger, cl *cleanups) (*chaosEnv, func() string, error) {
+	driver *app.App, links *linkProxies, logger *slog.Logger, cl *cleanups) (*chaosEnv, func() string, error) {
 	logDir, err := os.MkdirTemp("", "ferry-chaos-")
 	if err != nil {
 		return nil, nil, err
@@ -463,12 +458,15 @@ func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema,
 		}
 	}
 	wantRelays, wantConsumers := run.Relays, run.Consumers
-	if net != nil {
-		// The network run's processes: `ferry run` each, through its proxies.
-		for i, name := range networkProcesses {
-			if _, err := env.startAs(name, "run", append(net.env(i, appName), faults())...); err != nil {
+	if run.Network {
+		// The network run's processes: `ferry run` each, through its
+		// proxies, with an API on a free port.
+		for _, name := range networkProcesses {
+			proc, err := env.startAs(name, "run", "FERRY_HTTP_ADDR=127.0.0.1:0", faults())
+			if err != nil {
 				return nil, nil, err
 			}
+			env.network = append(env.network, proc)
 		}
 		wantRelays, wantConsumers = len(networkProcesses), len(networkProcesses)
 	}

@@ -46,13 +46,15 @@ type chaosEnv struct {
 	mu       sync.Mutex
 	children []*child
 	logger   *slog.Logger
-	// links, if set, puts each relay and consumer started behind proxies of
-	// its own, for the mix's network faults.
+	// links, if set, puts each relay, consumer and `ferry run` started
+	// behind proxies of its own, for the network faults.
 	links *linkProxies
 	// appName is the children's application name; a child behind proxies
 	// gets appName-<role>-<n>, so that its sessions can be told apart.
 	appName string
 	started atomic.Int64
+	// network are the network run's processes, A then B.
+	network []*child
 }
 
 // startOwnPostgres starts a PostgreSQL server of the run's own with the
@@ -85,7 +87,7 @@ func (e *chaosEnv) startAs(name, role string, extra ...string) (*child, error) {
 		cmd.Env = append(cmd.Env, "FERRY_CHAOS_EVENT_VERSION="+v)
 	}
 	var links *childLinks
-	if e.links != nil && (role == "relay" || role == "consume") {
+	if e.links != nil && (role == "relay" || role == "consume" || role == "run") {
 		var err error
 		if links, err = e.links.open(fmt.Sprintf("%s-%s-%d", e.appName, role, e.started.Add(1))); err != nil {
 			logf.Close()
@@ -237,8 +239,6 @@ type servers struct {
 	// failover halts the HA run's primary and promotes its standby.
 	failover    func(ctx context.Context) error
 	brokerNodes []*pipelinetest.RabbitNode
-	// net is the network run's Toxiproxy and proxies.
-	net *network
 }
 
 // startServers is the first phase: the servers of the run's own, cfg

@@ -16,6 +16,8 @@ import (
 
 	toxiclient "github.com/Shopify/toxiproxy/v2/client"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ferry-dev/ferry/examples/orders/sandbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
@@ -174,73 +176,15 @@ func planDuration(plan []netFault) time.Duration {
 	return d
 }
 
-// network is the run's Toxiproxy and each process's two proxies.
-type network struct {
-	tp              *pipelinetest.Toxiproxy
-	db, broker      []*toxiclient.Proxy
-	dbURLs, brokers []string
-}
-
-// startNetwork puts two proxies (PostgreSQL, RabbitMQ) in front of each
-// network process; cl removes them.
-func startNetwork(dbURL, amqpURL string, cl *cleanups) (*network, error) {
-	tp, err := pipelinetest.StartToxiproxy()
-	if err != nil {
-		return nil, err
-	}
-	cl.add(func() { _ = tp.Close() })
-	n := &network{tp: tp}
-	dbUp, err := pipelinetest.Upstream(dbURL)
-	if err != nil {
-		return nil, fmt.Errorf("the network run needs FERRY_DATABASE_URL with one host: %w", err)
-	}
-	brokerUp, err := pipelinetest.Upstream(amqpURL)
-	if err != nil {
-		return nil, fmt.Errorf("the network run needs FERRY_AMQP_URL with one host: %w", err)
-	}
-	for _, name := range networkProcesses {
-		db, err := tp.Proxy(name+"-postgres", dbUp)
-		if err != nil {
-			return nil, err
-		}
-		broker, err := tp.Proxy(name+"-rabbitmq", brokerUp)
-		if err != nil {
-			return nil, err
-		}
-		d, err := pipelinetest.ThroughProxy(dbURL, db.Listen)
-		if err != nil {
-			return nil, err
-		}
-		b, err := pipelinetest.ThroughProxy(amqpURL, broker.Listen)
-		if err != nil {
-			return nil, err
-		}
-		n.db, n.broker = append(n.db, db), append(n.broker, broker)
-		n.dbURLs, n.brokers = append(n.dbURLs, d), append(n.brokers, b)
-	}
-	return n, nil
-}
-
-// env is process i's configuration: its links through its proxies, an
-// application name of its own (appName-A: the samples of work in flight
-// tell the processes apart) and an API on a free port.
-func (n *network) env(i int, appName string) []string {
-	return []string{"FERRY_DATABASE_URL=" + n.dbURLs[i], "FERRY_AMQP_URL=" + n.brokers[i], "FERRY_HTTP_ADDR=127.0.0.1:0",
-		"FERRY_DATABASE_APP_NAME=" + appName + "-" + networkProcesses[i]}
-}
-
-func (n *network) proxy(f netFault) *toxiclient.Proxy {
+// inject makes f on c's link for its duration (or until ctx ends), then
+// removes its toxics; it returns when the fault began and ended, and
+// whether inFlight said yes of c's sessions in one of its samples
+// meanwhile.
+func (c *childLinks) inject(ctx context.Context, f netFault, inFlight func(ctx context.Context, appName string) bool) (began, ended time.Time, met bool, err error) {
+	p := c.broker
 	if f.link == "db" {
-		return n.db[f.process]
+		p = c.db
 	}
-	return n.broker[f.process]
-}
-
-// inject makes f for its duration (or until ctx ends), then removes its
-// toxics; it returns when the fault began and ended, and whether inFlight
-// said yes in one of its samples meanwhile.
-func (n *network) inject(ctx context.Context, f netFault, inFlight func(context.Context) bool) (began, ended time.Time, met bool, err error) {
-	p := n.proxy(f)
 	var names []string
 	defer func() {
 		for _, name := range names {
@@ -249,7 +193,7 @@ func (n *network) inject(ctx context.Context, f netFault, inFlight func(context.
 		ended = time.Now()
 	}()
 	// A sample just before: what a reset cuts at once was in flight then.
-	met = inFlight(ctx)
+	met = inFlight(ctx, c.name)
 	began = time.Now()
 	for i, t := range f.toxics {
 		name := fmt.Sprintf("%s-%d", f.kind, i)
@@ -267,14 +211,15 @@ func (n *network) inject(ctx context.Context, f netFault, inFlight func(context.
 		case <-end:
 			return began, ended, met, nil
 		case <-tick.C:
-			met = met || inFlight(ctx)
+			met = met || inFlight(ctx, c.name)
 		}
 	}
 }
 
 // runNetworkFaults injects the plan, one fault at a time, networkGap
 // apart, and records each into rep; done closes at the plan's end.
-func (f *faultPhase) runNetworkFaults(n *network, plan []netFault, start time.Time, inFlight func(ctx context.Context, process string) bool, done chan struct{}) {
+// procs are the network run's processes, in networkProcesses' order.
+func (f *faultPhase) runNetworkFaults(procs []*child, plan []netFault, start time.Time, inFlight func(ctx context.Context, appName string) bool, done chan struct{}) {
 	defer close(done)
 	for _, nf := range plan {
 		select {
@@ -283,7 +228,7 @@ func (f *faultPhase) runNetworkFaults(n *network, plan []netFault, start time.Ti
 		case <-time.After(networkGap):
 		}
 		process := networkProcesses[nf.process]
-		began, ended, met, err := n.inject(f.ctx, nf, func(ctx context.Context) bool { return inFlight(ctx, process) })
+		began, ended, met, err := procs[nf.process].links.inject(f.ctx, nf, inFlight)
 		f.mu.Lock()
 		if err != nil {
 			f.err = errors.Join(f.err, fmt.Errorf("%s on %s: %w", nf.kind, process, err))
@@ -384,10 +329,10 @@ func loggedWork(path string, from, to time.Time) bool {
 	return false
 }
 
-// linkProxies puts each child of the default mix behind two proxies of its
-// own (PostgreSQL, RabbitMQ), made when it starts and removed when it
-// exits, for the mix's network faults (black holes and resets of one
-// child's link, a few seconds each).
+// linkProxies puts each child behind two proxies of its own (PostgreSQL,
+// RabbitMQ), made when it starts and removed when it exits, for the
+// network faults: the network run's, and the default mix's (black holes
+// and resets of one child's link, a few seconds each).
 type linkProxies struct {
 	tp             *pipelinetest.Toxiproxy
 	dbURL, amqpURL string
@@ -459,7 +404,17 @@ func mixFault(ctx context.Context, kind, link string, c *child, inFlight func(ct
 	if kind == "network_resets" {
 		f.dur = time.Second
 	}
-	n := &network{db: []*toxiclient.Proxy{c.links.db}, broker: []*toxiclient.Proxy{c.links.broker}}
-	_, _, met, err := n.inject(ctx, f, func(ctx context.Context) bool { return inFlight(ctx, c.links.name) })
+	_, _, met, err := c.links.inject(ctx, f, inFlight)
 	return met, err
+}
+
+// sessionsOpen returns whether a process (by its application name) has a
+// transaction open at pool's server: a network fault that met none met no
+// work in flight.
+func sessionsOpen(pool *pgxpool.Pool) func(ctx context.Context, appName string) bool {
+	return func(ctx context.Context, appName string) bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, appName).Scan(&n)
+		return n > 0
+	}
 }

@@ -94,15 +94,9 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 		f.outageDone, f.haDone = make(chan struct{}), make(chan struct{})
 		close(f.outageDone)
 		start := time.Now()
-		// Work in flight: a transaction of the process open at the
-		// database (its sessions carry appName-A, appName-B).
-		inFlight := func(ctx context.Context, process string) bool {
-			var n int
-			_ = driver.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 || '%' AND state LIKE 'idle in transaction%'`,
-				appName+"-"+process).Scan(&n)
-			return n > 0
-		}
-		f.wg.Go(func() { f.runNetworkFaults(srv.net, networkPlan(run), start, inFlight, f.haDone) })
+		f.wg.Go(func() {
+			f.runNetworkFaults(env.network, networkPlan(run), start, sessionsOpen(driver.Pool()), f.haDone)
+		})
 		return f
 	}
 	if run.Versions {
@@ -153,13 +147,7 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 		if env.links != nil {
 			kinds = append(kinds, "network_black_hole", "network_resets")
 		}
-		// sessionsOpen says whether a child (by its application name) has
-		// a transaction open: a network fault that met none met no work.
-		sessionsOpen := func(ctx context.Context, name string) bool {
-			var n int
-			_ = driver.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, name).Scan(&n)
-			return n > 0
-		}
+		inFlight := sessionsOpen(driver.Pool())
 		for n := 1; ; n++ {
 			select {
 			case <-faultCtx.Done():
@@ -216,7 +204,7 @@ func startFaults(ctx context.Context, run ChaosRun, env *chaosEnv, driver *app.A
 				}
 				c, link := live[frng.IntN(len(live))], []string{"db", "broker"}[frng.IntN(2)]
 				f.wg.Go(func() {
-					met, err := mixFault(faultCtx, kind, link, c, sessionsOpen)
+					met, err := mixFault(faultCtx, kind, link, c, inFlight)
 					select {
 					case <-c.done:
 						err = nil // killed meanwhile: its proxies went with it
