@@ -319,9 +319,9 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 		stopped  = c.closing
 		ctxDone  = ctx.Done()
 		pauseAsk <-chan time.Time
-		// aside is errSteppedAside once the process steps aside, graceUp
-		// fires at the end of its grace.
-		aside   error
+		// aside: the pause is the process stepping aside; graceUp fires
+		// at the end of its grace.
+		aside   bool
 		graceUp <-chan time.Time
 	)
 	// Only this loop closes stop: a pause and a drain can both ask.
@@ -375,8 +375,8 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			return nil
 		}
 		if pausing && handedOut == 0 {
-			if aside != nil {
-				return aside
+			if aside {
+				return errSteppedAside
 			}
 			return errPaused
 		}
@@ -465,7 +465,7 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 				break
 			}
 			if c.stepAside() {
-				pausing, aside = true, errSteppedAside
+				pausing, aside = true, true
 				graceUp = time.After(c.cfg.StepAsideGrace)
 				signalStop()
 			} else if c.cfg.Paused != nil && c.cfg.Paused() {
@@ -476,7 +476,7 @@ func (c *Consumer) consume(ctx context.Context, out chan<- *message.Message) err
 			// What the handlers still hold goes back with the channel
 			// (the deferred cancels end their contexts: a statement stuck
 			// on the dead link returns).
-			return fmt.Errorf("%w: %d %w", aside, handedOut, errUnsettled)
+			return fmt.Errorf("%w: %d %w", errSteppedAside, handedOut, errUnsettled)
 		case <-drained:
 			c.logger.Info("Drain timed out; the deliveries still in handlers go back to the queue with the channel", watermill.LogFields{
 				"amqp_queue_name": c.sub.Queue, "in_handlers": handedOut, "drain_timeout": c.cfg.DrainTimeout.String(),
