@@ -233,7 +233,11 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		}
 	}()
 
-	a.pool, err = pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: cfg.DatabaseAppName, MaxConns: cfg.DatabaseMaxConns})
+	// Commits of outbox rows on this pool wake the relays, however the
+	// service commits (see pgoutbox.CommitWatch).
+	commits := pgoutbox.NewCommitWatch()
+	a.pool, err = pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, Schema: cfg.DatabaseSchema, ApplicationName: cfg.DatabaseAppName, MaxConns: cfg.DatabaseMaxConns,
+		Configure: commits.Watch})
 	if err != nil {
 		return nil, err
 	}
@@ -262,6 +266,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		// Wake-ups after the commit, from this process: see pgoutbox.Waker.
 		a.waker = pgoutbox.NewWaker(a.pool, pgoutbox.WakerConfig{Logger: a.logger})
 		a.outbox.SetWaker(a.waker)
+		commits.OnCommit(a.waker.Committed)
 	}
 	if a.ledger, err = pgledger.New(a.pool, pgledger.Config{}, a.logger); err != nil {
 		return nil, err

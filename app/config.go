@@ -296,13 +296,14 @@ func EnvVars() []EnvVar {
 		{"FERRY_RELAY_CATCH_UP_BATCH_SIZE", strconv.Itoa(pgoutbox.DefaultRelayCatchUpBatchSize) + " (FERRY_RELAY_BATCH_SIZE when larger)", "rows per page of new rows while the relay is behind (after a full page; fewer when payloads are large)", intVar(func(c *Config) *int { return &c.Relay.CatchUpBatchSize }, 1, pgoutbox.MaxRelayBatchSize)},
 		{"FERRY_RELAY_IN_FLIGHT", strconv.Itoa(pgoutbox.DefaultRelayInFlight), "batches one relay has in flight at once: one of all relays moves the position, the others work the slow lane (failed, delayed, held rows)", intVar(func(c *Config) *int { return &c.Relay.InFlight }, 1, pgoutbox.MaxRelayInFlight)},
 		{"FERRY_RELAY_POLL_INTERVAL", pgoutbox.DefaultRelayPollInterval.String(), "relay sleep when nothing is due", durationVar(func(c *Config) *time.Duration { return &c.Relay.PollInterval })},
-		{"FERRY_RELAY_PROBE_INTERVAL", pgoutbox.DefaultRelayProbeInterval.String(), "idle relay: how often it probes the pending index for commits nobody announced (a PublishTx without Committed, another program's INSERT); off: wake-ups and the poll only", func(c *Config, v string) error {
+		{"FERRY_RELAY_PROBE_INTERVAL", pgoutbox.DefaultRelayProbeInterval.String(), "busy relay (work within 2 s) with nothing due: how often it probes for commits nobody announced (another program's INSERT, a pool Ferry does not watch); off: wake-ups and the poll only", func(c *Config, v string) error {
 			if v == "off" {
 				c.Relay.ProbeInterval = -1
 				return nil
 			}
 			return durationVar(func(c *Config) *time.Duration { return &c.Relay.ProbeInterval })(c, v)
 		}},
+		{"FERRY_RELAY_IDLE_PROBE_INTERVAL", pgoutbox.DefaultRelayIdleProbeInterval.String(), "idle relay: the probes space out up to this, the longest a commit nobody announced waits after a silence (announced ones wake the relay at once)", durationVar(func(c *Config) *time.Duration { return &c.Relay.IdleProbeInterval })},
 		{"FERRY_RELAY_FAILOVER_REPLAY", pgoutbox.DefaultFailoverReplay.String(), "after a failover (the database on a newer timeline), the relay sends again the events dispatched this long before the last dispatch the new primary knows; the consumers' ledger drops those already done (an asynchronous standby can lack their last ledger commits); off: never", func(c *Config, v string) error {
 			if v == "off" {
 				c.Relay.FailoverReplay = -1

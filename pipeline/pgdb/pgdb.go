@@ -37,6 +37,9 @@ type Config struct {
 	ApplicationName string
 	// MaxConns is the pool size; 0 keeps pgx's default (max(4, CPUs)).
 	MaxConns int32
+	// Configure, if set, adjusts the pool's configuration last (a tracer:
+	// pgoutbox.CommitWatch.Watch).
+	Configure func(*pgxpool.Config)
 }
 
 // Open returns a pool, after checking that the server answers.
@@ -68,6 +71,9 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	if cfg.MaxConns > 0 {
 		pcfg.MaxConns = cfg.MaxConns
+	}
+	if cfg.Configure != nil {
+		cfg.Configure(pcfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

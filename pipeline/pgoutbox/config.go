@@ -25,6 +25,9 @@ const (
 	// DefaultRelayProbeInterval is how often an idle relay probes the
 	// pending index (see RelayConfig.ProbeInterval).
 	DefaultRelayProbeInterval = 10 * time.Millisecond
+	// DefaultRelayIdleProbeInterval is how far apart an idle relay's
+	// probes get (see RelayConfig.IdleProbeInterval).
+	DefaultRelayIdleProbeInterval = 500 * time.Millisecond
 	// DefaultRelayInFlight is how many batches one relay works on at once.
 	// 1 until a benchmark on a quiet machine shows what 2 buys (see the
 	// docs/performance.md).
@@ -67,18 +70,27 @@ type RelayConfig struct {
 	// with pages of 1,000. Default 1000 (BatchSize when larger), at most 10000.
 	CatchUpBatchSize int
 	// PollInterval is how long the relay sleeps when the outbox has nothing
-	// due before it claims again whatever the probes and wake-ups said.
+	// due before it claims again whatever the probes and wake-ups said,
+	// while it is busy (it had work within the last 2 s); an idle relay
+	// whose probes cooled claims every 30 s (or PollInterval, if longer).
 	// Default 500ms.
 	PollInterval time.Duration
-	// ProbeInterval is how often a relay with nothing to do asks the
-	// outbox's pending index whether a claim would find a row (one indexed
-	// SELECT EXISTS, no transaction, no lock), so that every commit is
-	// relayed promptly, whoever made it: a PublishTx without Committed, a
-	// program in another language, a plain INSERT. A wake-up (Committed,
-	// InTx, LISTEN) is quicker still. Default 10ms (100 probes a second
-	// per idle relay: see docs/performance.md for their cost); negative
-	// turns probing off, leaving wake-ups and PollInterval.
+	// ProbeInterval is how often a relay with nothing to do, while it is
+	// busy (it had work within the last 2 s), asks whether a claim would
+	// find a row (the server's snapshot, then one indexed SELECT EXISTS; no
+	// transaction, no lock), so that commits nobody announces are relayed
+	// promptly under a steady load: a program in another language, a plain
+	// INSERT, a pool Ferry does not watch (CommitWatch). A wake-up
+	// (CommitWatch, Committed, InTx, LISTEN) is quicker still. Default
+	// 10ms; negative turns probing off, leaving wake-ups and PollInterval.
 	ProbeInterval time.Duration
+	// IdleProbeInterval is how far apart the probes of an idle relay get:
+	// past 2 s without work they space out, doubling from ProbeInterval up
+	// to this. It bounds how long a commit nobody announces waits after a
+	// silence; announced ones wake the relay at once. Default 500ms (two
+	// snapshot reads a second: see docs/performance.md for the cost of
+	// each loop at idle); ProbeInterval or less keeps the probes hot.
+	IdleProbeInterval time.Duration
 	// InFlight is how many batches the relay has in flight at once, each its
 	// own transaction. One batch at a time, of all relays, moves an outbox
 	// table's position (the rows sent at their first try); while it waits
@@ -163,6 +175,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = DefaultRelayProbeInterval
 	}
+	if c.IdleProbeInterval == 0 {
+		c.IdleProbeInterval = DefaultRelayIdleProbeInterval
+	}
 	if c.InFlight == 0 {
 		c.InFlight = DefaultRelayInFlight
 	}
@@ -193,6 +208,9 @@ func (c RelayConfig) Validate() error {
 	}
 	if c.InFlight < 1 || c.InFlight > MaxRelayInFlight {
 		errs = append(errs, fmt.Errorf("RelayConfig.InFlight must be in [1, %d], got %d", MaxRelayInFlight, c.InFlight))
+	}
+	if c.IdleProbeInterval < 0 {
+		errs = append(errs, fmt.Errorf("RelayConfig.IdleProbeInterval must not be negative, got %s", c.IdleProbeInterval))
 	}
 	if c.ConfirmTimeout <= 0 || c.ConfirmTimeout > 10*time.Minute {
 		errs = append(errs, fmt.Errorf("RelayConfig.ConfirmTimeout must be in (0, 10m], got %s", c.ConfirmTimeout))

@@ -34,7 +34,8 @@
 //   - outbox.go, schema_adapter.go: publishing in the caller's transaction.
 //   - commit.go, pgxtx.go: InTx and publishing through a pgx.Tx.
 //   - jsonb.go: which payloads jsonb can hold.
-//   - waker.go: the wake-up after a commit.
+//   - waker.go, commitwatch.go: the wake-up after a commit, and how a
+//     watched pool tells a commit nobody announced.
 //   - lanes.go: how the relay finds rows without marking them; what
 //     "pending" means.
 //   - relay.go: the Relay, RelayBatch.

@@ -83,7 +83,9 @@ type Relay struct {
 	// gateRest counts down the idle rounds the probe's snapshot gate
 	// rests (idle).
 	gateRest atomic.Int32
-	wake     chan struct{}
+	// busyAt is when the relay last had work, in Unix nanoseconds (hot).
+	busyAt atomic.Int64
+	wake   chan struct{}
 	// markEach: RelayConfig.MarkEachRow said so (or has not answered).
 	markEach atomic.Bool
 	// pageSize is the append-only lane's next page size (0: BatchSize), set by

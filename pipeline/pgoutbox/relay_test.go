@@ -589,7 +589,7 @@ func TestRelayWakesAfterTheCommit(t *testing.T) {
 // transaction (pgx or database/sql) that never calls Committed, a plain
 // INSERT as a program in another language makes, and a delayed row once it
 // is due. The idle relay's probe finds them (the poll here is an hour, and
-// no waker runs). A row a claim could not take (an ordered aggregate's
+// no waker runs, nor a CommitWatch on the pool). A row a claim could not take (an ordered aggregate's
 // successor behind a head in backoff) does not make the probe claim in a
 // loop.
 func TestIdleRelayFindsUnannouncedCommits(t *testing.T) {
@@ -648,6 +648,20 @@ func TestIdleRelayFindsUnannouncedCommits(t *testing.T) {
 	// A probe that ignored the ordered head would say yes to every look,
 	// and each yes is a claim that finds nothing (about 100 a second).
 	require.LessOrEqual(t, after.Claims-before.Claims, int64(2), "a successor behind its head makes no claim loop: the probe says no")
+
+	// 2 s after its last work the relay's probes cool, spacing out up to
+	// IdleProbeInterval (500 ms): about two a second, where a hot relay
+	// makes a hundred, and no claim (the hour's poll).
+	time.Sleep(2500 * time.Millisecond)
+	before = relay.Stats()
+	time.Sleep(2 * time.Second)
+	after = relay.Stats()
+	require.GreaterOrEqual(t, after.Probes-before.Probes, int64(2), "a cooled relay still probes")
+	require.LessOrEqual(t, after.Probes-before.Probes, int64(6), "about every 500ms")
+	require.Equal(t, before.Claims, after.Claims)
+	// It still finds a commit nobody announced, within IdleProbeInterval.
+	pipelinetest.InsertOutbox(t, pool, testTable, pipelinetest.OutboxRow{AggregateID: "u", Topic: "mail.send", Payload: `{"from":"after a silence"}`})
+	relayed("a plain INSERT after a silence")
 }
 
 // A backlog of an ordered aggregate drains at claim speed: a claim holds

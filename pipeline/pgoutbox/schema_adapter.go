@@ -94,6 +94,7 @@ func (a schemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Qu
 		sb   strings.Builder
 		args = make([]any, 0, len(msgs)*8)
 	)
+	sb.WriteString(insertMark) // CommitWatch knows the outbox's inserts by it
 	fmt.Fprintf(&sb, "INSERT INTO %s (message_uuid, aggregate_id, topic, payload, payload_raw, headers, available_at, due_at) VALUES ", table)
 	for i, msg := range msgs {
 		rowTopic := topic

@@ -20,7 +20,7 @@ import (
 // after PollInterval; they never end the loop, since the outbox is the
 // place where work waits out an outage.
 func (r *Relay) Run(ctx context.Context) error {
-	r.logger.Info("relay started", "batch_size", r.cfg.BatchSize, "in_flight", r.cfg.InFlight, "poll_interval", r.cfg.PollInterval, "probe_interval", r.cfg.ProbeInterval,
+	r.logger.Info("relay started", "batch_size", r.cfg.BatchSize, "in_flight", r.cfg.InFlight, "poll_interval", r.cfg.PollInterval, "probe_interval", r.cfg.ProbeInterval, "idle_probe_interval", r.cfg.IdleProbeInterval,
 		"ordered_topics", r.ordered, "notify", !r.cfg.PollOnly)
 	defer r.logger.Info("relay stopped")
 	ctx, cancel := context.WithCancel(ctx)
@@ -112,6 +112,8 @@ func (r *Relay) loop(ctx context.Context) {
 		}
 		if err != nil {
 			r.logger.Error("relay batch failed", "error", err)
+		} else if res.Claimed > 0 || res.Passed > 0 {
+			r.worked()
 		}
 		// More is due: a full batch, or one that sent heads of ordered
 		// aggregates, whose next rows a claim could not hold alongside
@@ -138,18 +140,28 @@ func (r *Relay) loop(ctx context.Context) {
 }
 
 // idle waits for work: a wake-up, a probe that finds a row a claim would
-// take (a commit nobody announced, a delay or backoff run out), or
-// PollInterval, whichever comes first. A probe that fails (the database
-// gone) is not reported: the claim after PollInterval reports it.
+// take (a commit nobody announced, a delay or backoff run out), or the
+// claim's bound, whichever comes first. A probe that fails (the database
+// gone) is not reported: the claim at the bound reports it.
+//
+// The probes are hot while the relay works (it found rows or was woken
+// within hotFor): one every ProbeInterval, so that commits nobody announces
+// (a program in another language, a plain INSERT) keep their latency under
+// a steady load, and the claim's bound is PollInterval. Past hotFor they
+// cool, spaced out doubling up to IdleProbeInterval, and the claim's
+// bound becomes coldClaimInterval: an idle relay costs a snapshot read per
+// IdleProbeInterval, where 100 probes and 2 claims a second cost an idle
+// process and its PostgreSQL sessions 56 ms of CPU a second. Commits of
+// Ferry's pools and wake-ups (CommitWatch, Waker, LISTEN) end the wait at
+// once, hot or cold.
 //
 // Each probe asks the server's snapshot first (no table read, no plan):
 // while it is the one the last full probe saw, no transaction that writes
 // has begun or ended, so no row can have been committed since, and the
 // pending index is not asked again (its probe plans an EXISTS over every
-// weekly partition: 80 ms/s of an idle server's CPU at 100 probes a
-// second). Only a delay or a backoff running out makes a row due without
-// a commit: the probe asks the index again once the earliest of those is
-// due (untilNextDue, read once per PollInterval).
+// weekly partition). Only a delay or a backoff running out makes a row due
+// without a commit: the probe asks the index again once the earliest of
+// those is due (nextDueAt, read again after each full probe).
 func (r *Relay) idle(ctx context.Context) {
 	args := pgx.NamedArgs{"topics": r.ordered}
 	// On a server other clients keep writing to, the snapshot moves at
@@ -158,7 +170,7 @@ func (r *Relay) idle(ctx context.Context) {
 	gate := r.gateRest.Load() <= 0
 	var dueAt time.Time
 	if gate {
-		dueAt = time.Now().Add(r.untilNextDue(ctx))
+		dueAt = r.nextDueAt(ctx)
 	} else {
 		r.gateRest.Add(-1)
 	}
@@ -169,9 +181,17 @@ func (r *Relay) idle(ctx context.Context) {
 			r.gateRest.Store(gateRest)
 		}
 	}()
-	for deadline := time.Now().Add(r.cfg.PollInterval); ; {
-		left := time.Until(deadline)
-		if left <= 0 || !r.sleep(ctx, min(r.cfg.ProbeInterval, left)) {
+	start, interval := time.Now(), r.cfg.ProbeInterval
+	for {
+		bound := r.cfg.PollInterval
+		if r.hot() {
+			interval = r.cfg.ProbeInterval
+		} else {
+			interval = max(min(2*interval, r.cfg.IdleProbeInterval), r.cfg.ProbeInterval)
+			bound = max(coldClaimInterval, r.cfg.PollInterval)
+		}
+		left := time.Until(start.Add(bound))
+		if left <= 0 || !r.sleep(ctx, min(interval, left)) {
 			return
 		}
 		r.probes.Add(1)
@@ -191,12 +211,30 @@ func (r *Relay) idle(ctx context.Context) {
 		if err := r.pool.QueryRow(ctx, r.probeSQL, args).Scan(&due); err == nil && due {
 			return
 		}
+		if gate {
+			// A commit since may have brought a delayed row.
+			dueAt = r.nextDueAt(ctx)
+		}
 	}
 }
 
-// gateRest is how many idle rounds (of PollInterval) the snapshot gate
-// rests after a round in which it skipped fewer than a fifth of the
-// probes.
+// hotFor is how long after its last work (rows found, a wake-up) a relay
+// keeps probing every ProbeInterval.
+const hotFor = 2 * time.Second
+
+// coldClaimInterval bounds how long a relay whose probes cooled goes
+// without a claim: the claim reports a database the probes could not
+// reach, at 4–5 ms of CPU each.
+const coldClaimInterval = 30 * time.Second
+
+// worked notes that the relay had work now (its probes stay hot).
+func (r *Relay) worked() { r.busyAt.Store(time.Now().UnixNano()) }
+
+// hot reports whether the relay worked within hotFor.
+func (r *Relay) hot() bool { return time.Since(time.Unix(0, r.busyAt.Load())) < hotFor }
+
+// gateRest is how many idle rounds the probe's snapshot gate rests after a
+// round in which it skipped fewer than a fifth of the probes.
 const gateRest = 20
 
 // currentSnapshotSQL reads the server's snapshot: it changes when a
@@ -221,11 +259,32 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 // (a delayed event, a row in backoff), but never past PollInterval, the
 // bound on the cost of a lost notification.
 func (r *Relay) untilNextDue(ctx context.Context) time.Duration {
-	var next *time.Time
-	if err := r.pool.QueryRow(ctx, r.nextDueSQL).Scan(&next); err != nil || next == nil {
+	next, err := r.nextDueAtOr(ctx)
+	if err != nil {
 		return r.cfg.PollInterval
 	}
-	return max(min(time.Until(*next), r.cfg.PollInterval), time.Millisecond)
+	return max(min(time.Until(next), r.cfg.PollInterval), time.Millisecond)
+}
+
+// nextDueAt is when the slow lane's earliest row is due: far ahead when it
+// has none, now when the read fails (the probe then asks the index).
+func (r *Relay) nextDueAt(ctx context.Context) time.Time {
+	next, err := r.nextDueAtOr(ctx)
+	if err != nil {
+		return time.Now()
+	}
+	return next
+}
+
+func (r *Relay) nextDueAtOr(ctx context.Context) (time.Time, error) {
+	var next *time.Time
+	if err := r.pool.QueryRow(ctx, r.nextDueSQL).Scan(&next); err != nil {
+		return time.Time{}, err
+	}
+	if next == nil {
+		return time.Now().Add(24 * time.Hour), nil
+	}
+	return *next, nil
 }
 
 // NotifyChannel is the channel a Waker notifies on after commits of new
@@ -279,6 +338,7 @@ func (r *Relay) listenOnce(ctx context.Context) error {
 // Wake makes a sleeping relay look for work now. The LISTEN/NOTIFY
 // listener calls it; so can a producer in the same process.
 func (r *Relay) Wake() {
+	r.worked()
 	select {
 	case r.wake <- struct{}{}:
 	default:
