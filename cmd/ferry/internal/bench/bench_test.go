@@ -98,7 +98,7 @@ func TestBenchSmoke(t *testing.T) {
 
 	pc := got[bench.ScenarioProducerConcurrency]
 	w2 := pc["writers_2"].(map[string]any)
-	for _, k := range []string{"no_wakeup_tps", "waker_tps", "trigger_tps"} {
+	for _, k := range []string{"no_wakeup_tps", "waker_tps", "watch_tps", "trigger_tps"} {
 		require.Positive(t, w2[k].([]any)[0].(float64), k)
 	}
 	require.EqualValues(t, 300, pc["idle_commit_to_publish"].(map[string]any)["count"], "every idle commit reached the broker, woken")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/examples/orders/orders"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -21,8 +22,10 @@ import (
 // ScenarioProducerConcurrency measures what the relays' wake-up costs the
 // application's commits: N writers committing create_order (a business
 // row and two events, through InTx) with no wake-up at all, with the
-// Waker (after the commit, from a connection of its own) and with the
-// in-transaction NOTIFY trigger Ferry used before (migration 00004);
+// Waker (after the commit, from a connection of its own), with the Waker
+// told by the pool's CommitWatch (the README's way to publish: no
+// Committed, the pool sees the COMMIT) and with the in-transaction NOTIFY
+// trigger Ferry used before (migration 00004);
 // then, idle, how soon a relay of another process claims a commit.
 const ScenarioProducerConcurrency = "producer_concurrency"
 
@@ -40,7 +43,11 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 	for _, w := range bc.Writers {
 		maxWriters = max(maxWriters, w)
 	}
-	sch, err := newBenchSchema(ctx, cfg, int32(maxWriters+4))
+	// Writers beyond the pool's connections wait for one, as an
+	// application's goroutines do: two pools (plain and watched) must fit
+	// the server's max_connections (100 by default) beside the others.
+	conns := int32(min(maxWriters+4, 40))
+	sch, err := newBenchSchema(ctx, cfg, conns)
 	if err != nil {
 		return benchReport{}, err
 	}
@@ -82,10 +89,17 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 	wdone := make(chan struct{})
 	go func() { defer close(wdone); _ = waker.Run(wctx) }()
 	defer func() { stopWaker(); <-wdone }()
+	watch := pgoutbox.NewCommitWatch()
+	watch.OnCommit(waker.Committed)
+	watched, err := pgdb.Open(ctx, pgdb.Config{URL: cfg.DatabaseURL, Schema: sch.name, ApplicationName: "ferry-bench-watched", MaxConns: conns, Configure: watch.Watch})
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer watched.Close()
 
 	var seq atomic.Int64
 	// run commits create_order from n writers for d; the commit rate.
-	run := func(ob *pgoutbox.Outbox, n int, d time.Duration) (float64, error) {
+	run := func(ob *pgoutbox.Outbox, pool *pgxpool.Pool, n int, d time.Duration) (float64, error) {
 		var done atomic.Int64
 		var firstErr error
 		var once sync.Once
@@ -95,7 +109,7 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 			wg.Go(func() {
 				for time.Now().Before(deadline) {
 					k := seq.Add(1)
-					if _, err := orders.CreateOrderInTx(ctx, ob, sch.pool, orders.Input{UserID: "user-1", Amount: 1200, Currency: "JPY", IdempotencyKey: fmt.Sprintf("p-%d", k)}); err != nil {
+					if _, err := orders.CreateOrderInTx(ctx, ob, pool, orders.Input{UserID: "user-1", Amount: 1200, Currency: "JPY", IdempotencyKey: fmt.Sprintf("p-%d", k)}); err != nil {
 						once.Do(func() { firstErr = err })
 						return
 					}
@@ -117,14 +131,17 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 	type variant struct {
 		name    string
 		ob      *pgoutbox.Outbox
+		pool    *pgxpool.Pool
 		trigger bool
 	}
-	variants := []variant{{"no_wakeup", plain, false}, {"waker", woken, false}, {"trigger", plain, true}}
+	variants := []variant{{"no_wakeup", plain, sch.pool, false}, {"waker", woken, sch.pool, false}, {"watch", plain, watched, false}, {"trigger", plain, sch.pool, true}}
 	results := map[int]map[string][]float64{}
 	for _, n := range bc.Writers {
 		results[n] = map[string][]float64{}
-		if _, err := run(plain, n, time.Second); err != nil { // warm up connections and plans
-			return benchReport{}, err
+		for _, pool := range []*pgxpool.Pool{sch.pool, watched} {
+			if _, err := run(plain, pool, n, time.Second); err != nil { // warm up connections and plans
+				return benchReport{}, err
+			}
 		}
 		for round := range bc.Rounds {
 			// Rotated each round, so drift in the machine's load hits all alike.
@@ -133,7 +150,7 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 				if err := trigger(v.trigger); err != nil {
 					return benchReport{}, err
 				}
-				tps, err := run(v.ob, n, bc.ProducerDuration)
+				tps, err := run(v.ob, v.pool, n, bc.ProducerDuration)
 				if err != nil {
 					return benchReport{}, fmt.Errorf("%s with %d writers: %w", v.name, n, err)
 				}
@@ -156,14 +173,14 @@ func benchProducerConcurrency(ctx context.Context, cfg app.Config, bc BenchConfi
 	var tb strings.Builder
 	js := map[string]any{"params": map[string]any{"writers": bc.Writers, "rounds": bc.Rounds, "seconds_per_run": bc.ProducerDuration.Seconds(),
 		"transaction": "create_order through InTx: an order row and two events"}}
-	fmt.Fprintf(&tb, "%-8s %12s %12s %12s %14s %14s\n", "writers", "no wake tps", "waker tps", "trigger tps", "waker/none", "trigger/none")
+	fmt.Fprintf(&tb, "%-8s %12s %12s %12s %12s %12s %12s %13s\n", "writers", "no wake tps", "waker tps", "watch tps", "trigger tps", "waker/none", "watch/none", "trigger/none")
 	met := true
 	for _, n := range bc.Writers {
-		none, wk, tr := mean(results[n]["no_wakeup"]), mean(results[n]["waker"]), mean(results[n]["trigger"])
-		fmt.Fprintf(&tb, "%-8d %12.0f %12.0f %12.0f %14.2f %14.2f\n", n, none, wk, tr, wk/none, tr/none)
-		js[fmt.Sprintf("writers_%d", n)] = map[string]any{"no_wakeup_tps": results[n]["no_wakeup"], "waker_tps": results[n]["waker"], "trigger_tps": results[n]["trigger"],
-			"waker_ratio": wk / none, "trigger_ratio": tr / none}
-		if n >= 32 && wk/none < 0.9 {
+		none, wk, wa, tr := mean(results[n]["no_wakeup"]), mean(results[n]["waker"]), mean(results[n]["watch"]), mean(results[n]["trigger"])
+		fmt.Fprintf(&tb, "%-8d %12.0f %12.0f %12.0f %12.0f %12.2f %12.2f %13.2f\n", n, none, wk, wa, tr, wk/none, wa/none, tr/none)
+		js[fmt.Sprintf("writers_%d", n)] = map[string]any{"no_wakeup_tps": results[n]["no_wakeup"], "waker_tps": results[n]["waker"], "watch_tps": results[n]["watch"], "trigger_tps": results[n]["trigger"],
+			"waker_ratio": wk / none, "watch_ratio": wa / none, "trigger_ratio": tr / none}
+		if n >= 32 && min(wk, wa)/none < 0.9 {
 			met = false
 		}
 	}
