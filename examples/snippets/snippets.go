@@ -86,6 +86,22 @@ func Issue(ctx context.Context, pool *pgxpool.Pool, outbox *pgoutbox.Outbox, inv
 
 // snippet:end publish
 
+// snippet:begin watched-pool
+// OpenWatchedPool opens a pool of the service's own whose commits of
+// events wake the relays at the commit, however the code commits.
+func OpenWatchedPool(ctx context.Context, url string, outbox *pgoutbox.Outbox) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	watch := pgoutbox.NewCommitWatch()
+	watch.OnCommit(outbox.Committed) // the app's outbox: its Waker tells every relay
+	watch.Watch(cfg)
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// snippet:end watched-pool
+
 // snippet:begin follow-up
 // MarkMailed runs inside a handler: its event commits with the handler's
 // ledger row, or not at all.

@@ -80,9 +80,9 @@ type Relay struct {
 	t          Table
 
 	dispatched, failed, probes, claims, replayed atomic.Int64
-	// gateRest counts down the idle rounds the probe's snapshot gate
-	// rests (idle).
-	gateRest atomic.Int32
+	// gateRestUntil is when the probe's snapshot gate opens again, in
+	// Unix nanoseconds (idle).
+	gateRestUntil atomic.Int64
 	// busyAt is when the relay last had work, in Unix nanoseconds (hot).
 	busyAt atomic.Int64
 	wake   chan struct{}

@@ -164,23 +164,15 @@ func (r *Relay) loop(ctx context.Context) {
 // those is due (nextDueAt, read again after each full probe).
 func (r *Relay) idle(ctx context.Context) {
 	args := pgx.NamedArgs{"topics": r.ordered}
-	// On a server other clients keep writing to, the snapshot moves at
-	// nearly every probe and asking it first only adds a query: the gate
-	// rests for gateRest rounds when it skipped too few probes to pay.
-	gate := r.gateRest.Load() <= 0
-	var dueAt time.Time
-	if gate {
-		dueAt = r.nextDueAt(ctx)
-	} else {
-		r.gateRest.Add(-1)
-	}
-	var seen string
-	probes, skipped := 0, 0
-	defer func() {
-		if gate && probes >= 10 && skipped*5 < probes {
-			r.gateRest.Store(gateRest)
-		}
-	}()
+	var (
+		seen  string
+		dueAt time.Time // zero: not read since the gate opened
+		// Probes and skips since the gate opened: on a server other
+		// clients keep writing to, the snapshot moves at nearly every
+		// probe and asking it first only adds a query, so the gate rests
+		// for gateRest when it skipped under a fifth of 10 probes or more.
+		probes, skipped int
+	)
 	start, interval := time.Now(), r.cfg.ProbeInterval
 	for {
 		bound := r.cfg.PollInterval
@@ -195,8 +187,19 @@ func (r *Relay) idle(ctx context.Context) {
 			return
 		}
 		r.probes.Add(1)
-		probes++
+		gate := time.Now().UnixNano() >= r.gateRestUntil.Load()
 		if gate {
+			if probes >= 10 && skipped*5 < probes {
+				r.gateRestUntil.Store(time.Now().Add(gateRest).UnixNano())
+				probes, skipped, dueAt, seen, gate = 0, 0, time.Time{}, "", false
+			} else {
+				probes++
+			}
+		}
+		if gate {
+			if dueAt.IsZero() {
+				dueAt = r.nextDueAt(ctx)
+			}
 			var snap string
 			if err := r.pool.QueryRow(ctx, currentSnapshotSQL).Scan(&snap); err != nil {
 				continue
@@ -233,9 +236,11 @@ func (r *Relay) worked() { r.busyAt.Store(time.Now().UnixNano()) }
 // hot reports whether the relay worked within hotFor.
 func (r *Relay) hot() bool { return time.Since(time.Unix(0, r.busyAt.Load())) < hotFor }
 
-// gateRest is how many idle rounds the probe's snapshot gate rests after a
-// round in which it skipped fewer than a fifth of the probes.
-const gateRest = 20
+// gateRest is how long the probe's snapshot gate rests after it skipped
+// fewer than a fifth of its probes. It counted idle rounds of PollInterval
+// once; since a cooled round lasts 30 s, it is a time: 20 rounds of
+// PollInterval were 10 s.
+const gateRest = 10 * time.Second
 
 // currentSnapshotSQL reads the server's snapshot: it changes when a
 // transaction takes an id (its first write) or one that had an id ends.

@@ -20,8 +20,9 @@ import (
 
 // ScenarioIdleCost is what a Ferry process with nothing to do costs: the
 // relay, the consumers and the app's periodic work running, no event
-// written, its own CPU and PostgreSQL's sampled from /proc over
-// --duration (after a warm-up), in milliseconds of CPU per second.
+// written, its own CPU and its PostgreSQL backends' sampled from
+// /proc/<pid>/task/*/schedstat over --duration (after a warm-up), in
+// milliseconds of CPU per second.
 const ScenarioIdleCost = "idle_cost"
 
 func benchIdleCost(ctx context.Context, cfg app.Config, bc BenchConfig, logger *slog.Logger) (benchReport, error) {
@@ -57,17 +58,16 @@ func benchIdleCost(ctx context.Context, cfg app.Config, bc BenchConfig, logger *
 		return benchReport{}, err
 	}
 	probes0 := a.Stats().Relay.Probes
-	srv0, pg0, t0 := readServerCPU(), pidsCPU(backends), time.Now()
+	self0, pg0, t0 := onCPU(os.Getpid()), pidsCPU(backends), time.Now()
 	select {
 	case <-ctx.Done():
 		return benchReport{}, ctx.Err()
 	case <-time.After(bc.Duration):
 	}
-	srv1, pg1, elapsed := readServerCPU(), pidsCPU(backends), time.Since(t0).Seconds()
+	self1, pg1, elapsed := onCPU(os.Getpid()), pidsCPU(backends), time.Since(t0).Seconds()
 	probes := float64(a.Stats().Relay.Probes-probes0) / elapsed
-	// Jiffies are 10 ms.
-	perSecond := func(jiffies uint64) float64 { return math.Round(10*float64(jiffies)*10/elapsed) / 10 }
-	self, pg := perSecond(srv1.self-srv0.self), perSecond(pg1-pg0)
+	perSecond := func(ns uint64) float64 { return math.Round(10*float64(ns)/1e6/elapsed) / 10 }
+	self, pg := perSecond(self1-self0), perSecond(pg1-pg0)
 	js := map[string]any{"seconds": math.Round(elapsed*10) / 10, "process_ms_per_s": self, "postgresql_ms_per_s": pg, "backends": len(backends),
 		"total_ms_per_s": math.Round((self+pg)*10) / 10, "relay_probes_per_s": math.Round(probes)}
 	table := fmt.Sprintf("idle for %.0fs: this process %.1f ms/s, its %d PostgreSQL backends %.1f ms/s, total %.1f ms/s; relay probes %.0f/s\n",
@@ -110,25 +110,34 @@ func ownBackends(ctx context.Context, q interface {
 	return pgx.CollectRows(rows, pgx.RowTo[int])
 }
 
-// pidsCPU is the CPU time (user + system, jiffies) of these processes.
+// pidsCPU is the time these processes spent on a CPU, in nanoseconds.
 func pidsCPU(pids []int) uint64 {
 	var sum uint64
 	for _, pid := range pids {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		sum += onCPU(pid)
+	}
+	return sum
+}
+
+// onCPU is the time process pid's threads spent on a CPU, in nanoseconds,
+// from /proc/<pid>/task/*/schedstat: exact, where /proc/<pid>/stat's
+// ticks of 10 ms charge a whole tick to whoever runs when it strikes, and
+// overcharge a process that wakes briefly and often, as an idle one does.
+func onCPU(pid int) uint64 {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var sum uint64
+	for _, t := range tasks {
+		b, err := os.ReadFile(dir + t.Name() + "/schedstat")
 		if err != nil {
-			continue
+			continue // a thread gone since
 		}
-		end := strings.LastIndexByte(string(b), ')')
-		if end < 0 {
-			continue
-		}
-		fields := strings.Fields(string(b[end+1:]))
-		if len(fields) < 13 {
-			continue
-		}
-		utime, _ := strconv.ParseUint(fields[11], 10, 64)
-		stime, _ := strconv.ParseUint(fields[12], 10, 64)
-		sum += utime + stime
+		f, _, _ := strings.Cut(string(b), " ")
+		ns, _ := strconv.ParseUint(f, 10, 64)
+		sum += ns
 	}
 	return sum
 }
