@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -83,6 +84,9 @@ type Relay struct {
 	// gateRestUntil is when the probe's snapshot gate opens again, in
 	// Unix nanoseconds (idle).
 	gateRestUntil atomic.Int64
+	// idleConn is idleScan's connection, nil until its first use.
+	idleMu   sync.Mutex
+	idleConn *pgx.Conn
 	// busyAt is when the relay last had work, in Unix nanoseconds (hot).
 	busyAt atomic.Int64
 	wake   chan struct{}
