@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // position is the relay's place in an outbox table.
@@ -37,7 +38,10 @@ type pageRow struct {
 // page of it (readPage), sort the page into rows to send and rows to hold
 // (sortPage), move the position past the page (advance), then publish and
 // record, the position's move with the outcome (relayClaimed).
-func (r *Relay) appendBatch(ctx context.Context) (res BatchResult, took bool, err error) {
+//
+// wait makes it wait for a position another relay's batch holds, up to
+// that batch's bound, instead of giving up at once (see loop).
+func (r *Relay) appendBatch(ctx context.Context, wait bool) (res BatchResult, took bool, err error) {
 	tx, err := r.pool.BeginTx(ctx, r.txOptions)
 	if err != nil {
 		return res, false, fmt.Errorf("beginning relay transaction: %w", err)
@@ -47,7 +51,7 @@ func (r *Relay) appendBatch(ctx context.Context) (res BatchResult, took bool, er
 			rollback(ctx, tx)
 		}
 	}()
-	pos, took, err := r.takePosition(ctx, tx)
+	pos, took, err := r.takePosition(ctx, tx, wait)
 	if err != nil || !took {
 		return res, took, err
 	}
@@ -92,9 +96,20 @@ func (r *Relay) appendBatch(ctx context.Context) (res BatchResult, took bool, er
 
 // takePosition takes the position for this batch, without waiting: false
 // when another relay's batch holds it.
-func (r *Relay) takePosition(ctx context.Context, tx pgx.Tx) (position, bool, error) {
-	var mine bool
-	if err := tx.QueryRow(ctx, r.appendOnly.lockSQL, r.t.Quoted()).Scan(&mine, nil); err != nil {
+func (r *Relay) takePosition(ctx context.Context, tx pgx.Tx, wait bool) (position, bool, error) {
+	mine := true
+	if wait {
+		// The holder's batch ends within its confirm timeout, or the
+		// server ends its session 2 s later (batchBeginSQL).
+		_, err := tx.Exec(ctx, positionWaitSQL(r.cfg.ConfirmTimeout+batchIdleSlack), pgx.QueryExecModeSimpleProtocol, r.t.Quoted())
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: past the bound
+			return position{}, false, nil
+		}
+		if err != nil {
+			return position{}, false, fmt.Errorf("waiting for the relay's position: %w", err)
+		}
+	} else if err := tx.QueryRow(ctx, r.appendOnly.lockSQL, r.t.Quoted()).Scan(&mine, nil); err != nil {
 		return position{}, false, fmt.Errorf("locking the relay's position: %w", err)
 	}
 	if !mine {

@@ -345,3 +345,44 @@ func TestPositionRowsAreRemovedInANarrowWindow(t *testing.T) {
 	rec.mu.Unlock()
 	move("after")
 }
+
+// A relay that finds the position held by another relay's batch, and
+// nothing in the slow lane, waits for the position in the database: it
+// neither claims nor probes meanwhile, however often it is woken (two
+// relays spinning so drained at 0.7x of one, four at 0.5–0.6x), and takes
+// the position as soon as the other batch ends.
+func TestARelayWaitsForAHeldPositionWithoutSpinning(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pool := pipelinetest.Postgres(t)
+	br := newBroker(t, "orders.placed")
+	// Another relay in the middle of a batch.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var got bool
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext($1::regclass::oid::text))`, testTable.Quoted()).Scan(&got))
+	require.True(t, got)
+	publish(t, pool, "orders.placed", event(t, "a1", 1))
+
+	relay := newRelay(t, pool, br.pub, pgoutbox.RelayConfig{FailoverReplay: -1, PollInterval: time.Hour})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(200 * time.Millisecond) // its first batch found the position held
+	before := relay.Stats()
+	for range 200 {
+		relay.Wake() // as commits of other producers would
+		time.Sleep(5 * time.Millisecond)
+	}
+	after := relay.Stats()
+	require.Zero(t, after.Dispatched, "the position is held")
+	require.LessOrEqual(t, after.Claims-before.Claims, int64(2), "no claim loop while the position is held")
+	require.LessOrEqual(t, after.Probes-before.Probes, int64(2), "nor a probe loop")
+
+	require.NoError(t, tx.Rollback(ctx)) // the other batch ends
+	start := time.Now()
+	require.Eventually(t, func() bool { return relay.Stats().Dispatched == 1 }, 5*time.Second, time.Millisecond)
+	require.Less(t, time.Since(start), time.Second, "taken as soon as it is free")
+}

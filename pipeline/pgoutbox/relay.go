@@ -212,9 +212,16 @@ func (r *Relay) Stats() RelayStats {
 // transaction of its own: a page of the rows committed since the
 // position, unless another relay holds it, then the slow lane's due rows.
 func (r *Relay) RelayBatch(ctx context.Context) (BatchResult, error) {
-	res, _, err := r.appendBatch(ctx)
+	res, _, err := r.relayBatch(ctx, false)
+	return res, err
+}
+
+// relayBatch is RelayBatch; held: another relay's batch held the
+// position (and wait was false, or its wait ran out).
+func (r *Relay) relayBatch(ctx context.Context, wait bool) (res BatchResult, held bool, err error) {
+	res, took, err := r.appendBatch(ctx, wait)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	slow, err := r.slowBatch(ctx)
 	res.Claimed += slow.Claimed
@@ -224,5 +231,5 @@ func (r *Relay) RelayBatch(ctx context.Context) (BatchResult, error) {
 	res.Shadowed += slow.Shadowed
 	res.Left += slow.Left
 	res.Ordered += slow.Ordered
-	return res, err
+	return res, !took, err
 }

@@ -3,6 +3,11 @@ package pgoutbox
 // The statements' catalogue, family "position": the append-only lane's
 // position per outbox table (see lanes.go).
 
+import (
+	"fmt"
+	"time"
+)
+
 // positionLockSQL takes the position of outbox table $1 (its quoted name)
 // for this batch, without waiting. One relay at a time moves an outbox
 // table's position: a transaction-level advisory lock, taken without
@@ -17,6 +22,14 @@ package pgoutbox
 // yet (a new week, autovacuum not there yet) the planner, taking it for a
 // few rows, sorted every unpassed row for each page instead: 4x slower.
 const positionLockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('` + PositionTable + `'), hashtext($1::regclass::oid::text)), set_config('enable_sort', 'off', true)`
+
+// positionWaitSQL is positionLockSQL that waits for the lock, at most
+// bound (lock_timeout, set first in the same round trip: a query of the
+// simple protocol, pgx.QueryExecModeSimpleProtocol, may carry two
+// statements).
+func positionWaitSQL(bound time.Duration) string {
+	return fmt.Sprintf(`SET LOCAL lock_timeout = %d; SELECT pg_advisory_xact_lock(hashtext('`+PositionTable+`'), hashtext($1::regclass::oid::text)), set_config('enable_sort', 'off', true)`, bound.Milliseconds())
+}
 
 // positionReadSQL reads the newest position of the key $1.
 func (t Table) positionReadSQL() string {
