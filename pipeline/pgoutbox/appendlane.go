@@ -94,8 +94,9 @@ func (r *Relay) appendBatch(ctx context.Context, wait bool) (res BatchResult, to
 	return res, took, err
 }
 
-// takePosition takes the position for this batch, without waiting: false
-// when another relay's batch holds it.
+// takePosition takes the position for this batch: false when another
+// relay's batch holds it, at once, or, with wait, once that batch's bound
+// ran out.
 func (r *Relay) takePosition(ctx context.Context, tx pgx.Tx, wait bool) (position, bool, error) {
 	mine := true
 	if wait {

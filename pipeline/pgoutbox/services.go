@@ -125,8 +125,9 @@ func (r *Relay) loop(ctx context.Context) {
 			// lock wait costs nothing, rather than in probes, each of
 			// which finds the rows that batch is sending and makes a claim
 			// that cannot take them. Spinning so, two relays drained a
-			// backlog at 0.69x of one relay's rate, four at 0.57x: on two
-			// cores, the others' failed claims took the mover's CPU.
+			// backlog at 0.74–1.00x of one relay's rate, four at
+			// 0.49–0.66x: on two cores, the others' failed claims took the
+			// mover's CPU.
 			wait = true
 			continue
 		}
@@ -166,7 +167,7 @@ func (r *Relay) loop(ctx context.Context) {
 // cool, spaced out doubling up to IdleProbeInterval, and the claim's
 // bound becomes coldClaimInterval: an idle relay costs a snapshot read per
 // IdleProbeInterval, where 100 probes and 2 claims a second cost an idle
-// process and its PostgreSQL sessions 56 ms of CPU a second. Commits of
+// process and its PostgreSQL sessions 75–83 ms of CPU a second. Commits of
 // Ferry's pools and wake-ups (CommitWatch, Waker, LISTEN) end the wait at
 // once, hot or cold.
 //
@@ -320,26 +321,30 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 // (a delayed event, a row in backoff), but never past PollInterval, the
 // bound on the cost of a lost notification.
 func (r *Relay) untilNextDue(ctx context.Context) time.Duration {
-	next, err := r.nextDueAtOr(ctx)
+	next, err := r.readNextDue(func(dest ...any) error { return r.pool.QueryRow(ctx, r.nextDueSQL).Scan(dest...) })
 	if err != nil {
 		return r.cfg.PollInterval
 	}
 	return max(min(time.Until(next), r.cfg.PollInterval), time.Millisecond)
 }
 
-// nextDueAt is when the slow lane's earliest row is due: far ahead when it
-// has none, now when the read fails (the probe then asks the index).
+// nextDueAt is when the slow lane's earliest row is due, read on the idle
+// probes' connection: far ahead when it has none, now when the read fails
+// (the probe then asks the index).
 func (r *Relay) nextDueAt(ctx context.Context) time.Time {
-	next, err := r.nextDueAtOr(ctx)
+	next, err := r.readNextDue(func(dest ...any) error { return r.idleScan(ctx, r.nextDueSQL, nil, dest...) })
 	if err != nil {
 		return time.Now()
 	}
 	return next
 }
 
-func (r *Relay) nextDueAtOr(ctx context.Context) (time.Time, error) {
+// readNextDue reads nextDueSQL through scan: the pool when probing is off
+// (no connection of its own for the idle probes then), the idle probes'
+// connection when on.
+func (r *Relay) readNextDue(scan func(dest ...any) error) (time.Time, error) {
 	var next *time.Time
-	if err := r.idleScan(ctx, r.nextDueSQL, nil, &next); err != nil {
+	if err := scan(&next); err != nil {
 		return time.Time{}, err
 	}
 	if next == nil {
