@@ -166,7 +166,7 @@ func validateBatches(routes []handlers.Route, topo *rabbit.Topology) error {
 }
 
 func batchConfig(r handlers.Route) middleware.BatchConfig {
-	return middleware.BatchConfig{MaxSize: r.Batch.MaxSize, MaxWait: r.Batch.MaxWait}
+	return middleware.BatchConfig{MaxSize: r.Batch.MaxSize, MaxWait: r.Batch.MaxWait, MaxGap: r.Batch.MaxGap}
 }
 
 // subscriptions are the consumers route r runs: the topology's, or one for

@@ -90,6 +90,11 @@ type Batch struct {
 	// the latency a message may gain when the queue is nearly idle.
 	// Default 5ms, at most 1s.
 	MaxWait time.Duration
+	// MaxGap closes a batch before MaxWait when no message joined it for
+	// this long: at a steady low rate, waiting for messages that are not
+	// coming only adds latency; during a drain they join microseconds
+	// apart and batches still fill. Default 1ms; negative: off.
+	MaxGap time.Duration
 }
 
 // ValidateRoutes checks every route and that names are unique.

@@ -16,6 +16,7 @@ import (
 const (
 	DefaultBatchMaxSize = 100
 	DefaultBatchMaxWait = 5 * time.Millisecond
+	DefaultBatchMaxGap  = time.Millisecond
 	MaxBatchSize        = 10000
 )
 
@@ -44,6 +45,14 @@ type BatchConfig struct {
 	// one, unless it fills up first: the latency a message may gain when
 	// the queue is nearly idle. Default 5ms.
 	MaxWait time.Duration
+	// MaxGap closes a batch before MaxWait when no message joined it for
+	// this long: at a steady low rate the next message is not coming
+	// within MaxWait, and waiting for it only added MaxWait to each
+	// message's latency (at 300/s a batch route's p50 was 7.8 ms against
+	// a single-message route's 4.3). During a drain the deliveries join
+	// microseconds apart and batches still fill. Default 1ms; negative:
+	// off (a batch waits MaxWait).
+	MaxGap time.Duration
 }
 
 // WithDefaults returns c with its zero fields set to their defaults.
@@ -53,6 +62,9 @@ func (c BatchConfig) WithDefaults() BatchConfig {
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = DefaultBatchMaxWait
+	}
+	if c.MaxGap == 0 {
+		c.MaxGap = DefaultBatchMaxGap
 	}
 	return c
 }
@@ -66,6 +78,9 @@ func (c BatchConfig) Validate() error {
 	}
 	if c.MaxWait < 0 || c.MaxWait > time.Second {
 		errs = append(errs, fmt.Errorf("batch MaxWait must be in [0, 1s], got %s", c.MaxWait))
+	}
+	if c.MaxGap > time.Second {
+		errs = append(errs, fmt.Errorf("batch MaxGap must be at most 1s, got %s", c.MaxGap))
 	}
 	return errors.Join(errs...)
 }
@@ -105,6 +120,8 @@ type batch struct {
 	items []*batchItem
 	ids   map[string]bool
 	full  chan struct{}
+	// joined has a value when a message joined since the leader looked.
+	joined chan struct{}
 }
 
 type batchItem struct {
@@ -151,7 +168,7 @@ func (b *Batcher) Handler(msg *message.Message) ([]*message.Message, error) {
 	}
 	leader := bt == nil
 	if leader {
-		bt = &batch{ids: map[string]bool{}, full: make(chan struct{})}
+		bt = &batch{ids: map[string]bool{}, full: make(chan struct{}), joined: make(chan struct{}, 1)}
 		b.open = bt
 	}
 	bt.items = append(bt.items, item)
@@ -159,16 +176,16 @@ func (b *Batcher) Handler(msg *message.Message) ([]*message.Message, error) {
 	if len(bt.items) >= b.cfg.MaxSize {
 		b.open = nil
 		close(bt.full)
+	} else if !leader {
+		select {
+		case bt.joined <- struct{}{}:
+		default:
+		}
 	}
 	b.mu.Unlock()
 
 	if leader {
-		timer := time.NewTimer(b.cfg.MaxWait)
-		select {
-		case <-bt.full:
-		case <-timer.C:
-		}
-		timer.Stop()
+		b.fill(bt)
 		b.mu.Lock()
 		if b.open == bt {
 			b.open = nil
@@ -181,6 +198,35 @@ func (b *Batcher) Handler(msg *message.Message) ([]*message.Message, error) {
 		return b.alone(msg)
 	}
 	return nil, b.guard.settle(msg.Context(), consumer, item.res.Ran, item.res.Err)
+}
+
+// fill waits until bt is full, MaxWait after its first message, or
+// MaxGap after its last one, whichever comes first.
+func (b *Batcher) fill(bt *batch) {
+	wait := time.NewTimer(b.cfg.MaxWait)
+	defer wait.Stop()
+	var gap <-chan time.Time
+	if b.cfg.MaxGap > 0 {
+		t := time.NewTimer(b.cfg.MaxGap)
+		defer t.Stop()
+		gap = t.C
+		for {
+			select {
+			case <-bt.full:
+				return
+			case <-wait.C:
+				return
+			case <-gap:
+				return
+			case <-bt.joined:
+				t.Reset(b.cfg.MaxGap)
+			}
+		}
+	}
+	select {
+	case <-bt.full:
+	case <-wait.C:
+	}
 }
 
 // run runs one batch and releases its items.

@@ -96,3 +96,51 @@ func TestBatcherHandlesTogetherOnceEachAndIsolatesTheBadOne(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, processed, "the bad one is not recorded as done")
 }
+
+// A batch closes MaxGap after its last message when no other joins: a
+// message arriving alone at a steady low rate is handled at once, not
+// after MaxWait; messages arriving together still share a batch. With the
+// gap off, the lone message waits MaxWait.
+func TestABatchDoesNotWaitForMessagesThatAreNotComing(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	guard, err := middleware.NewIdempotency(ledger, nil)
+	require.NoError(t, err)
+	ctx := handlerContext(t, "projection.gap")
+	batcher := func(gap time.Duration) (*middleware.Batcher, *[]int) {
+		var mu sync.Mutex
+		var sizes []int
+		b, err := middleware.NewBatcher(guard, ledger, func(ctx context.Context, msgs []*message.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			sizes = append(sizes, len(msgs))
+			return nil
+		}, middleware.BatchConfig{MaxSize: 100, MaxWait: time.Second, MaxGap: gap})
+		require.NoError(t, err)
+		return b, &sizes
+	}
+	handle := func(b *middleware.Batcher, id string) time.Duration {
+		m := message.NewMessage(id, []byte(`{}`))
+		m.SetContext(ctx)
+		start := time.Now()
+		_, err := b.Handler(m)
+		require.NoError(t, err)
+		return time.Since(start)
+	}
+
+	b, sizes := batcher(20 * time.Millisecond)
+	took := handle(b, "lone-1")
+	require.Less(t, took, 500*time.Millisecond, "a lone message waits the gap, not MaxWait (1 s)")
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() { handle(b, fmt.Sprint("together-", i)) })
+	}
+	wg.Wait()
+	require.Less(t, len(*sizes), 1+20, "arriving together, they shared batches: %v", *sizes)
+
+	off, _ := batcher(-1)
+	took = handle(off, "lone-2")
+	require.GreaterOrEqual(t, took, time.Second, "with the gap off, a lone message waits MaxWait")
+}

@@ -168,7 +168,10 @@ func StartRabbit(ctx context.Context) (*RabbitNode, error) {
 			ctl, node, filepath.Join(dir, "restarts"))}
 	url := fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port)
 	n := &RabbitNode{Config: rabbit.Config{URL: url, Namespace: UniqueName("ferrytest.") + "."}, Restart: restart, dir: dir, name: node, env: env}
-	wctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	// Three nodes booting at once at the end of a CI run on two busy
+	// cores once took longer than 90 s: a bound for a node that will
+	// not start, not a target.
+	wctx, cancel := context.WithTimeout(ctx, nodeStartBound)
 	defer cancel()
 	for {
 		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(time.Second)})
@@ -180,11 +183,15 @@ func StartRabbit(ctx context.Context) (*RabbitNode, error) {
 		case <-wctx.Done():
 			logs, _ := os.ReadFile(filepath.Join(dir, "log", node+".log"))
 			_ = n.Close()
-			return nil, fmt.Errorf("the RabbitMQ node did not accept connections within 90s: %v\n%s", err, logs)
+			return nil, fmt.Errorf("the RabbitMQ node did not accept connections within %s: %v\n%s", nodeStartBound, err, logs)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
 }
+
+// nodeStartBound is how long StartRabbit waits for its node to accept
+// connections.
+const nodeStartBound = 180 * time.Second
 
 // Close stops the node, if it runs, and removes its files.
 func (n *RabbitNode) Close() error {

@@ -107,7 +107,7 @@ func benchConsumerThroughput(ctx context.Context, cfg app.Config, bc BenchConfig
 		maps.Copy(out, res)
 	}
 	out["params"] = map[string]any{"messages": bc.ConsumerEvents, "database_max_conns": bc.ConsumerConns,
-		"handler": "no-op, real ledger", "batch": fmt.Sprintf("handlers.Batch defaults (MaxSize %d, MaxWait %s)", middleware.DefaultBatchMaxSize, middleware.DefaultBatchMaxWait)}
+		"handler": "no-op, real ledger", "batch": fmt.Sprintf("handlers.Batch defaults (MaxSize %d, MaxWait %s, MaxGap %s)", middleware.DefaultBatchMaxSize, middleware.DefaultBatchMaxWait, middleware.DefaultBatchMaxGap)}
 	return benchReport{JSON: out, Table: tb.String()}, nil
 }
 
