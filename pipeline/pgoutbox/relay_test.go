@@ -799,7 +799,10 @@ func TestHeldOrderedAggregatesDrainWhenTheirRowsOutnumberABatch(t *testing.T) {
 	const aggregates, behind, batch = 10, 3, 5
 	relay := newRelay(t, pool, orderedRecorder{rec, []string{"o"}}, pgoutbox.RelayConfig{
 		BatchSize: batch, FailoverReplay: -1,
-		Backoff: pipeline.Backoff{Initial: 300 * time.Millisecond, Max: 300 * time.Millisecond, Jitter: -1},
+		// Long enough that no head comes due again within a phase of the
+		// test on a loaded CI machine (300 ms did once: the slow lane then
+		// retried the heads the append lane had just failed).
+		Backoff: pipeline.Backoff{Initial: 3 * time.Second, Max: 3 * time.Second, Jitter: -1},
 	})
 	var heads []*message.Message
 	for a := range aggregates {
@@ -831,7 +834,7 @@ func TestHeldOrderedAggregatesDrainWhenTheirRowsOutnumberABatch(t *testing.T) {
 	require.Equal(t, aggregates*behind, held, "the rows behind are held, due before their heads")
 
 	failing.Store(false)
-	time.Sleep(350 * time.Millisecond)
+	time.Sleep(3050 * time.Millisecond) // the heads' backoff
 	for i := 0; i < 4*aggregates*(behind+1)/batch; i++ {
 		if _, err := relay.RelayBatch(ctx); err != nil {
 			require.NoError(t, err)
