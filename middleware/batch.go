@@ -205,27 +205,26 @@ func (b *Batcher) Handler(msg *message.Message) ([]*message.Message, error) {
 func (b *Batcher) fill(bt *batch) {
 	wait := time.NewTimer(b.cfg.MaxWait)
 	defer wait.Stop()
-	var gap <-chan time.Time
+	var gap *time.Timer
+	var gapC <-chan time.Time // nil, never ready, with the gap off
 	if b.cfg.MaxGap > 0 {
-		t := time.NewTimer(b.cfg.MaxGap)
-		defer t.Stop()
-		gap = t.C
-		for {
-			select {
-			case <-bt.full:
-				return
-			case <-wait.C:
-				return
-			case <-gap:
-				return
-			case <-bt.joined:
-				t.Reset(b.cfg.MaxGap)
+		gap = time.NewTimer(b.cfg.MaxGap)
+		defer gap.Stop()
+		gapC = gap.C
+	}
+	for {
+		select {
+		case <-bt.full:
+			return
+		case <-wait.C:
+			return
+		case <-gapC:
+			return
+		case <-bt.joined:
+			if gap != nil {
+				gap.Reset(b.cfg.MaxGap)
 			}
 		}
-	}
-	select {
-	case <-bt.full:
-	case <-wait.C:
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/ferrytest"
@@ -254,6 +255,20 @@ func requireEachOnceInOrder(t *testing.T, rec *recorder, total int, order *confi
 	}
 }
 
+// holdPosition takes the position of pool's outbox table as a relay's batch
+// does, in a transaction the caller ends (rolled back when the test ends).
+func holdPosition(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	var got bool
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext($1::regclass::oid::text))`, testTable.Quoted()).Scan(&got))
+	require.True(t, got, "the position is free")
+	return tx
+}
+
 // One relay at a time moves an outbox table's position, and only that
 // table's: services with an outbox of the same name in schemas of their
 // own (one database) do not wait for each other.
@@ -262,13 +277,7 @@ func TestPositionLockIsPerOutboxTable(t *testing.T) {
 	ctx := context.Background()
 	a, b := pipelinetest.Postgres(t), pipelinetest.Postgres(t)
 	br := newBroker(t, "orders.placed")
-	// A relay of schema a in the middle of a batch.
-	tx, err := a.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var got bool
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext($1::regclass::oid::text))`, testTable.Quoted()).Scan(&got))
-	require.True(t, got)
+	tx := holdPosition(t, a) // a relay of schema a in the middle of a batch
 
 	publish(t, a, "orders.placed", event(t, "a1", 1))
 	publish(t, b, "orders.placed", event(t, "b1", 1))
@@ -357,13 +366,7 @@ func TestARelayWaitsForAHeldPositionWithoutSpinning(t *testing.T) {
 	defer cancel()
 	pool := pipelinetest.Postgres(t)
 	br := newBroker(t, "orders.placed")
-	// Another relay in the middle of a batch.
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var got bool
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('`+pgoutbox.PositionTable+`'), hashtext($1::regclass::oid::text))`, testTable.Quoted()).Scan(&got))
-	require.True(t, got)
+	tx := holdPosition(t, pool) // another relay in the middle of a batch
 	publish(t, pool, "orders.placed", event(t, "a1", 1))
 
 	relay := newRelay(t, pool, br.pub, pgoutbox.RelayConfig{FailoverReplay: -1, PollInterval: time.Hour})
