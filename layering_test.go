@@ -164,6 +164,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"ferry_handler_pauses":   {"pipeline/pgpause"},
 		"ferry_jobs":             {"pipeline/pgjobs"},
 		"ferry_confirmations":    {"pipeline/pgconfirm"},
+		"ferry_tenants":          {"pipeline/pgtenants"},
 	}
 	// Reports (pgstatus, metrics) compose the owners' typed reads: no
 	// package reads another's table, not even to report on it.
@@ -181,6 +182,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"shadow.Table":          {"adoption/shadow"},
 		"backfill.ItemsTable":   {"adoption/backfill"},
 		"pgledger.DefaultTable": {"pipeline/pgledger"},
+		"pgtenants.Table":       {"pipeline/pgtenants"},
 	}
 	outside := func(dir string) bool {
 		return dir == "." || dir == "migrations" || dir == "ferrytest" || strings.HasPrefix(dir, "cmd/") || strings.HasPrefix(dir, "examples/") ||

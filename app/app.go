@@ -35,6 +35,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/tenancy"
 	"github.com/ferry-dev/ferry/tracing"
 )
 
@@ -139,6 +140,13 @@ type App struct {
 	shutdownTracing func(context.Context) error
 	// waker sends the relays' wake-ups after commits (notify mode).
 	waker *pgoutbox.Waker
+	// fleet relays the tenants' outboxes and ledgers handles their events
+	// in their databases (FERRY_TENANTS); nil otherwise.
+	fleet   *tenancy.Fleet
+	ledgers *tenancy.Ledgers
+	// tenantOutbox writes into the outbox of the tenant whose transaction
+	// it is given (its table names no schema).
+	tenantOutbox *pgoutbox.Outbox
 }
 
 // ValidateEvents checks Options.Events: no nil entry, each name once.
@@ -268,6 +276,18 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		a.outbox.SetWaker(a.waker)
 		commits.OnCommit(a.waker.Committed)
 	}
+	handlerOutbox := a.outbox
+	if cfg.Tenants {
+		// A handler's follow-up events go into the outbox of its
+		// event's tenant, in the transaction on the tenant's pool, whose
+		// search_path is the tenant's schema: the table names none.
+		tenantAdapter := adapter
+		tenantAdapter.Table = cfg.Relay.Table
+		if a.tenantOutbox, err = pgoutbox.New(tenantAdapter, a.logger); err != nil {
+			return nil, fmt.Errorf("FERRY_OUTBOX_TABLE: %w", err)
+		}
+		handlerOutbox = a.tenantOutbox
+	}
 	if a.ledger, err = pgledger.New(a.pool, pgledger.Config{}, a.logger); err != nil {
 		return nil, err
 	}
@@ -287,11 +307,18 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		return nil, err
 	}
 
-	if a.routes, err = opts.Routes(Deps{Config: cfg, Logger: a.logger, Pool: a.pool, DB: a.db, Outbox: a.outbox}); err != nil {
+	if a.routes, err = opts.Routes(Deps{Config: cfg, Logger: a.logger, Pool: a.pool, DB: a.db, Outbox: handlerOutbox}); err != nil {
 		return nil, fmt.Errorf("building routes: %w", err)
 	}
 	if err := handlers.ValidateRoutes(a.routes); err != nil {
 		return nil, fmt.Errorf("invalid route table: %w", err)
+	}
+	if cfg.Tenants {
+		for _, r := range a.routes {
+			if r.Batch != nil {
+				return nil, fmt.Errorf("invalid route table: route %q is batched, and FERRY_TENANTS is on: a batch would mix tenants' events, each to be handled in its own database (not supported yet; use a one-message route)", r.Name)
+			}
+		}
 	}
 	for _, r := range a.routes {
 		a.metrics.InitRoutes(r.Name)
@@ -346,6 +373,22 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	}
 	if a.waker != nil {
 		a.waker.OnCommit(a.relay.Wake) // a relay of this process wakes without a round trip
+	}
+	if cfg.Tenants {
+		fleetCfg := cfg.Fleet
+		fleetCfg.Relay = relayCfg
+		fleetCfg.ControlSchema = cfg.DatabaseSchema
+		fleetCfg.Pools.ControlURL = cfg.DatabaseURL
+		fleetCfg.Pools.ApplicationName = cfg.DatabaseAppName + "-tenants"
+		if a.fleet, err = tenancy.New(a.pool, a.batchPublisher, fleetCfg, a.logger); err != nil {
+			return nil, fmt.Errorf("FERRY_TENANTS_*: %w", err)
+		}
+		if a.ledgers, err = tenancy.NewLedgers(a.fleet, a.tenantOutbox, a.rescheduler, a.logger); err != nil {
+			return nil, err
+		}
+		if a.idempotency, err = middleware.NewIdempotency(a.ledgers, a.logger); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.RelayMode == RelayModeCDC {
 		if a.cdc, err = pgcdc.NewStreamer(a.pool, a.relay, cfg.Relay.Table, cfg.CDC, a.logger); err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/tenancy"
 )
 
 // Relay modes (Config.RelayMode).
@@ -69,6 +70,15 @@ type Config struct {
 	RelayMode string
 	// CDC configures the CDC relay (RelayMode "cdc"). FERRY_CDC_*.
 	CDC pgcdc.Config
+	// Tenants turns on the tenant fleet: besides its own database (the
+	// control database, where the registry, the poison store and the
+	// audit log are), the process relays and consumes the outboxes of the
+	// tenants in the registry (pgtenants, `ferry tenants`), each in its
+	// own database. FERRY_TENANTS; default false.
+	Tenants bool
+	// Fleet configures the tenant fleet (Tenants). Its Relay is Relay; the
+	// app sets the rest of what it wires. FERRY_TENANTS_*, FERRY_TENANT_*.
+	Fleet tenancy.Config
 	// CDCSafetyNetInterval and CDCSafetyNetMinAge are the polling relay's
 	// poll interval and minimum row age in CDC mode. Defaults 5s and 10s.
 	// FERRY_CDC_SAFETY_NET_INTERVAL, FERRY_CDC_SAFETY_NET_MIN_AGE.
@@ -313,6 +323,23 @@ func EnvVars() []EnvVar {
 		}},
 		{"FERRY_RELAY_CONFIRM_TIMEOUT", pgoutbox.DefaultRelayConfirmTimeout.String(), "how long a relay batch waits for the broker's confirms; past it (a broker behind a black hole) the messages count as the relay's outage, not the rows': no attempt spent, other relays send them; with 2s more, it bounds how long the database keeps a batch's transaction idle (a relay whose database link went silent releases the position then)", durationVar(func(c *Config) *time.Duration { return &c.Relay.ConfirmTimeout })},
 		{"FERRY_RELAY_MODE", RelayModeNotify, "notify (producers wake the relays after their commits; LISTEN, polling as the fallback), poll (polling only) or cdc (stream from the WAL; see CDC relay mode)", func(c *Config, v string) error { c.RelayMode = v; return nil }},
+		{"FERRY_TENANTS", "false", "true serves the tenants in the registry (ferry tenants) besides this database, each in its own database and schema: see docs/tenants.md", func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("must be true or false")
+			}
+			c.Tenants = b
+			return nil
+		}},
+		{"FERRY_TENANTS_WORKERS", strconv.Itoa(tenancy.DefaultWorkers), "tenant fleet: tenants' relay batches at once (a tenant's backlog takes one at a time, then goes to the end of the line)", intVar(func(c *Config) *int { return &c.Fleet.Workers }, 1, 256)},
+		{"FERRY_TENANTS_RELOAD", tenancy.DefaultReload.String(), "tenant fleet: how often the registry and the fleet's members are read again (tenants added, paused, removed; a member gone)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Reload })},
+		{"FERRY_TENANTS_SWEEP", tenancy.DefaultSweep.String(), "tenant fleet: each tenant's outbox is claimed at least this often (commits nobody announced; announced ones wake it at once)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Sweep })},
+		{"FERRY_TENANT_MAX_CONNS", strconv.Itoa(tenancy.DefaultTenantMaxConns), "tenant fleet: connections one process opens to one tenant's database at most", func(c *Config, v string) error {
+			n, err := boundedInt(v, 1, 1000)
+			c.Fleet.Pools.MaxConns = int32(n)
+			return err
+		}},
+		{"FERRY_TENANT_IDLE_AFTER", tenancy.DefaultTenantIdleAfter.String(), "tenant fleet: a tenant's connection idle this long is closed (an idle tenant holds none)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Pools.IdleAfter })},
 		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_BATCH_SIZE", strconv.Itoa(pgcdc.DefaultBatchSize), "CDC: outbox rows per publish batch", intVar(func(c *Config) *int { return &c.CDC.BatchSize }, 1, pgcdc.MaxBatchSize)},
@@ -521,6 +548,7 @@ func (c Config) WithDefaults() Config {
 		c.RelayMode = RelayModeNotify
 	}
 	c.CDC = c.CDC.WithDefaults()
+	c.Fleet = c.Fleet.WithDefaults()
 	if c.CDCSafetyNetInterval == 0 {
 		c.CDCSafetyNetInterval = pgcdc.DefaultSafetyNetInterval
 	}
@@ -649,6 +677,18 @@ func (c Config) Validate() error {
 	}
 	if c.DurableRetry.MaxAttempts < 1 {
 		add("FERRY_DURABLE_RETRY_MAX_ATTEMPTS", errors.New("must be at least 1"))
+	}
+	if c.Fleet.Reload < 100*time.Millisecond {
+		add("FERRY_TENANTS_RELOAD", fmt.Errorf("must be at least 100ms, got %s", c.Fleet.Reload))
+	}
+	if c.Fleet.Sweep < time.Second {
+		add("FERRY_TENANTS_SWEEP", fmt.Errorf("must be at least 1s, got %s", c.Fleet.Sweep))
+	}
+	if c.Fleet.Pools.IdleAfter < time.Second {
+		add("FERRY_TENANT_IDLE_AFTER", fmt.Errorf("must be at least 1s, got %s", c.Fleet.Pools.IdleAfter))
+	}
+	if c.Tenants && c.RelayMode == RelayModeCDC {
+		add("FERRY_TENANTS", errors.New("the tenant fleet relays by wake-ups and sweeps, not from the WAL: use FERRY_RELAY_MODE=notify or poll with it"))
 	}
 	if len(errs) == 0 {
 		add("FERRY_AMQP_*", c.AMQP.Validate())

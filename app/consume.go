@@ -41,6 +41,9 @@ func (a *App) NewRouter() (*message.Router, io.Closer, error) {
 func (a *App) Chain() (middleware.Chain, error) {
 	durable := a.cfg.DurableRetry
 	durable.Scheduler = a.rescheduler
+	if a.ledgers != nil {
+		durable.Scheduler = a.ledgers // into the outbox of the event's tenant
+	}
 	if durable.Holds == nil {
 		durable.Holds = pgheld.Store{Pool: a.pool}
 	}

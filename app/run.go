@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferry-dev/ferry/internal/periodic"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/tenancy"
 )
 
 // APIAddr is the address the HTTP API listens on once Run has bound it
@@ -115,7 +116,7 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 	if what.Relay || what.Consumers {
 		id := watermill.NewShortUUID()
 		if err := waitOutOutage(ctx, func() (err error) {
-			hb, err = pgstatus.NewHeartbeat(ctx, a.pool, id, what.names(), a.version())
+			hb, err = pgstatus.NewHeartbeat(ctx, a.pool, id, a.componentNames(what), a.version())
 			return err
 		}); err != nil {
 			return err
@@ -148,6 +149,17 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 		g.Go(func() error { return a.relay.Run(ctx) })
 		if a.cdc != nil {
 			g.Go(func() error { return a.cdc.Run(ctx) })
+		}
+	}
+	if a.fleet != nil {
+		switch {
+		case what.Relay:
+			// The tenants are shared among the processes whose
+			// heartbeat names the fleet's component: this one's id.
+			a.fleet.SetMember(hb.ID())
+			g.Go(func() error { return a.fleet.Run(ctx) })
+		case what.Consumers:
+			g.Go(func() error { return a.fleet.Follow(ctx) })
 		}
 	}
 	for _, s := range servers {
@@ -197,6 +209,17 @@ func (a *App) version() string {
 		return a.opts.Version
 	}
 	return "dev"
+}
+
+// componentNames are what the heartbeat says this process runs: a tenant
+// fleet's relay names the fleet's component too (its members share the
+// tenants).
+func (a *App) componentNames(what Components) []string {
+	n := what.names()
+	if a.fleet != nil && what.Relay {
+		n = append(n, tenancy.Component)
+	}
+	return n
 }
 
 func (c Components) names() []string {
@@ -249,6 +272,9 @@ func (a *App) Close() error {
 	}
 	if a.pubConn != nil {
 		errs = append(errs, a.pubConn.Close())
+	}
+	if a.fleet != nil {
+		a.fleet.Pools().Close()
 	}
 	if a.db != nil {
 		errs = append(errs, a.db.Close())

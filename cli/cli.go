@@ -125,7 +125,7 @@ func Main(opts Options) {
 // Commands returns Ferry's own commands: the operations a service embeds.
 func Commands() []*Command {
 	return []*Command{
-		cmdRun, cmdServe, cmdRelay, cmdConsume, cmdMCP, cmdMigrate, cmdStatus, cmdPoison, cmdOutbox, cmdPrune, cmdShadow, cmdBackfill, cmdFind, cmdPause, cmdResume, cmdHeld, cmdAudit, cmdCDC, cmdSchema, cmdHealthcheck,
+		cmdRun, cmdServe, cmdRelay, cmdConsume, cmdMCP, cmdMigrate, cmdStatus, cmdPoison, cmdOutbox, cmdPrune, cmdShadow, cmdBackfill, cmdFind, cmdPause, cmdResume, cmdHeld, cmdTenants, cmdAudit, cmdCDC, cmdSchema, cmdHealthcheck,
 	}
 }
 

@@ -78,6 +78,15 @@ no intent twice; an interrupted run continues where it stopped.`,
 		{Name: "list", Summary: "the held partitions: head, held for, next attempt, last error", Flags: heldListFlags},
 		{Name: "retry-now", Args: "[PARTITION]", Summary: "ask one held partition (or, with --route, every held partition of a route) to try its head again now instead of waiting out its backoff; audited", Flags: heldRetryFlags},
 	}}
+	cmdTenants = &Command{Name: "tenants", Summary: "the tenant registry of a fleet serving many tenant databases (FERRY_TENANTS): list, add, pause, limit, remove, migrate; audited", Sub: []*Command{
+		{Name: "list", Summary: "the registered tenants: served or paused (by whom, why), limits, where each outbox is (passwords left out)", Flags: tenantsListFlags},
+		{Name: "add", Args: "ID", Summary: "migrate a tenant's database and schema, then register it: the fleet serves it within FERRY_TENANTS_RELOAD, no restart", Flags: tenantsAddFlags},
+		{Name: "remove", Args: "ID", Summary: "unregister a tenant: the fleet stops serving it; its events still at the broker go to the poison store with the reason; its database is left as it is", Flags: tenantsRemoveFlags},
+		{Name: "pause", Args: "ID", Summary: "stop relaying a tenant's outbox (its events wait there, in order) until resume", Flags: tenantsPauseFlags},
+		{Name: "resume", Args: "ID", Summary: "relay a paused tenant's outbox again", Flags: tenantsResumeFlags},
+		{Name: "limit", Args: "ID", Summary: "set a tenant's relay rate (events/s) and handler bound per process; 0 lifts either", Flags: tenantsLimitFlags},
+		{Name: "migrate", Summary: "apply pending migrations (Ferry's, then the application's) to every tenant, or --tenant ID, and print each tenant's versions", Flags: tenantsMigrateFlags},
+	}}
 	cmdAudit       = &Command{Name: "audit", Summary: "the audit log: who requeued, retried or discarded what, when, how many, with the ids (console and CLI)", Flags: auditFlags}
 	cmdHealthcheck = &Command{Name: "healthcheck", Summary: "exit 0 if the admin server's /readyz (or --url) answers 200; for container healthchecks, the image having no shell or curl",
 		Flags: healthcheckFlags}

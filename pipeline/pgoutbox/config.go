@@ -159,6 +159,12 @@ type RelayConfig struct {
 	// Spans, if set, opens a span around each event's publish
 	// (tracing.Tracer does, as a producer span in the event's trace).
 	Spans PublishSpans
+	// Stamp is metadata set on every message the relay publishes, over
+	// the row's own headers. A tenant fleet's relay stamps tenant_id with
+	// the tenant whose outbox it reads (tenancy.Fleet): the database an
+	// event was committed in says whose it is, so a header written wrong
+	// cannot send its effect into another tenant's database. Default: none.
+	Stamp map[string]string
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.

@@ -239,6 +239,9 @@ func (r *Relay) publishAll(ctx context.Context, rows []claimedRow) []Outcome {
 		for k, v := range row.headers {
 			msg.Metadata.Set(k, headerValue(v))
 		}
+		for k, v := range r.cfg.Stamp {
+			msg.Metadata.Set(k, v)
+		}
 		if row.aggregateID != "" {
 			msg.Metadata.Set(pipeline.MetaAggregateID, row.aggregateID)
 		}

@@ -321,11 +321,18 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
 // (a delayed event, a row in backoff), but never past PollInterval, the
 // bound on the cost of a lost notification.
 func (r *Relay) untilNextDue(ctx context.Context) time.Duration {
-	next, err := r.readNextDue(func(dest ...any) error { return r.pool.QueryRow(ctx, r.nextDueSQL).Scan(dest...) })
+	next, err := r.NextDue(ctx)
 	if err != nil {
 		return r.cfg.PollInterval
 	}
 	return max(min(time.Until(next), r.cfg.PollInterval), time.Millisecond)
+}
+
+// NextDue says when the slow lane's earliest row (delayed, backed off) is
+// due: a day ahead when it has none. A scheduler that runs RelayBatch
+// itself (tenancy.Fleet) sleeps until then.
+func (r *Relay) NextDue(ctx context.Context) (time.Time, error) {
+	return r.readNextDue(func(dest ...any) error { return r.pool.QueryRow(ctx, r.nextDueSQL).Scan(dest...) })
 }
 
 // nextDueAt is when the slow lane's earliest row is due, read on the idle

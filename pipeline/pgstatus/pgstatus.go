@@ -270,6 +270,9 @@ func NewHeartbeat(ctx context.Context, pool *pgxpool.Pool, id string, components
 	return h, nil
 }
 
+// ID is the process's instance id.
+func (h *Heartbeat) ID() string { return h.id }
+
 // StaleRetention is how long the row of a process that died without
 // deregistering stays in ferry_instances (shown as DEAD by status, counted
 // as stale by the metrics and alerted on) before a live process removes it.

@@ -1,0 +1,106 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/cli"
+	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgtenants"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
+)
+
+// The tenant registry through the command line, as an operator adds a
+// tenant: add migrates the tenant's schema before registering it, and
+// refuses what would break the fleet before writing anything; pause and
+// limit show in list; migrate reports each tenant's versions and names the
+// one whose database does not answer; every change is audited.
+func TestTenantsCommands(t *testing.T) {
+	ctx := context.Background()
+	control := pipelinetest.Schema(t)
+	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
+	t.Setenv("FERRY_DATABASE_SCHEMA", control)
+	t.Setenv("FERRY_OUTBOX_TABLE", "")
+	tenantSchema := pipelinetest.UniqueName("ferry_test_tenant_")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin, err := pgdb.Open(ctx, pgdb.Config{URL: pipelinetest.DatabaseURL()})
+		require.NoError(t, err)
+		defer admin.Close()
+		require.NoError(t, pgdb.DropSchema(ctx, admin, tenantSchema))
+	})
+	ferry := func(args ...string) (int, string) {
+		var out, errs bytes.Buffer
+		code := cli.New(cli.Options{}).Run(ctx, args, &out, &errs)
+		return code, out.String() + errs.String()
+	}
+
+	code, out := ferry("tenants", "add", "acme", "--schema", tenantSchema)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "acme: ferry at ")
+	require.Contains(t, out, "added tenant acme")
+	pool := pipelinetest.Pool(t, tenantSchema, "ferry-test")
+	missing, err := migrations.MissingTables(ctx, pool, migrations.ReadTables)
+	require.NoError(t, err)
+	require.Empty(t, missing, "add migrated the tenant's schema")
+
+	code, out = ferry("tenants", "add", "acme", "--schema", tenantSchema+"_2")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "registered already")
+	for _, self := range [][]string{{}, {"--schema", control}} {
+		code, out = ferry(append([]string{"tenants", "add", "self"}, self...)...)
+		require.Equal(t, 2, code, out)
+		require.Contains(t, out, "control database's own schema")
+	}
+	code, out = ferry("tenants", "add", "secret", "--database-url", "postgres://ferry:${FERRY_TEST_UNSET_PASSWORD}@127.0.0.1/db")
+	require.Equal(t, 2, code, out)
+	require.Contains(t, out, "FERRY_TEST_UNSET_PASSWORD")
+	code, out = ferry("tenants", "add", "Not Valid", "--schema", "x")
+	require.Equal(t, 2, code, out)
+
+	require.Equal(t, 0, first(ferry("tenants", "pause", "acme", "--reason", "migrating its data")))
+	require.Equal(t, 0, first(ferry("tenants", "limit", "acme", "--relay-rate", "50", "--max-handlers", "2")))
+	code, out = ferry("tenants", "list")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "migrating its data")
+	require.Contains(t, out, "50/s")
+	code, out = ferry("tenants", "pause", "nobody")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "no tenant with this id")
+
+	// A tenant whose server does not answer: migrate names it, migrates
+	// the others, and fails.
+	code, out = ferry("tenants", "add", "ghost", "--database-url", "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=2", "--no-migrate")
+	require.Equal(t, 0, code, out)
+	code, out = ferry("tenants", "migrate")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "ghost: FAILED")
+	require.Regexp(t, `acme: ferry at \d{5}`, out)
+	require.Contains(t, out, "1 of 2 tenants failed: ghost")
+
+	require.Equal(t, 0, first(ferry("tenants", "remove", "ghost")))
+	admin := pipelinetest.Pool(t, control, "ferry-test")
+	ts, err := pgtenants.List(ctx, admin)
+	require.NoError(t, err)
+	require.Len(t, ts, 1)
+	require.Equal(t, "acme", ts[0].ID)
+	require.True(t, ts[0].Paused)
+	require.Equal(t, 2, ts[0].MaxHandlers)
+	for action, n := range map[string]int{pgtenants.AddAction: 2, pgtenants.PauseAction: 1, pgtenants.LimitAction: 1, pgtenants.RemoveAction: 1} {
+		require.Len(t, pipelinetest.Audited(t, admin, action), n, action)
+	}
+	code, out = ferry("tenants", "list", "--json")
+	require.Equal(t, 0, code, out)
+	require.True(t, strings.HasPrefix(strings.TrimSpace(out), "["), out)
+	require.Contains(t, out, fmt.Sprintf("%q", tenantSchema))
+}
+
+func first(code int, _ string) int { return code }

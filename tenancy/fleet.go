@@ -1,0 +1,693 @@
+package tenancy
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
+
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/pgtenants"
+)
+
+// Defaults of Config.
+const (
+	DefaultWorkers = 4
+	DefaultReload  = 5 * time.Second
+	DefaultSweep   = 30 * time.Second
+	// Component is what a fleet process names among its components in
+	// ferry_instances: the fleet's members are the live processes that
+	// name it, and the tenants are shared among them.
+	Component = "tenants"
+)
+
+// Config configures a Fleet.
+type Config struct {
+	// Relay is every tenant's relay configuration; the fleet sets what it
+	// decides itself (no LISTEN or probes of a relay's own: the fleet's
+	// listeners, wake-ups and sweeps replace them; tenant_id stamped).
+	Relay pgoutbox.RelayConfig
+	// Pools bounds the connections to tenants' databases.
+	Pools PoolsConfig
+	// Workers is how many tenants' batches run at once. One tenant's batch
+	// runs on one worker at a time, and a tenant with more to relay goes
+	// back to the end of the line after each batch: a tenant's backlog
+	// holds another's new event behind one batch at most, never behind
+	// the backlog. Default 4.
+	Workers int
+	// Reload is how often the registry and the fleet's members are read
+	// again. Default 5s.
+	Reload time.Duration
+	// Sweep bounds how long a tenant whose commits nobody announced (a
+	// producer without Ferry's wake-up, the listener down) waits: each
+	// served tenant is claimed at least this often. Default 30s.
+	Sweep time.Duration
+	// Member is this process's id in ferry_instances. With it, the tenants
+	// are shared among the live members (rendezvous hashing: a member
+	// joining or leaving moves only its share); without it, this process
+	// serves every tenant.
+	Member string
+	// ControlSchema is the control database's own schema (its outbox is
+	// the application's relay's): a tenant registered there is refused,
+	// not served twice. "" is the database's default.
+	ControlSchema string
+	// Observer, if set, is told the outcome of every batch, with its
+	// tenant. It is called on a worker's goroutine: keep it quick.
+	Observer func(tenant string, outcomes []pgoutbox.Outcome)
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.Reload == 0 {
+		c.Reload = DefaultReload
+	}
+	if c.Sweep == 0 {
+		c.Sweep = DefaultSweep
+	}
+	c.Pools = c.Pools.WithDefaults()
+	return c
+}
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Workers < 1 || c.Workers > 256 {
+		errs = append(errs, fmt.Errorf("Config.Workers must be in [1, 256], got %d", c.Workers))
+	}
+	if c.Reload < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("Config.Reload must be at least 100ms, got %s", c.Reload))
+	}
+	if c.Sweep < time.Second {
+		errs = append(errs, fmt.Errorf("Config.Sweep must be at least 1s, got %s", c.Sweep))
+	}
+	if err := c.Pools.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Fleet relays the outboxes of every tenant in the registry that this
+// process is given (Config.Member), from one process: a pool per tenant
+// that holds no connection while the tenant is idle, one LISTEN connection
+// per database, and a few workers taking the tenants with work in turn.
+//
+// Safety does not rest on the sharing: each tenant's relay takes its
+// outbox's position as any relay does, so two processes serving one tenant
+// for a moment (a member joining, a reload apart) never send a row twice.
+// The sharing keeps them from contending for it.
+type Fleet struct {
+	control *pgxpool.Pool
+	pub     message.Publisher
+	cfg     Config
+	logger  *slog.Logger
+	pools   *Pools
+	listen  *listeners
+
+	mu      sync.Mutex
+	known   map[string]pgtenants.Tenant // the registry, as last read
+	version pgtenants.Version
+	members []string
+	cells   map[string]*cell // the tenants this process serves
+	refused map[string]bool  // tenants on the control's own outbox, logged once
+	ready   []*cell
+	signal  chan struct{}
+}
+
+// cell is one served tenant: its relay and its place in the schedule.
+type cell struct {
+	t       pgtenants.Tenant
+	relay   *pgoutbox.Relay
+	limiter *rate.Limiter
+	timer   *time.Timer
+	// queued: in the ready line; running: on a worker; again: woken while
+	// running; stopped: no longer served.
+	queued, running, again, stopped bool
+	notBefore                       time.Time // the tenant's rate
+	failures                        int
+	stats                           TenantStats
+}
+
+// TenantStats is what the fleet did for one tenant.
+type TenantStats struct {
+	Dispatched int64
+	Failed     int64
+	Batches    int64
+	LastBatch  time.Time
+	LastError  string
+}
+
+// New returns a fleet reading the registry in control and publishing to
+// pub (shared by every tenant's relay: one broker connection).
+func New(control *pgxpool.Pool, pub message.Publisher, cfg Config, logger *slog.Logger) (*Fleet, error) {
+	if control == nil || pub == nil {
+		return nil, errors.New("tenancy: New needs the control pool and a publisher")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid fleet config: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	f := &Fleet{control: control, pub: pub, cfg: cfg, logger: logger.With("component", "tenant-fleet"),
+		known: map[string]pgtenants.Tenant{}, cells: map[string]*cell{}, refused: map[string]bool{}, signal: make(chan struct{}, cfg.Workers)}
+	if cfg.Pools.ControlURL == "" {
+		cfg.Pools.ControlURL = control.Config().ConnString()
+	}
+	userConfigure := cfg.Pools.Configure
+	cfg.Pools.Configure = func(tenant string, c *pgxpool.Config) {
+		// A handler's follow-up events, committed on the tenant's pool,
+		// wake its relay in this process at once.
+		w := pgoutbox.NewCommitWatch()
+		w.Watch(c)
+		w.OnCommit(func() { f.Wake(tenant) })
+		if userConfigure != nil {
+			userConfigure(tenant, c)
+		}
+	}
+	pools, err := NewPools(cfg.Pools)
+	if err != nil {
+		return nil, err
+	}
+	f.pools, f.cfg = pools, cfg
+	f.listen = newListeners(f.Wake, f.logger)
+	return f, nil
+}
+
+// SetMember sets Config.Member (the process's instance id, known once
+// its heartbeat registered) before Run.
+func (f *Fleet) SetMember(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cfg.Member = id
+}
+
+// Follow reads the registry every Config.Reload until ctx ends, serving
+// no outbox: a process that only consumes knows the tenants without a
+// read per event.
+func (f *Fleet) Follow(ctx context.Context) error {
+	tick := time.NewTicker(f.cfg.Reload)
+	defer tick.Stop()
+	for {
+		if err := f.Load(ctx); err != nil && ctx.Err() == nil {
+			f.logger.Warn("reading the tenant registry failed; using the tenants as last read", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// Pools are the tenants' pools, shared with the consumers (Ledgers).
+func (f *Fleet) Pools() *Pools { return f.pools }
+
+// Load reads the registry now. Run does it every Config.Reload.
+func (f *Fleet) Load(ctx context.Context) error {
+	gone, err := f.load(ctx)
+	for _, id := range gone {
+		f.pools.Drop(id)
+	}
+	return err
+}
+
+// load reads the registry and says which tenants were removed or moved:
+// their pools are closed once nothing serves them any more.
+func (f *Fleet) load(ctx context.Context) (gone []string, err error) {
+	v, err := pgtenants.ReadVersion(ctx, f.control)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	same := v == f.version && len(f.known) == v.Count
+	f.mu.Unlock()
+	if same {
+		return nil, nil
+	}
+	ts, err := pgtenants.List(ctx, f.control)
+	if err != nil {
+		return nil, err
+	}
+	known := make(map[string]pgtenants.Tenant, len(ts))
+	for _, t := range ts {
+		known[t.ID] = t
+	}
+	f.mu.Lock()
+	old := f.known
+	f.known, f.version = known, v
+	f.mu.Unlock()
+	for id, t := range old {
+		if n, ok := known[id]; !ok {
+			gone = append(gone, id)
+			f.logger.Info("tenant removed", "tenant", id)
+		} else if where(n) != where(t) {
+			gone = append(gone, id)
+		}
+	}
+	for id, t := range known {
+		if _, ok := old[id]; !ok && len(old) > 0 {
+			f.logger.Info("tenant added", "tenant", id, "location", t.Location())
+		}
+	}
+	return gone, nil
+}
+
+// Tenant returns tenant id as registered. A tenant this process has not
+// read yet (added a moment ago) is read from the registry at once: an
+// event must not be refused for a reload this process has not made.
+func (f *Fleet) Tenant(ctx context.Context, id string) (pgtenants.Tenant, error) {
+	f.mu.Lock()
+	t, ok := f.known[id]
+	f.mu.Unlock()
+	if ok {
+		return t, nil
+	}
+	t, err := pgtenants.Get(ctx, f.control, id)
+	if err != nil {
+		return pgtenants.Tenant{}, err
+	}
+	return t, nil
+}
+
+// Run serves the tenants until ctx ends.
+func (f *Fleet) Run(ctx context.Context) error {
+	f.logger.Info("tenant fleet started", "workers", f.cfg.Workers, "reload", f.cfg.Reload, "sweep", f.cfg.Sweep, "member", f.cfg.Member)
+	defer f.logger.Info("tenant fleet stopped")
+	var wg sync.WaitGroup
+	for range f.cfg.Workers {
+		wg.Go(func() { f.work(ctx) })
+	}
+	tick := time.NewTicker(f.cfg.Reload)
+	defer tick.Stop()
+	failures := 0
+	for {
+		if err := f.reconcile(ctx); err != nil && ctx.Err() == nil {
+			failures++
+			if failures == 1 || failures%12 == 0 {
+				f.logger.Warn("reading the tenant registry failed; serving the tenants as last read", "error", err, "failures", failures)
+			}
+		} else {
+			failures = 0
+		}
+		select {
+		case <-ctx.Done():
+			f.listen.stop()
+			f.mu.Lock()
+			for _, c := range f.cells {
+				f.stopCell(c)
+			}
+			f.mu.Unlock()
+			wg.Wait()
+			f.pools.Close()
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// reconcile reads the registry and the members, and serves what this
+// process is given: new tenants start, paused, removed and handed-over
+// ones stop, changed ones start again with their new settings.
+func (f *Fleet) reconcile(ctx context.Context) error {
+	gone, err := f.load(ctx)
+	if err != nil {
+		return err
+	}
+	members, err := f.readMembers(ctx)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.members = members
+	served := map[string]pgtenants.Tenant{}
+	for id, t := range f.known {
+		if t.DatabaseURL == "" && t.Schema == f.cfg.ControlSchema {
+			if !f.refused[id] {
+				f.refused[id] = true
+				f.logger.Error("tenant refused: its outbox is the control database's own, which the application's relay serves", "tenant", id, "location", t.Location())
+			}
+			continue
+		}
+		if !t.Paused && f.owns(id) {
+			served[id] = t
+		}
+	}
+	for id, c := range f.cells {
+		if t, ok := served[id]; !ok || !sameSettings(t, c.t) {
+			f.stopCell(c)
+			delete(f.cells, id)
+		}
+	}
+	byURL := map[string]map[string][]string{}
+	for id, t := range served {
+		if _, ok := f.cells[id]; !ok {
+			c := &cell{t: t}
+			if t.RelayRate > 0 {
+				c.limiter = rate.NewLimiter(rate.Limit(t.RelayRate), batchSizeFor(f.cfg.Relay, t))
+			}
+			f.cells[id] = c
+			f.enqueue(c)
+		}
+		url := t.DatabaseURL
+		if url == "" {
+			url = f.cfg.Pools.ControlURL
+		} else if url, err = pgtenants.Expand(url); err != nil {
+			continue // the cell reports it at its first batch
+		}
+		if byURL[url] == nil {
+			byURL[url] = map[string][]string{}
+		}
+		byURL[url][t.Schema] = append(byURL[url][t.Schema], id)
+	}
+	f.mu.Unlock()
+	f.listen.set(ctx, byURL)
+	for _, id := range gone {
+		f.pools.Drop(id) // a batch still running on it fails, and is not reported
+	}
+	return nil
+}
+
+func sameSettings(a, b pgtenants.Tenant) bool {
+	return where(a) == where(b) && a.RelayRate == b.RelayRate && a.Paused == b.Paused
+}
+
+// readMembers lists the live fleet processes, this one included.
+func (f *Fleet) readMembers(ctx context.Context) ([]string, error) {
+	if f.cfg.Member == "" {
+		return nil, nil
+	}
+	is, err := pgstatus.Instances(ctx, f.control)
+	if err != nil {
+		return nil, err
+	}
+	members := []string{f.cfg.Member}
+	for _, i := range is {
+		if i.Alive && i.ID != f.cfg.Member && slices.Contains(strings.Split(i.Components, ","), Component) {
+			members = append(members, i.ID)
+		}
+	}
+	slices.Sort(members)
+	return members, nil
+}
+
+// owns says whether this process serves tenant id: the member with the
+// highest hash of (member, tenant), so that a member joining or leaving
+// moves only the tenants it takes or had.
+func (f *Fleet) owns(id string) bool {
+	if f.cfg.Member == "" {
+		return true
+	}
+	best, bestScore := "", uint64(0)
+	for _, m := range f.members {
+		h := fnv.New64a()
+		h.Write([]byte(m))
+		h.Write([]byte{0})
+		h.Write([]byte(id))
+		if s := h.Sum64(); best == "" || s > bestScore {
+			best, bestScore = m, s
+		}
+	}
+	return best == f.cfg.Member
+}
+
+// Wake makes tenant id's relay look for work now, if this process serves it.
+func (f *Fleet) Wake(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := f.cells[id]; c != nil {
+		f.enqueue(c)
+	}
+}
+
+// enqueue puts c in the ready line, unless it is there, running (it runs
+// again after) or held back by its rate. Call with f.mu held.
+func (f *Fleet) enqueue(c *cell) {
+	switch {
+	case c.stopped || c.queued:
+		return
+	case c.running:
+		c.again = true
+		return
+	}
+	if wait := time.Until(c.notBefore); wait > 0 {
+		f.at(c, wait)
+		return
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.queued = true
+	f.ready = append(f.ready, c)
+	select {
+	case f.signal <- struct{}{}:
+	default:
+	}
+}
+
+// at wakes c after d (the earlier of this and a wake already set wins
+// only through enqueue: a timer set later replaces it). Call with f.mu held.
+func (f *Fleet) at(c *cell, d time.Duration) {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.timer = time.AfterFunc(d, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.enqueue(c)
+	})
+}
+
+// stopCell stops serving c. Call with f.mu held.
+func (f *Fleet) stopCell(c *cell) {
+	c.stopped = true
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.queued {
+		c.queued = false
+		f.ready = slices.DeleteFunc(f.ready, func(r *cell) bool { return r == c })
+	}
+}
+
+func (f *Fleet) take(ctx context.Context) *cell {
+	for {
+		f.mu.Lock()
+		if len(f.ready) > 0 {
+			c := f.ready[0]
+			f.ready = f.ready[1:]
+			c.queued, c.running = false, true
+			more := len(f.ready) > 0
+			f.mu.Unlock()
+			if more {
+				select {
+				case f.signal <- struct{}{}:
+				default:
+				}
+			}
+			return c
+		}
+		f.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-f.signal:
+		}
+	}
+}
+
+func (f *Fleet) work(ctx context.Context) {
+	for {
+		c := f.take(ctx)
+		if c == nil {
+			return
+		}
+		next := f.runBatch(ctx, c)
+		f.mu.Lock()
+		c.running = false
+		switch {
+		case c.stopped || ctx.Err() != nil:
+		case c.again || next == 0:
+			c.again = false
+			f.enqueue(c)
+		default:
+			f.at(c, next)
+		}
+		f.mu.Unlock()
+	}
+}
+
+// failureBackoff spaces out the batches of a tenant whose database or
+// relay fails, so that it costs the others nothing but its own tries.
+var failureBackoff = pipeline.Backoff{Initial: time.Second, Max: 30 * time.Second, Multiplier: 2, Jitter: 0.2}
+
+// runBatch relays one batch of c's outbox and says when to look again: 0
+// for at once (more is due: back to the end of the line).
+func (f *Fleet) runBatch(ctx context.Context, c *cell) time.Duration {
+	fail := func(err error) time.Duration {
+		f.mu.Lock()
+		if c.stopped {
+			f.mu.Unlock()
+			return 0 // removed, moved or handed over while it ran
+		}
+		c.failures++
+		n := c.failures
+		c.stats.LastError = err.Error()
+		f.mu.Unlock()
+		if n == 1 || n%10 == 0 {
+			f.logger.Warn("relaying a tenant's outbox failed; its other tenants go on", "tenant", c.t.ID, "location", c.t.Location(), "error", err, "failures", n)
+		}
+		return failureBackoff.Delay(n)
+	}
+	if c.relay == nil {
+		r, err := f.newRelay(ctx, c.t)
+		if err != nil {
+			return fail(err)
+		}
+		c.relay = r
+	}
+	res, err := c.relay.RelayBatch(ctx)
+	if ctx.Err() != nil {
+		return 0
+	}
+	f.mu.Lock()
+	c.stats.Batches++
+	c.stats.Dispatched += int64(res.Dispatched)
+	c.stats.Failed += int64(res.Failed)
+	c.stats.LastBatch = time.Now()
+	if c.limiter != nil && res.Dispatched > 0 {
+		c.notBefore = time.Now().Add(reserve(c.limiter, res.Dispatched))
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	if c.failures > 0 {
+		f.mu.Lock()
+		c.failures, c.stats.LastError = 0, ""
+		f.mu.Unlock()
+		f.logger.Info("relaying a tenant's outbox works again", "tenant", c.t.ID)
+	}
+	size := batchSizeFor(f.cfg.Relay, c.t)
+	if res.Claimed >= size || res.Passed >= size || (res.Ordered > 0 && res.Dispatched > 0) {
+		return 0
+	}
+	next, err := c.relay.NextDue(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	return max(min(time.Until(next), f.cfg.Sweep), time.Millisecond)
+}
+
+// reserve takes n events from the tenant's rate and says how long its
+// next batch waits. A batch larger than the bucket (both lanes of one
+// RelayBatch) waits what its excess takes at the rate.
+func reserve(l *rate.Limiter, n int) time.Duration {
+	if r := l.ReserveN(time.Now(), n); r.OK() {
+		return r.Delay()
+	}
+	return time.Duration(float64(n) / float64(l.Limit()) * float64(time.Second))
+}
+
+// batchSizeFor is a tenant's batch: a tenant with a rate of its own takes
+// batches no larger than a second of it, so that the rate holds within a
+// second rather than in bursts of a page.
+func batchSizeFor(relay pgoutbox.RelayConfig, t pgtenants.Tenant) int {
+	size := cmp.Or(relay.BatchSize, pgoutbox.DefaultRelayBatchSize)
+	if t.RelayRate > 0 {
+		size = max(1, min(size, int(t.RelayRate)))
+	}
+	return size
+}
+
+func (f *Fleet) newRelay(ctx context.Context, t pgtenants.Tenant) (*pgoutbox.Relay, error) {
+	pool, err := f.pools.Pool(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	cfg := f.cfg.Relay
+	// The fleet wakes, probes and polls for the relay: none of its own
+	// loops run (RelayBatch only), so these only shape its batches.
+	cfg.PollOnly, cfg.ProbeInterval = true, -1
+	cfg.MarkEachRow = nil
+	cfg.BatchSize = batchSizeFor(cfg, t)
+	if t.RelayRate > 0 {
+		cfg.CatchUpBatchSize = cfg.BatchSize
+	}
+	stamp := map[string]string{pipeline.MetaTenantID: t.ID}
+	for k, v := range cfg.Stamp {
+		stamp[k] = v
+	}
+	cfg.Stamp = stamp
+	if obs := f.cfg.Observer; obs != nil {
+		user := cfg.Observer
+		cfg.Observer = func(o []pgoutbox.Outcome) {
+			if user != nil {
+				user(o)
+			}
+			obs(t.ID, o)
+		}
+	}
+	r, err := pgoutbox.NewRelay(pool, f.pub, cfg, f.logger.With("tenant", t.ID))
+	if err != nil {
+		return nil, err
+	}
+	// What a failover of the tenant's database left to send goes first.
+	if _, err := r.CheckFailover(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// TenantStatus is one served tenant's state, for status and metrics.
+type TenantStatus struct {
+	Tenant pgtenants.Tenant
+	TenantStats
+	Failing bool
+}
+
+// Served lists the tenants this process serves, by id.
+func (f *Fleet) Served() []TenantStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]TenantStatus, 0, len(f.cells))
+	for _, c := range f.cells {
+		out = append(out, TenantStatus{Tenant: c.t, TenantStats: c.stats, Failing: c.failures > 0})
+	}
+	slices.SortFunc(out, func(a, b TenantStatus) int { return strings.Compare(a.Tenant.ID, b.Tenant.ID) })
+	return out
+}
+
+// Known is the registry as this process last read it.
+func (f *Fleet) Known() []pgtenants.Tenant {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]pgtenants.Tenant, 0, len(f.known))
+	for _, t := range f.known {
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b pgtenants.Tenant) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Connections counts the open tenant pools, the connections they hold
+// and the LISTEN connections.
+func (f *Fleet) Connections() (pools, conns, listeners int) {
+	pools, conns = f.pools.Open()
+	return pools, conns, f.listen.count()
+}

@@ -1,0 +1,252 @@
+package tenancy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ferry-dev/ferry/app"
+	"github.com/ferry-dev/ferry/ferrytest"
+	"github.com/ferry-dev/ferry/handlers"
+	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgtenants"
+	"github.com/ferry-dev/ferry/testrig/pipelinetest"
+)
+
+// effects is the tenants' own table: the handler's business write.
+var effects = migrations.Set{Name: "effects", VersionTable: "effects_versions", FS: fstest.MapFS{
+	"00001_effects.sql": {Data: []byte(`-- +goose Up
+CREATE TABLE effects (order_id text NOT NULL, tenant text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+-- +goose Down
+DROP TABLE effects;
+`)},
+}}
+
+type order struct {
+	ID string `json:"id"`
+}
+
+// effectRoute writes the effect in the ledger's transaction: in a tenant
+// fleet, the database of the event's tenant.
+func effectRoute(app.Deps) ([]handlers.Route, error) {
+	return []handlers.Route{{Name: "tenants.effect", Topic: "tenants.order_placed", Handler: func(msg *message.Message) error {
+		var o order
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return pipeline.Permanent(err)
+		}
+		tx := pgledger.TxFromContext(msg.Context())
+		_, err := tx.Exec(msg.Context(), `INSERT INTO effects (order_id, tenant) VALUES ($1, $2)`, o.ID, pipeline.TenantIDFromContext(msg.Context()))
+		return err
+	}}}, nil
+}
+
+// tenantDB is a tenant's database as its own service sees it: a pool
+// whose commits of events wake the fleet (the recipe of docs/tenants.md).
+type tenantDB struct {
+	id, url string
+	pool    *pgxpool.Pool
+	outbox  *pgoutbox.Outbox
+	placed  []string
+}
+
+func openTenant(t *testing.T, ctx context.Context, id, url string) *tenantDB {
+	t.Helper()
+	admin, err := pgdb.Open(ctx, pgdb.Config{URL: url, ApplicationName: "ferry-test-migrate"})
+	require.NoError(t, err)
+	db := pgdb.SQLDB(admin)
+	for i, set := range []migrations.Set{migrations.Library, effects} {
+		_, err := set.Up(ctx, db)
+		require.NoError(t, err, "migrating tenant %s", id)
+		if i == 0 {
+			tbl, err := ferrytest.OutboxTable()
+			require.NoError(t, err)
+			require.NoError(t, ferrytest.RenameOutbox(ctx, admin, tbl))
+		}
+	}
+	db.Close()
+	admin.Close()
+	commits := pgoutbox.NewCommitWatch()
+	pool, err := pgdb.Open(ctx, pgdb.Config{URL: url, ApplicationName: "tenant-service", Configure: commits.Watch})
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	tbl, err := ferrytest.OutboxTable()
+	require.NoError(t, err)
+	ob, err := pgoutbox.New(pgoutbox.Config{Table: tbl}, nil)
+	require.NoError(t, err)
+	waker := pgoutbox.NewWaker(pool, pgoutbox.WakerConfig{})
+	ob.SetWaker(waker)
+	commits.OnCommit(waker.Committed)
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = waker.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &tenantDB{id: id, url: url, pool: pool, outbox: ob}
+}
+
+// place publishes an order as the README does: the business write and
+// the event in one transaction.
+func (d *tenantDB) place(ctx context.Context, n int) error {
+	id := fmt.Sprintf("%s-%d", d.id, n)
+	err := pgx.BeginFunc(pipeline.ContextWithTenantID(ctx, d.id), d.pool, func(tx pgx.Tx) error {
+		return d.outbox.Publish(ctx, tx, "tenants.order_placed", id, order{ID: id})
+	})
+	if err == nil {
+		d.placed = append(d.placed, id)
+	}
+	return err
+}
+
+func (d *tenantDB) effects(t *testing.T, ctx context.Context) map[string]int {
+	t.Helper()
+	rows, err := d.pool.Query(ctx, `SELECT order_id, tenant FROM effects`)
+	require.NoError(t, err)
+	got := map[string]int{}
+	for rows.Next() {
+		var id, tenant string
+		require.NoError(t, rows.Scan(&id, &tenant))
+		require.Equal(t, d.id, tenant, "an effect in %s's database ran for tenant %s", d.id, tenant)
+		require.True(t, strings.HasPrefix(id, d.id+"-"), "order %s crossed into %s's database", id, d.id)
+		got[id]++
+	}
+	require.NoError(t, rows.Err())
+	return got
+}
+
+// Three tenant databases on two PostgreSQL servers, served by two fleet
+// processes: every order's effect runs once, in its own tenant's
+// database; a tenant added while the load runs is served, one removed is
+// served no more (its events at the broker go to the poison store with the
+// reason, its outbox keeps the rest); a server killed stops its tenants
+// only.
+func TestAFleetServesTenantsOnTwoServersAndNothingCrosses(t *testing.T) {
+	ctx := context.Background()
+	serverA, serverB := pipelinetest.OwnPostgres(t), pipelinetest.OwnPostgres(t)
+	for _, db := range []string{"shop_a", "shop_b", "shop_d"} {
+		require.NoError(t, serverA.Exec(ctx, "postgres", "CREATE DATABASE "+db))
+	}
+	require.NoError(t, serverB.Exec(ctx, "postgres", "CREATE DATABASE shop_c"))
+	shops := map[string]*tenantDB{
+		"acme":   openTenant(t, ctx, "acme", serverA.URL("shop_a")),
+		"bolt":   openTenant(t, ctx, "bolt", serverA.URL("shop_b")),
+		"crux":   openTenant(t, ctx, "crux", serverB.URL("shop_c")),
+		"dynamo": openTenant(t, ctx, "dynamo", serverA.URL("shop_d")),
+	}
+
+	control, rmq := ferrytest.Schema(t), ferrytest.Rabbit(t)
+	fleet := func(c *app.Config) {
+		c.Tenants = true
+		c.Fleet.Reload = 200 * time.Millisecond
+		c.Fleet.Sweep = 2 * time.Second
+	}
+	a1, _ := ferrytest.AppOn(t, control, rmq, app.Options{Routes: effectRoute}, fleet)
+	_, _ = ferrytest.AppOn(t, control, rmq, app.Options{Routes: effectRoute}, fleet)
+	for _, id := range []string{"acme", "bolt", "crux"} {
+		require.NoError(t, pgtenants.Add(ctx, a1.Pool(), pgtenants.Tenant{ID: id, DatabaseURL: shops[id].url}, "test"))
+	}
+
+	var placing sync.WaitGroup
+	var failed atomic.Value
+	load := func(d *tenantDB, from, to int) {
+		placing.Go(func() {
+			for n := from; n < to; n++ {
+				if err := d.place(ctx, n); err != nil {
+					failed.Store(fmt.Errorf("placing %s's order %d: %w", d.id, n, err))
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	wait := func() {
+		placing.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"acme", "bolt", "crux"} {
+		load(shops[id], 0, 200)
+	}
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, pgtenants.Add(ctx, a1.Pool(), pgtenants.Tenant{ID: "dynamo", DatabaseURL: shops["dynamo"].url}, "test"))
+	load(shops["dynamo"], 0, 150)
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, pgtenants.Remove(ctx, a1.Pool(), "bolt", "test"))
+	wait()
+
+	// Every order of the tenants still registered has its effect, once.
+	for _, id := range []string{"acme", "crux", "dynamo"} {
+		d := shops[id]
+		require.Eventually(t, func() bool { return len(d.effects(t, ctx)) == len(d.placed) }, time.Minute, 50*time.Millisecond,
+			"every order of %s has its effect", id)
+		for order, n := range d.effects(t, ctx) {
+			require.Equal(t, 1, n, "order %s ran %d times", order, n)
+		}
+	}
+
+	// The removed tenant: an order has one effect at most; what was at
+	// the broker when it went reached the poison store, with the reason;
+	// the rest waits in its outbox.
+	time.Sleep(2 * time.Second) // the removal's reload, and what was at the broker
+	bolt := shops["bolt"]
+	done := bolt.effects(t, ctx)
+	for order, n := range done {
+		require.Equal(t, 1, n, "order %s ran %d times", order, n)
+	}
+	require.Less(t, len(done), len(bolt.placed), "bolt's orders placed after its removal are not relayed")
+	poisoned := pipelinetest.Poisoned(t, a1.Pool(), pgpoison.Filter{})
+	for _, p := range poisoned {
+		require.Contains(t, p.Reason, "not in the registry", "only the removed tenant's events are poisoned, for that reason")
+		require.Equal(t, "bolt", p.Headers[pipeline.MetaTenantID])
+		require.Zero(t, done[p.AggregateID], "a poisoned order has no effect")
+	}
+	t.Logf("bolt after its removal: %d effects and %d poisoned of %d orders", len(done), len(poisoned), len(bolt.placed))
+
+	// A server killed: the other server's tenants go on, and an event of
+	// a tenant of the dead server (one that reached the broker through
+	// the control database's outbox, as a requeue from the poison store
+	// does) waits in the control database's outbox, deferred with no
+	// attempt spent, instead of holding a consumer every tenant shares.
+	require.NoError(t, serverB.Halt())
+	stranded, err := pipeline.NewEvent(pipeline.ContextWithTenantID(ctx, "crux"), "crux-9999", order{ID: "crux-9999"})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, a1.Pool(), func(tx pgx.Tx) error {
+		return a1.Outbox().PublishTx(ctx, pgoutbox.PgxTx(tx), "tenants.order_placed", stranded)
+	}))
+	for _, id := range []string{"acme", "dynamo"} {
+		load(shops[id], 1000, 1050)
+	}
+	wait()
+	for _, id := range []string{"acme", "dynamo"} {
+		d := shops[id]
+		require.Eventually(t, func() bool { return len(d.effects(t, ctx)) == len(d.placed) }, 30*time.Second, 50*time.Millisecond,
+			"%s's orders go on while the other server is down", id)
+	}
+	require.Eventually(t, func() bool {
+		rows, err := a1.OutboxTable().Rows(ctx, a1.Pool(), pgoutbox.RowFilter{MessageID: stranded.UUID})
+		require.NoError(t, err)
+		for _, r := range rows {
+			if r.Topic == pipeline.RetryTopic && r.Headers[pipeline.MetaTenantID] == "crux" {
+				require.Equal(t, "1", r.Headers[pipeline.MetaAttempt], "a deferral spends no attempt")
+				return true
+			}
+		}
+		return false
+	}, 15*time.Second, 50*time.Millisecond, "the dead server's tenant's event is deferred into the control database's outbox")
+	require.Zero(t, pipelinetest.CountPoisoned(t, a1.Pool(), pgpoison.Filter{MessageID: stranded.UUID}), "an outage is not the event's fault")
+}
