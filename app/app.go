@@ -380,6 +380,20 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		fleetCfg.ControlSchema = cfg.DatabaseSchema
 		fleetCfg.Pools.ControlURL = cfg.DatabaseURL
 		fleetCfg.Pools.ApplicationName = cfg.DatabaseAppName + "-tenants"
+		// A tenant's backlog goes when the route table's queues have
+		// room, so that a quiet tenant's event does not wait behind it at
+		// the broker (tenancy.Config.Room).
+		fleetCfg.Room = func(ctx context.Context) (bool, error) {
+			stats, err := a.QueueStats(ctx)
+			if err != nil {
+				return false, err
+			}
+			ready := 0
+			for _, s := range stats {
+				ready += s.Ready
+			}
+			return ready < fleetCfg.BacklogRoom, nil
+		}
 		if a.fleet, err = tenancy.New(a.pool, a.batchPublisher, fleetCfg, a.logger); err != nil {
 			return nil, fmt.Errorf("FERRY_TENANTS_*: %w", err)
 		}

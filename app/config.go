@@ -334,6 +334,15 @@ func EnvVars() []EnvVar {
 		{"FERRY_TENANTS_WORKERS", strconv.Itoa(tenancy.DefaultWorkers), "tenant fleet: tenants' relay batches at once (a tenant's backlog takes one at a time, then goes to the end of the line)", intVar(func(c *Config) *int { return &c.Fleet.Workers }, 1, 256)},
 		{"FERRY_TENANTS_RELOAD", tenancy.DefaultReload.String(), "tenant fleet: how often the registry and the fleet's members are read again (tenants added, paused, removed; a member gone)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Reload })},
 		{"FERRY_TENANTS_SWEEP", tenancy.DefaultSweep.String(), "tenant fleet: each tenant's outbox is claimed at least this often (commits nobody announced; announced ones wake it at once)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Sweep })},
+		{"FERRY_TENANTS_BACKLOG_ROOM", strconv.Itoa(tenancy.DefaultBacklogRoom), "tenant fleet: a tenant with a backlog sends its next batch only while the route queues hold fewer ready messages than this, so that other tenants' new events do not wait behind it at the broker; off: backlogs never wait", func(c *Config, v string) error {
+			if v == "off" {
+				c.Fleet.BacklogRoom = -1
+				return nil
+			}
+			n, err := boundedInt(v, 1, 1_000_000)
+			c.Fleet.BacklogRoom = n
+			return err
+		}},
 		{"FERRY_TENANT_MAX_CONNS", strconv.Itoa(tenancy.DefaultTenantMaxConns), "tenant fleet: connections one process opens to one tenant's database at most", func(c *Config, v string) error {
 			n, err := boundedInt(v, 1, 1000)
 			c.Fleet.Pools.MaxConns = int32(n)

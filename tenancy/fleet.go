@@ -27,6 +27,9 @@ const (
 	DefaultWorkers = 4
 	DefaultReload  = 5 * time.Second
 	DefaultSweep   = 30 * time.Second
+	// DefaultBacklogRoom is Config.BacklogRoom's default: about what two
+	// cores' consumers handle in 50 ms.
+	DefaultBacklogRoom = 100
 	// Component is what a fleet process names among its components in
 	// ferry_instances: the fleet's members are the live processes that
 	// name it, and the tenants are shared among them.
@@ -63,6 +66,18 @@ type Config struct {
 	// the application's relay's): a tenant registered there is refused,
 	// not served twice. "" is the database's default.
 	ControlSchema string
+	// Room, if set, says whether the consumers have room for more of a
+	// backlog: the broker's queues of the route table hold fewer ready
+	// messages than BacklogRoom (the app asks the broker). A tenant whose
+	// last batch came back full (a backlog) waits for room before its next
+	// batch; a tenant with a few new events goes at once. Without it, a
+	// backlog relayed faster than the consumers handle it would fill the
+	// queues every tenant shares, and a quiet tenant's new event would
+	// wait behind all of it at the broker.
+	Room func(ctx context.Context) (bool, error)
+	// BacklogRoom is the ready messages the route queues may hold before
+	// backlogs wait (Room). Default 100; negative: backlogs never wait.
+	BacklogRoom int
 	// Observer, if set, is told the outcome of every batch, with its
 	// tenant. It is called on a worker's goroutine: keep it quick.
 	Observer func(tenant string, outcomes []pgoutbox.Outcome)
@@ -78,6 +93,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Sweep == 0 {
 		c.Sweep = DefaultSweep
+	}
+	if c.BacklogRoom == 0 {
+		c.BacklogRoom = DefaultBacklogRoom
 	}
 	c.Pools = c.Pools.WithDefaults()
 	return c
@@ -126,6 +144,10 @@ type Fleet struct {
 	refused map[string]bool  // tenants on the control's own outbox, logged once
 	ready   []*cell
 	signal  chan struct{}
+	// waiting are the backlogged tenants waiting for room (Config.Room),
+	// first come first served; roomSignal wakes the room watch.
+	waiting    []*cell
+	roomSignal chan struct{}
 }
 
 // cell is one served tenant: its relay and its place in the schedule.
@@ -137,6 +159,8 @@ type cell struct {
 	// queued: in the ready line; running: on a worker; again: woken while
 	// running; stopped: no longer served.
 	queued, running, again, stopped bool
+	// waiting: backlogged, in the line for room (Config.Room).
+	waiting bool
 	notBefore                       time.Time // the tenant's rate
 	failures                        int
 	stats                           TenantStats
@@ -165,7 +189,7 @@ func New(control *pgxpool.Pool, pub message.Publisher, cfg Config, logger *slog.
 		logger = slog.New(slog.DiscardHandler)
 	}
 	f := &Fleet{control: control, pub: pub, cfg: cfg, logger: logger.With("component", "tenant-fleet"),
-		known: map[string]pgtenants.Tenant{}, cells: map[string]*cell{}, refused: map[string]bool{}, signal: make(chan struct{}, cfg.Workers)}
+		known: map[string]pgtenants.Tenant{}, cells: map[string]*cell{}, refused: map[string]bool{}, signal: make(chan struct{}, cfg.Workers), roomSignal: make(chan struct{}, 1)}
 	if cfg.Pools.ControlURL == "" {
 		cfg.Pools.ControlURL = control.Config().ConnString()
 	}
@@ -292,6 +316,9 @@ func (f *Fleet) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range f.cfg.Workers {
 		wg.Go(func() { f.work(ctx) })
+	}
+	if f.cfg.Room != nil && f.cfg.BacklogRoom > 0 {
+		wg.Go(func() { f.watchRoom(ctx) })
 	}
 	tick := time.NewTicker(f.cfg.Reload)
 	defer tick.Stop()
@@ -439,7 +466,7 @@ func (f *Fleet) Wake(id string) {
 // again after) or held back by its rate. Call with f.mu held.
 func (f *Fleet) enqueue(c *cell) {
 	switch {
-	case c.stopped || c.queued:
+	case c.stopped || c.queued || c.waiting:
 		return
 	case c.running:
 		c.again = true
@@ -483,6 +510,62 @@ func (f *Fleet) stopCell(c *cell) {
 		c.queued = false
 		f.ready = slices.DeleteFunc(f.ready, func(r *cell) bool { return r == c })
 	}
+	if c.waiting {
+		c.waiting = false
+		f.waiting = slices.DeleteFunc(f.waiting, func(r *cell) bool { return r == c })
+	}
+}
+
+// roomPoll is how often the room watch asks again while backlogs wait and
+// the queues are full.
+const roomPoll = 20 * time.Millisecond
+
+// watchRoom lets the backlogged tenants go one batch at a time, each when
+// the broker's queues have room. A failed look at the queues lets one go:
+// the broker out of reach stops the batches anyway, and a relay that
+// cannot read a queue's depth must not stop relaying.
+func (f *Fleet) watchRoom(ctx context.Context) {
+	failures := 0
+	for {
+		f.mu.Lock()
+		n := len(f.waiting)
+		f.mu.Unlock()
+		if n == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-f.roomSignal:
+			}
+			continue
+		}
+		room, err := f.cfg.Room(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			failures++
+			if failures == 1 || failures%100 == 0 {
+				f.logger.Warn("reading the queues' depth failed; backlogs go on without waiting for room", "error", err, "failures", failures)
+			}
+			room = true
+		} else {
+			failures = 0
+		}
+		if !room {
+			if pipeline.Sleep(ctx, roomPoll) != nil {
+				return
+			}
+			continue
+		}
+		f.mu.Lock()
+		if len(f.waiting) > 0 {
+			c := f.waiting[0]
+			f.waiting = f.waiting[1:]
+			c.waiting = false
+			f.enqueue(c)
+		}
+		f.mu.Unlock()
+	}
 }
 
 func (f *Fleet) take(ctx context.Context) *cell {
@@ -517,11 +600,19 @@ func (f *Fleet) work(ctx context.Context) {
 		if c == nil {
 			return
 		}
-		next := f.runBatch(ctx, c)
+		next, backlog := f.runBatch(ctx, c)
 		f.mu.Lock()
 		c.running = false
 		switch {
 		case c.stopped || ctx.Err() != nil:
+		case backlog && f.cfg.Room != nil && f.cfg.BacklogRoom > 0:
+			c.again = false
+			c.waiting = true
+			f.waiting = append(f.waiting, c)
+			select {
+			case f.roomSignal <- struct{}{}:
+			default:
+			}
 		case c.again || next == 0:
 			c.again = false
 			f.enqueue(c)
@@ -537,13 +628,13 @@ func (f *Fleet) work(ctx context.Context) {
 var failureBackoff = pipeline.Backoff{Initial: time.Second, Max: 30 * time.Second, Multiplier: 2, Jitter: 0.2}
 
 // runBatch relays one batch of c's outbox and says when to look again: 0
-// for at once (more is due: back to the end of the line).
-func (f *Fleet) runBatch(ctx context.Context, c *cell) time.Duration {
-	fail := func(err error) time.Duration {
+// for at once; backlog: the batch came back full, more is due.
+func (f *Fleet) runBatch(ctx context.Context, c *cell) (next time.Duration, backlog bool) {
+	fail := func(err error) (time.Duration, bool) {
 		f.mu.Lock()
 		if c.stopped {
 			f.mu.Unlock()
-			return 0 // removed, moved or handed over while it ran
+			return 0, false // removed, moved or handed over while it ran
 		}
 		c.failures++
 		n := c.failures
@@ -552,7 +643,7 @@ func (f *Fleet) runBatch(ctx context.Context, c *cell) time.Duration {
 		if n == 1 || n%10 == 0 {
 			f.logger.Warn("relaying a tenant's outbox failed; its other tenants go on", "tenant", c.t.ID, "location", c.t.Location(), "error", err, "failures", n)
 		}
-		return failureBackoff.Delay(n)
+		return failureBackoff.Delay(n), false
 	}
 	if c.relay == nil {
 		r, err := f.newRelay(ctx, c.t)
@@ -563,7 +654,7 @@ func (f *Fleet) runBatch(ctx context.Context, c *cell) time.Duration {
 	}
 	res, err := c.relay.RelayBatch(ctx)
 	if ctx.Err() != nil {
-		return 0
+		return 0, false
 	}
 	f.mu.Lock()
 	c.stats.Batches++
@@ -584,14 +675,17 @@ func (f *Fleet) runBatch(ctx context.Context, c *cell) time.Duration {
 		f.logger.Info("relaying a tenant's outbox works again", "tenant", c.t.ID)
 	}
 	size := batchSizeFor(f.cfg.Relay, c.t)
-	if res.Claimed >= size || res.Passed >= size || (res.Ordered > 0 && res.Dispatched > 0) {
-		return 0
+	if res.Claimed >= size || res.Passed >= size {
+		return 0, true
 	}
-	next, err := c.relay.NextDue(ctx)
+	if res.Ordered > 0 && res.Dispatched > 0 {
+		return 0, false // the next rows of the aggregates it sent: not a backlog
+	}
+	due, err := c.relay.NextDue(ctx)
 	if err != nil {
 		return fail(err)
 	}
-	return max(min(time.Until(next), f.cfg.Sweep), time.Millisecond)
+	return max(min(time.Until(due), f.cfg.Sweep), time.Millisecond), false
 }
 
 // reserve takes n events from the tenant's rate and says how long its
@@ -626,7 +720,9 @@ func (f *Fleet) newRelay(ctx context.Context, t pgtenants.Tenant) (*pgoutbox.Rel
 	cfg.PollOnly, cfg.ProbeInterval = true, -1
 	cfg.MarkEachRow = nil
 	cfg.BatchSize = batchSizeFor(cfg, t)
-	if t.RelayRate > 0 {
+	if t.RelayRate > 0 || (f.cfg.Room != nil && f.cfg.BacklogRoom > 0) {
+		// A backlog goes a batch at a time, each when there is room:
+		// pages of a thousand would fill the queues ten times past it.
 		cfg.CatchUpBatchSize = cfg.BatchSize
 	}
 	stamp := map[string]string{pipeline.MetaTenantID: t.ID}
