@@ -160,10 +160,10 @@ type cell struct {
 	// running; stopped: no longer served.
 	queued, running, again, stopped bool
 	// waiting: backlogged, in the line for room (Config.Room).
-	waiting bool
-	notBefore                       time.Time // the tenant's rate
-	failures                        int
-	stats                           TenantStats
+	waiting   bool
+	notBefore time.Time // the tenant's rate
+	failures  int
+	stats     TenantStats
 }
 
 // TenantStats is what the fleet did for one tenant.
