@@ -211,6 +211,16 @@ func (a *App) version() string {
 	return "dev"
 }
 
+// TenantConnections counts, in a tenant fleet (FERRY_TENANTS), the
+// tenants' open pools, the connections they hold and the LISTEN
+// connections (one per database); zeros otherwise.
+func (a *App) TenantConnections() (pools, conns, listeners int) {
+	if a.fleet == nil {
+		return 0, 0, 0
+	}
+	return a.fleet.Connections()
+}
+
 // componentNames are what the heartbeat says this process runs: a tenant
 // fleet's relay names the fleet's component too (its members share the
 // tenants).

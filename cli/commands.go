@@ -78,8 +78,9 @@ no intent twice; an interrupted run continues where it stopped.`,
 		{Name: "list", Summary: "the held partitions: head, held for, next attempt, last error", Flags: heldListFlags},
 		{Name: "retry-now", Args: "[PARTITION]", Summary: "ask one held partition (or, with --route, every held partition of a route) to try its head again now instead of waiting out its backoff; audited", Flags: heldRetryFlags},
 	}}
-	cmdTenants = &Command{Name: "tenants", Summary: "the tenant registry of a fleet serving many tenant databases (FERRY_TENANTS): list, add, pause, limit, remove, migrate; audited", Sub: []*Command{
+	cmdTenants = &Command{Name: "tenants", Summary: "the tenant registry of a fleet serving many tenant databases (FERRY_TENANTS): list, status, add, pause, limit, remove, migrate; audited", Sub: []*Command{
 		{Name: "list", Summary: "the registered tenants: served or paused (by whom, why), limits, where each outbox is (passwords left out)", Flags: tenantsListFlags},
+		{Name: "status", Summary: "per tenant: which fleet member serves it, pending and due events, the oldest due, failing rows, poisoned messages; exits 3 when one needs a human", Flags: tenantsStatusFlags},
 		{Name: "add", Args: "ID", Summary: "migrate a tenant's database and schema, then register it: the fleet serves it within FERRY_TENANTS_RELOAD, no restart", Flags: tenantsAddFlags},
 		{Name: "remove", Args: "ID", Summary: "unregister a tenant: the fleet stops serving it; its events still at the broker go to the poison store with the reason; its database is left as it is", Flags: tenantsRemoveFlags},
 		{Name: "pause", Args: "ID", Summary: "stop relaying a tenant's outbox (its events wait there, in order) until resume", Flags: tenantsPauseFlags},

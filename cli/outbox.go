@@ -57,7 +57,7 @@ func (o OutboxFailing) Run(ctx context.Context, ops *pgoutbox.Operator, w io.Wri
 func outboxFailingFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	var o OutboxFailing
 	var filter string
-	fs.StringVar(&filter, "filter", "", "narrow by topic=T,aggregate=A,text=T,fingerprint=F,correlation=C,message=M,since=24h|RFC3339,until=… (comma-separated)")
+	fs.StringVar(&filter, "filter", "", "narrow by topic=T,aggregate=A,text=T,fingerprint=F,correlation=C,message=M,tenant=ID,since=24h|RFC3339,until=… (comma-separated)")
 	fs.IntVar(&o.Limit, "limit", 100, "at most this many groups, largest first")
 	fs.BoolVar(&o.JSON, "json", false, "print JSON")
 	return func(ctx context.Context, _ []string) error {

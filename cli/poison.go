@@ -37,7 +37,7 @@ func poisonFlags(sub string) func(*flag.FlagSet, *Env) RunFunc {
 			group       bool
 		)
 		fs.BoolVar(&asJSON, "json", false, "print JSON (exact, unescaped and uncut)")
-		fs.StringVar(&filter, "filter", "", "narrow by handler=H,aggregate=A,text=T,fingerprint=F,correlation=C,message=M,since=24h|RFC3339,until=… (comma-separated; as the console's filters)")
+		fs.StringVar(&filter, "filter", "", "narrow by handler=H,aggregate=A,text=T,fingerprint=F,correlation=C,message=M,tenant=ID,since=24h|RFC3339,until=… (comma-separated; as the console's filters)")
 		fs.Int64Var(&sel.AfterID, "after-id", 0, "start after this poison id (the next page)")
 		if sub == "list" {
 			fs.StringVar(&sel.Topic, "topic", "", "only this original topic")

@@ -1,19 +1,25 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgtenants"
 	"github.com/ferry-dev/ferry/tenancy"
 )
@@ -72,6 +78,157 @@ func writeTenants(w io.Writer, ts []pgtenants.Tenant) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, state, rate, handlers, t.Location())
 	}
 	return tw.Flush()
+}
+
+// TenantStatus is one tenant's line of `tenants status`.
+type TenantStatus struct {
+	pgtenants.Tenant
+	// ServedBy is the fleet member that relays its outbox ("" when no
+	// member is alive, or the tenant is paused).
+	ServedBy string `json:"served_by"`
+	Pending  int    `json:"pending"`
+	Due      int    `json:"due"`
+	// OldestDueAgeS is how long its oldest due event has waited.
+	OldestDueAgeS float64 `json:"oldest_due_age_seconds"`
+	// Failing counts the rows the relay keeps failing to publish.
+	Failing int `json:"failing"`
+	// Poisoned counts its messages in the poison store (the control
+	// database's, filtered by tenant_id).
+	Poisoned int `json:"poisoned"`
+	// Error says why its database could not be read.
+	Error     string   `json:"error,omitempty"`
+	Attention []string `json:"attention"`
+}
+
+// tenantStale is how long a tenant's oldest due event may wait before
+// `tenants status` calls for a human.
+const tenantStale = time.Minute
+
+func tenantsStatusFlags(fs *flag.FlagSet, env *Env) RunFunc {
+	asJSON := fs.Bool("json", false, "print JSON")
+	only := fs.String("tenant", "", "this tenant only")
+	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when a tenant needs a human (its database out of reach, no fleet member alive, failing rows, poisoned messages, an event due for over %s)", ExitAttention, tenantStale))
+	return func(ctx context.Context, args []string) error {
+		if len(args) != 0 {
+			return usagef("tenants status takes no arguments (--tenant ID for one)")
+		}
+		cfg, pool, err := openMigrated(ctx, "tenants")
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		ts, err := pgtenants.List(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if *only != "" {
+			ts = slices.DeleteFunc(ts, func(t pgtenants.Tenant) bool { return t.ID != *only })
+			if len(ts) == 0 {
+				return fmt.Errorf("tenant %s: %w", *only, pgtenants.ErrNotFound)
+			}
+		}
+		members, err := tenancy.Members(ctx, pool)
+		if err != nil {
+			return err
+		}
+		ob, err := pgoutbox.New(outboxConfig(cfg), nil)
+		if err != nil {
+			return err
+		}
+		poison, err := pgpoison.NewStore(pool, ob)
+		if err != nil {
+			return err
+		}
+		out := make([]TenantStatus, len(ts))
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(8)
+		for i, t := range ts {
+			g.Go(func() error {
+				out[i] = tenantStatus(gctx, cfg, poison, members, t)
+				return nil
+			})
+		}
+		_ = g.Wait()
+		attention := 0
+		for _, s := range out {
+			attention += len(s.Attention)
+		}
+		if *asJSON {
+			for i := range out {
+				out[i].DatabaseURL = pgdb.Redact(out[i].DatabaseURL)
+			}
+			if err := WriteJSON(env.Stdout, out); err != nil {
+				return err
+			}
+		} else {
+			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TENANT\tSERVED BY\tPENDING\tDUE\tOLDEST DUE\tFAILING\tPOISONED\tNEEDS A HUMAN")
+			for _, s := range out {
+				by := cmp.Or(s.ServedBy, "-")
+				if s.Paused {
+					by = "paused"
+				}
+				need := strings.Join(s.Attention, "; ")
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", s.ID, by, s.Pending, s.Due, time.Duration(s.OldestDueAgeS*float64(time.Second)).Round(time.Second), s.Failing, s.Poisoned, cmp.Or(need, "-"))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(env.Stdout, "%d tenants, %d fleet members alive\n", len(out), len(members))
+		}
+		if attention > 0 && *exitCode {
+			return ExitError{Code: ExitAttention}
+		}
+		return nil
+	}
+}
+
+func tenantStatus(ctx context.Context, cfg app.Config, poison *pgpoison.Store, members []string, t pgtenants.Tenant) TenantStatus {
+	s := TenantStatus{Tenant: t, Attention: []string{}}
+	if !t.Paused {
+		s.ServedBy = tenancy.Owner(members, t.ID)
+		if s.ServedBy == "" {
+			s.Attention = append(s.Attention, "no fleet member alive (FERRY_TENANTS=true on a relay)")
+		}
+	}
+	if n, err := poison.Count(ctx, pgpoison.Filter{Tenant: t.ID}); err == nil {
+		s.Poisoned = n
+		if n > 0 {
+			s.Attention = append(s.Attention, fmt.Sprintf("%d poisoned (ferry poison list --filter tenant=%s)", n, t.ID))
+		}
+	} else {
+		s.Error = err.Error()
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	pool, err := tenancy.Connect(rctx, cfg.DatabaseURL, t, pgdb.Config{ApplicationName: "ferry-tenants-status", MaxConns: 1})
+	if err != nil {
+		s.Error = err.Error()
+		s.Attention = append(s.Attention, "its database is out of reach")
+		return s
+	}
+	defer pool.Close()
+	backlog, err := cfg.Relay.Table.Backlog(rctx, pool)
+	if err == nil {
+		for _, b := range backlog {
+			s.Pending += b.Pending
+			s.Due += b.Due
+			s.OldestDueAgeS = max(s.OldestDueAgeS, b.OldestDueAgeS)
+		}
+		s.Failing, err = cfg.Relay.Table.CountFailing(rctx, pool)
+	}
+	if err != nil {
+		s.Error = err.Error()
+		s.Attention = append(s.Attention, "its outbox could not be read")
+		return s
+	}
+	if s.Failing > 0 {
+		s.Attention = append(s.Attention, fmt.Sprintf("%d rows failing to publish", s.Failing))
+	}
+	if !t.Paused && s.OldestDueAgeS > tenantStale.Seconds() {
+		s.Attention = append(s.Attention, fmt.Sprintf("an event due for %s", time.Duration(s.OldestDueAgeS*float64(time.Second)).Round(time.Second)))
+	}
+	return s
 }
 
 func tenantsAddFlags(fs *flag.FlagSet, env *Env) RunFunc {

@@ -86,6 +86,16 @@ func TestTenantsCommands(t *testing.T) {
 	require.Regexp(t, `acme: ferry at \d{5}`, out)
 	require.Contains(t, out, "1 of 2 tenants failed: ghost")
 
+	// status: the ghost's database is out of reach, no fleet member is
+	// alive, and acme is paused: exit 3, each reason named.
+	code, out = ferry("tenants", "status")
+	require.Equal(t, cli.ExitAttention, code, out)
+	require.Contains(t, out, "its database is out of reach")
+	require.Regexp(t, `acme\s+paused\s+0\s+0`, out)
+	code, out = ferry("tenants", "status", "--tenant", "acme", "--json")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, `"pending": 0`)
+
 	require.Equal(t, 0, first(ferry("tenants", "remove", "ghost")))
 	admin := pipelinetest.Pool(t, control, "ferry-test")
 	ts, err := pgtenants.List(ctx, admin)

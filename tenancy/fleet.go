@@ -419,13 +419,27 @@ func (f *Fleet) readMembers(ctx context.Context) ([]string, error) {
 	if f.cfg.Member == "" {
 		return nil, nil
 	}
-	is, err := pgstatus.Instances(ctx, f.control)
+	members, err := Members(ctx, f.control)
 	if err != nil {
 		return nil, err
 	}
-	members := []string{f.cfg.Member}
+	if !slices.Contains(members, f.cfg.Member) {
+		members = append(members, f.cfg.Member)
+		slices.Sort(members)
+	}
+	return members, nil
+}
+
+// Members are the live processes of the fleet whose control database pool
+// is on: the instances whose heartbeat is recent and names Component.
+func Members(ctx context.Context, control *pgxpool.Pool) ([]string, error) {
+	is, err := pgstatus.Instances(ctx, control)
+	if err != nil {
+		return nil, err
+	}
+	var members []string
 	for _, i := range is {
-		if i.Alive && i.ID != f.cfg.Member && slices.Contains(strings.Split(i.Components, ","), Component) {
+		if i.Alive && slices.Contains(strings.Split(i.Components, ","), Component) {
 			members = append(members, i.ID)
 		}
 	}
@@ -433,15 +447,12 @@ func (f *Fleet) readMembers(ctx context.Context) ([]string, error) {
 	return members, nil
 }
 
-// owns says whether this process serves tenant id: the member with the
-// highest hash of (member, tenant), so that a member joining or leaving
-// moves only the tenants it takes or had.
-func (f *Fleet) owns(id string) bool {
-	if f.cfg.Member == "" {
-		return true
-	}
+// Owner is the member that serves tenant id: the one with the highest
+// hash of (member, tenant), so that a member joining or leaving moves only
+// the tenants it takes or had. "" without members.
+func Owner(members []string, id string) string {
 	best, bestScore := "", uint64(0)
-	for _, m := range f.members {
+	for _, m := range members {
 		h := fnv.New64a()
 		h.Write([]byte(m))
 		h.Write([]byte{0})
@@ -450,7 +461,12 @@ func (f *Fleet) owns(id string) bool {
 			best, bestScore = m, s
 		}
 	}
-	return best == f.cfg.Member
+	return best
+}
+
+// owns says whether this process serves tenant id (Owner).
+func (f *Fleet) owns(id string) bool {
+	return f.cfg.Member == "" || Owner(f.members, id) == f.cfg.Member
 }
 
 // Wake makes tenant id's relay look for work now, if this process serves it.

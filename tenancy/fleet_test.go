@@ -210,6 +210,8 @@ func TestAFleetServesTenantsOnTwoServersAndNothingCrosses(t *testing.T) {
 	}
 	require.Less(t, len(done), len(bolt.placed), "bolt's orders placed after its removal are not relayed")
 	poisoned := pipelinetest.Poisoned(t, a1.Pool(), pgpoison.Filter{})
+	require.Len(t, pipelinetest.Poisoned(t, a1.Pool(), pgpoison.Filter{Tenant: "bolt"}), len(poisoned), "the poison store filters by tenant")
+	require.Empty(t, pipelinetest.Poisoned(t, a1.Pool(), pgpoison.Filter{Tenant: "acme"}))
 	for _, p := range poisoned {
 		require.Contains(t, p.Reason, "not in the registry", "only the removed tenant's events are poisoned, for that reason")
 		require.Equal(t, "bolt", p.Headers[pipeline.MetaTenantID])

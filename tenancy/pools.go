@@ -16,7 +16,10 @@ import (
 // Defaults of PoolsConfig.
 const (
 	DefaultTenantMaxConns  = 4
-	DefaultTenantIdleAfter = 30 * time.Second
+	// DefaultTenantIdleAfter is shorter than the sweep (DefaultSweep), so
+	// that an idle tenant's connection closes between two sweeps instead
+	// of being taken again by each.
+	DefaultTenantIdleAfter = 10 * time.Second
 )
 
 // PoolsConfig bounds the connections the fleet opens to tenants' databases.
@@ -30,7 +33,7 @@ type PoolsConfig struct {
 	// IdleAfter closes a tenant's connection once it has been idle this
 	// long, so that an idle tenant holds none: 300 tenants fit a server's
 	// max_connections only if the ones with nothing to do give theirs back.
-	// Default 30s.
+	// Default 10s.
 	IdleAfter time.Duration
 	// ApplicationName shows in the tenants' pg_stat_activity. Default
 	// "ferry-tenants".

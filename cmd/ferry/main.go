@@ -197,6 +197,8 @@ var cmdBench = &cli.Command{
 		fs.IntVar(&bc.ConsumerEvents, "consumer-events", 20_000, "consumer_throughput: messages the consumer process drains")
 		fs.IntVar(&bc.DiscardRows, "discard-rows", bench.PoisonDiscardRows, "poison_discard: poisoned messages previewed and discarded as the console does it")
 		fs.IntVar(&bc.SearchRows, "search-rows", 10_000_000, "search_load: dispatched rows in the outbox the operators' searches read (the consumer drains --consumer-events messages alone, then as many while they search)")
+		fs.IntVar(&bc.Tenants, "tenants", 100, "tenants: tenants (schemas) one fleet process serves: one with a backlog, the others at 1 event/s each")
+		fs.IntVar(&bc.TenantBacklog, "tenant-backlog", 1_000_000, "tenants: the noisy tenant's backlog")
 		fs.IntVar(&bc.HeldXminEvents, "held-xmin-events", 50_000, "held_xmin: events inserted and drained per round")
 		fs.IntVar(&bc.HeldXminRounds, "held-xmin-rounds", 6, "held_xmin: rounds without, then with, a long transaction holding the horizon")
 		fs.BoolVar(&bc.HeldXminRelayOnly, "held-xmin-relay-only", false, "held_xmin_steady: run the relay without the app's consumer (an auto-ack drain empties the queue), to measure dispatch on a machine too small for the whole app at --rate")

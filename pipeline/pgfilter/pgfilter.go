@@ -34,6 +34,9 @@ type Filter struct {
 	CorrelationID string
 	// MessageID keeps one message (all its poisonings).
 	MessageID string
+	// Tenant keeps one tenant's messages (their tenant_id header): in a
+	// tenant fleet, an action scoped to one tenant.
+	Tenant string
 	// Since and Until bound the time the messages were poisoned.
 	Since, Until time.Time
 	// AfterID starts after this poison id.
@@ -45,7 +48,7 @@ type Filter struct {
 // Keys are the filter's keys, in the one order its text uses: the same
 // words in the console's forms and links, on the command line (--filter)
 // and in the audit log.
-var Keys = []string{"topic", "handler", "aggregate", "text", "fingerprint", "correlation", "message", "since", "until"}
+var Keys = []string{"topic", "handler", "aggregate", "text", "fingerprint", "correlation", "message", "tenant", "since", "until"}
 
 // String is the filter's canonical text: its criteria as key=value,
 // comma-separated, in Keys' order, with "%", "," and "=" (and control
@@ -78,7 +81,7 @@ func (f Filter) Values() map[string][]string {
 func (f Filter) pairs() [][2]string {
 	var out [][2]string
 	for _, kv := range [][2]string{{"topic", f.Topic}, {"handler", f.Handler}, {"aggregate", f.AggregateID}, {"text", f.Text}, {"fingerprint", f.Fingerprint},
-		{"correlation", f.CorrelationID}, {"message", f.MessageID}} {
+		{"correlation", f.CorrelationID}, {"message", f.MessageID}, {"tenant", f.Tenant}} {
 		if kv[1] != "" {
 			out = append(out, kv)
 		}
@@ -199,6 +202,8 @@ func (f *Filter) set(k, v string) error {
 		f.CorrelationID = v
 	case "message":
 		f.MessageID = v
+	case "tenant":
+		f.Tenant = v
 	case "since", "until":
 		t, err := TimeOrAgo(v, time.Now())
 		if err != nil {
@@ -238,7 +243,7 @@ func (f Filter) Narrows() bool {
 // Columns name what a Filter's criteria compare in a table: an empty name
 // leaves that criterion out (the outbox has no handler).
 type Columns struct {
-	Topic, Handler, AggregateID, Text, Fingerprint, Time, CorrelationID, MessageID string
+	Topic, Handler, AggregateID, Text, Fingerprint, Time, CorrelationID, MessageID, Tenant string
 }
 
 // SQL is f's criteria as a SQL condition over a table with the columns
@@ -275,6 +280,9 @@ func (f Filter) SQL(first int, c Columns) (string, []any) {
 	}
 	if f.MessageID != "" {
 		add(c.MessageID, "{c} = {p}", f.MessageID)
+	}
+	if f.Tenant != "" {
+		add(c.Tenant, "{c} = {p}", f.Tenant)
 	}
 	if !f.Since.IsZero() {
 		add(c.Time, "{c} >= {p}", f.Since)

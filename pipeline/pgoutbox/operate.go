@@ -33,7 +33,8 @@ const (
 // failingColumns are the outbox's columns for a pgfilter.Filter over the
 // failing rows.
 var failingColumns = pgfilter.Columns{Topic: "topic", AggregateID: "aggregate_id", Text: "last_error",
-	Fingerprint: "ferry_fingerprint(last_error)", Time: "created_at", CorrelationID: "headers->>'" + pipeline.MetaCorrelationID + "'", MessageID: "message_uuid"}
+	Fingerprint: "ferry_fingerprint(last_error)", Time: "created_at", CorrelationID: "headers->>'" + pipeline.MetaCorrelationID + "'", MessageID: "message_uuid",
+	Tenant: "headers->>'" + pipeline.MetaTenantID + "'"}
 
 // Operator reads the outbox as an operator sees it and runs an operator's
 // actions on it (retry now, discard), each with its audit entry in the

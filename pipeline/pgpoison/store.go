@@ -118,7 +118,8 @@ type Columns = pgfilter.Columns
 
 // PoisonColumns are the poison store's.
 var PoisonColumns = Columns{Topic: "topic", Handler: "handler", AggregateID: "aggregate_id", Text: "reason",
-	Fingerprint: "fingerprint", Time: "poisoned_at", CorrelationID: "correlation_id", MessageID: "message_id"}
+	Fingerprint: "fingerprint", Time: "poisoned_at", CorrelationID: "correlation_id", MessageID: "message_id",
+	Tenant: "headers->>'" + pipeline.MetaTenantID + "'"}
 
 // where is f's criteria over poison_messages.
 func where(f Filter, first int) (string, []any) { return f.SQL(first, PoisonColumns) }

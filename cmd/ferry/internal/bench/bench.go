@@ -40,7 +40,7 @@ const (
 
 // BenchScenarios lists every scenario, in the order they run.
 var BenchScenarios = []string{ScenarioRelayThroughput, ScenarioEndToEnd, ScenarioWriteOverhead, ScenarioProducerConcurrency, ScenarioClaimCost, ScenarioMemory,
-	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady, ScenarioIdleCost, ScenarioPoisonDiscard, ScenarioSearchLoad}
+	ScenarioConsumerThroughput, ScenarioEndToEndDrain, ScenarioUpcast, ScenarioHeldXmin, ScenarioHeldXminSteady, ScenarioIdleCost, ScenarioPoisonDiscard, ScenarioSearchLoad, ScenarioTenants}
 
 // BenchConfig sets the size of each scenario. Zero fields take the defaults.
 type BenchConfig struct {
@@ -124,6 +124,11 @@ type BenchConfig struct {
 	// SearchRows is the dispatched history search_load's searches read.
 	// Default 10,000,000.
 	SearchRows int
+	// Tenants is how many tenants (schemas) tenants serves. Default 100.
+	Tenants int
+	// TenantBacklog is the noisy tenant's backlog in tenants. Default
+	// 1,000,000.
+	TenantBacklog int
 	// Binary is the ferry binary the memory scenario starts its relay and
 	// consumer processes with. Default: this process's own executable.
 	Binary string
@@ -138,6 +143,8 @@ func (b BenchConfig) withDefaults() BenchConfig {
 	b.UpcastIterations = cmp.Or(b.UpcastIterations, 2_000)
 	b.DiscardRows = cmp.Or(b.DiscardRows, PoisonDiscardRows)
 	b.SearchRows = cmp.Or(b.SearchRows, 10_000_000)
+	b.Tenants = cmp.Or(b.Tenants, 100)
+	b.TenantBacklog = cmp.Or(b.TenantBacklog, 1_000_000)
 	b.HeldXminEvents = cmp.Or(b.HeldXminEvents, 50_000)
 	b.HeldXminRounds = cmp.Or(b.HeldXminRounds, 6)
 	if len(b.Relays) == 0 {
@@ -191,6 +198,9 @@ func (b BenchConfig) validate() error {
 	}
 	if b.ConsumerEvents < 1 || b.DrainEvents < 1 || b.DrainWriters < 1 || b.ConsumerConns < 1 {
 		errs = append(errs, errors.New("consumer events, drain events and consumer connections must be positive"))
+	}
+	if b.Tenants < 2 || b.Tenants > 1000 || b.TenantBacklog < 1 {
+		errs = append(errs, errors.New("tenants must be in [2, 1000] (one noisy, the others quiet) and the tenant backlog positive"))
 	}
 	if b.Rounds < 1 || b.ProducerDuration <= 0 {
 		errs = append(errs, errors.New("producer rounds and duration must be positive"))
@@ -246,6 +256,7 @@ func Bench(ctx context.Context, cfg app.Config, bc BenchConfig, out, human io.Wr
 		ScenarioIdleCost:            benchIdleCost,
 		ScenarioPoisonDiscard:       benchPoisonDiscard,
 		ScenarioSearchLoad:          benchSearchLoad,
+		ScenarioTenants:             benchTenants,
 	}
 	enc := json.NewEncoder(out)
 	for i, name := range bc.Scenarios {
