@@ -394,8 +394,17 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			}
 			return ready < fleetCfg.BacklogRoom, nil
 		}
+		fleetCfg.Observer = a.metrics.ObserveTenant
 		if a.fleet, err = tenancy.New(a.pool, a.batchPublisher, fleetCfg, a.logger); err != nil {
 			return nil, fmt.Errorf("FERRY_TENANTS_*: %w", err)
+		}
+		a.metrics.Tenants = func() metrics.TenantReadings {
+			r := metrics.TenantReadings{Failing: map[string]bool{}}
+			for _, t := range a.fleet.Served() {
+				r.Failing[t.Tenant.ID] = t.Failing
+			}
+			_, r.PoolConnections, r.ListenConnections = a.fleet.Connections()
+			return r
 		}
 		if a.ledgers, err = tenancy.NewLedgers(a.fleet, a.tenantOutbox, a.rescheduler, a.logger); err != nil {
 			return nil, err

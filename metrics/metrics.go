@@ -64,6 +64,9 @@ type Metrics struct {
 	// CDC, if set, returns the in-process CDC streamer's state, for
 	// ferry_cdc_slot_lag_seconds and ferry_cdc_streaming.
 	CDC func() pgcdc.Stats
+	// Tenants, if set, reads the tenant fleet's state in this process
+	// (FERRY_TENANTS), for the ferry_tenant* gauges.
+	Tenants func() TenantReadings
 	// OutboxRetention, LedgerRetention and PruneInterval judge the weekly
 	// partitions of the outbox and the ledger for the
 	// ferry_retention_overdue_* gauges, as `ferry status` does
@@ -73,6 +76,10 @@ type Metrics struct {
 
 	overduePartitions *prometheus.GaugeVec
 	overdueSeconds    *prometheus.GaugeVec
+	tenantFailing     *prometheus.GaugeVec
+	tenantsServed     prometheus.Gauge
+	tenantConns       *prometheus.GaugeVec
+	tenantDispatched  *prometheus.CounterVec
 	cdcLagBytes       prometheus.Gauge
 	cdcLagSeconds     prometheus.Gauge
 	cdcRetained       prometheus.Gauge
@@ -222,6 +229,18 @@ func New() *Metrics {
 		overdueSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_retention_overdue_seconds", Help: "How long the oldest overdue partition (ferry_retention_overdue_partitions) has been past retention, by table (0 when none is overdue).",
 		}, []string{"table"}),
+		tenantFailing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_tenant_relay_failing", Help: "1 while a tenant's outbox cannot be relayed (its database out of reach, its outbox unreadable), by tenant, from the fleet member that serves it; 0 once it can, or once another member serves it.",
+		}, []string{"tenant"}),
+		tenantsServed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ferry_tenants_served", Help: "Tenants whose outboxes this process relays (FERRY_TENANTS).",
+		}),
+		tenantConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_tenant_connections", Help: "Connections this process holds to tenants' databases: kind pool (the tenants' pools, idle ones closed) or listen (one LISTEN per database).",
+		}, []string{"kind"}),
+		tenantDispatched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_tenant_dispatched_total", Help: "Events relayed (broker-confirmed) per tenant. One series per tenant this process served: as many as the registry holds.",
+		}, []string{"tenant"}),
 		refreshErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ferry_metrics_refresh_errors_total", Help: "Failed refreshes of the outbox gauges.",
 		}),
@@ -229,7 +248,7 @@ func New() *Metrics {
 	m.own = []prometheus.Collector{m.held, m.paused, m.pauseInfo, m.queueReady, m.queueConsumers, m.instances, m.retrying, m.versions, m.pending, m.pendingDue, m.oldestPendingAge, m.maxAttempts, m.poison, m.unrouted, m.legacyEffects,
 		m.dispatchLatency, m.attempts, m.dispatched, m.publishErrors, m.shadowEvents, m.consumer, m.poisonCauses, m.batchSize, m.batches, m.refreshErrors,
 		m.cdcLagBytes, m.cdcLagSeconds, m.cdcRetained, m.cdcConfirmed, m.cdcSlotActive, m.cdcStreaming,
-		m.overduePartitions, m.overdueSeconds}
+		m.overduePartitions, m.overdueSeconds, m.tenantFailing, m.tenantsServed, m.tenantConns, m.tenantDispatched}
 	m.Registry.MustRegister(m.own...)
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -293,6 +312,41 @@ func (m *Metrics) ObserveRelay(outcomes []pgoutbox.Outcome) {
 			m.dispatchLatency.WithLabelValues(o.Topic).Observe(max(o.At.Sub(from), 0).Seconds())
 		}
 	}
+}
+
+// TenantReadings are the tenant fleet's state in this process.
+type TenantReadings struct {
+	// Failing says, for each tenant this process serves, whether its
+	// outbox fails to be relayed.
+	Failing map[string]bool
+	// PoolConnections and ListenConnections are the connections held to
+	// tenants' databases.
+	PoolConnections, ListenConnections int
+}
+
+// ObserveTenant counts the events a tenant fleet relayed for tenant (the
+// fleet's tenancy.Config.Observer).
+func (m *Metrics) ObserveTenant(tenant string, outcomes []pgoutbox.Outcome) {
+	n := 0
+	for _, o := range outcomes {
+		if o.Err == nil && !o.Shadowed {
+			n++
+		}
+	}
+	if n > 0 {
+		m.tenantDispatched.WithLabelValues(tenant).Add(float64(n))
+	}
+}
+
+func (m *Metrics) setTenants(r TenantReadings) {
+	failing := make(map[string]float64, len(r.Failing))
+	for t, f := range r.Failing {
+		failing[t] = boolGauge(f)
+	}
+	m.setGauges(m.tenantFailing, failing)
+	m.tenantsServed.Set(float64(len(r.Failing)))
+	m.tenantConns.WithLabelValues("pool").Set(float64(r.PoolConnections))
+	m.tenantConns.WithLabelValues("listen").Set(float64(r.ListenConnections))
 }
 
 // Counters sums this process's counters for the console's charts
@@ -574,6 +628,9 @@ func (m *Metrics) Refresh(ctx context.Context, pool *pgxpool.Pool) error {
 			m.queueReady.WithLabelValues(st.Queue, route).Set(float64(st.Ready))
 			m.queueConsumers.WithLabelValues(st.Queue, route).Set(float64(st.Consumers))
 		}
+	}
+	if m.Tenants != nil {
+		m.setTenants(m.Tenants())
 	}
 	if m.Unrouted != nil {
 		n, err := m.Unrouted(ctx)

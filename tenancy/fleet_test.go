@@ -155,7 +155,7 @@ func TestAFleetServesTenantsOnTwoServersAndNothingCrosses(t *testing.T) {
 		c.Fleet.Sweep = 2 * time.Second
 	}
 	a1, _ := ferrytest.AppOn(t, control, rmq, app.Options{Routes: effectRoute}, fleet)
-	_, _ = ferrytest.AppOn(t, control, rmq, app.Options{Routes: effectRoute}, fleet)
+	a2, _ := ferrytest.AppOn(t, control, rmq, app.Options{Routes: effectRoute}, fleet)
 	for _, id := range []string{"acme", "bolt", "crux"} {
 		require.NoError(t, pgtenants.Add(ctx, a1.Pool(), pgtenants.Tenant{ID: id, DatabaseURL: shops[id].url}, "test"))
 	}
@@ -251,6 +251,30 @@ func TestAFleetServesTenantsOnTwoServersAndNothingCrosses(t *testing.T) {
 		return false
 	}, 15*time.Second, 50*time.Millisecond, "the dead server's tenant's event is deferred into the control database's outbox")
 	require.Zero(t, pipelinetest.CountPoisoned(t, a1.Pool(), pgpoison.Filter{MessageID: stranded.UUID}), "an outage is not the event's fault")
+
+	// The member that serves the dead server's tenant says so in its
+	// metrics (FerryTenantRelayFailing pages on it); acme is not failing.
+	failing := func(tenant string) float64 {
+		var most float64
+		for _, a := range []*app.App{a1, a2} {
+			require.NoError(t, a.Metrics().Refresh(ctx, a.Pool()))
+			families, err := a.Metrics().Registry.Gather()
+			require.NoError(t, err)
+			for _, f := range families {
+				if f.GetName() != "ferry_tenant_relay_failing" {
+					continue
+				}
+				for _, m := range f.GetMetric() {
+					if m.GetLabel()[0].GetValue() == tenant {
+						most = max(most, m.GetGauge().GetValue())
+					}
+				}
+			}
+		}
+		return most
+	}
+	require.Eventually(t, func() bool { return failing("crux") == 1 }, 15*time.Second, 100*time.Millisecond, "crux's relay is reported failing")
+	require.Zero(t, failing("acme"))
 }
 
 // A tenant with a backlog does not hold another tenant's new event behind
