@@ -15,7 +15,7 @@ import (
 
 // Defaults of PoolsConfig.
 const (
-	DefaultTenantMaxConns  = 4
+	DefaultTenantMaxConns = 4
 	// DefaultTenantIdleAfter is shorter than the sweep (DefaultSweep), so
 	// that an idle tenant's connection closes between two sweeps instead
 	// of being taken again by each.
