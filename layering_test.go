@@ -165,6 +165,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"ferry_jobs":             {"pipeline/pgjobs"},
 		"ferry_confirmations":    {"pipeline/pgconfirm"},
 		"ferry_tenants":          {"pipeline/pgtenants"},
+		"ferry_tenants_version":  {"pipeline/pgtenants"},
 	}
 	// Reports (pgstatus, metrics) compose the owners' typed reads: no
 	// package reads another's table, not even to report on it.

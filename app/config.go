@@ -348,6 +348,7 @@ func EnvVars() []EnvVar {
 			c.Fleet.Pools.MaxConns = int32(n)
 			return err
 		}},
+		{"FERRY_TENANTS_CONN_BUDGET", strconv.Itoa(tenancy.DefaultTenantConnBudget), "tenant fleet: connections this process holds to all tenants' databases together; past it the least recently used idle tenant's close first", intVar(func(c *Config) *int { return &c.Fleet.Pools.Budget }, 1, 100_000)},
 		{"FERRY_TENANT_IDLE_AFTER", tenancy.DefaultTenantIdleAfter.String(), "tenant fleet: a tenant's connection idle this long is closed (an idle tenant holds none)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Pools.IdleAfter })},
 		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},
@@ -692,6 +693,9 @@ func (c Config) Validate() error {
 	}
 	if c.Fleet.Sweep < time.Second {
 		add("FERRY_TENANTS_SWEEP", fmt.Errorf("must be at least 1s, got %s", c.Fleet.Sweep))
+	}
+	if c.Fleet.Pools.Budget < int(c.Fleet.Pools.MaxConns) {
+		add("FERRY_TENANTS_CONN_BUDGET", fmt.Errorf("must be at least FERRY_TENANT_MAX_CONNS (%d), got %d", c.Fleet.Pools.MaxConns, c.Fleet.Pools.Budget))
 	}
 	if c.Fleet.Pools.IdleAfter < time.Second {
 		add("FERRY_TENANT_IDLE_AFTER", fmt.Errorf("must be at least 1s, got %s", c.Fleet.Pools.IdleAfter))

@@ -27,5 +27,16 @@ CREATE TABLE ferry_tenants (
     UNIQUE (database_url, schema_name)
 );
 
+-- One number every change of the registry raises, in its transaction: what
+-- each process's reload reads first. (A count with the newest updated_at
+-- can come back to a value a reload saw: a tenant added and removed, or a
+-- change committed after a later one was read.)
+CREATE TABLE ferry_tenants_version (
+    one     boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version bigint  NOT NULL
+);
+INSERT INTO ferry_tenants_version VALUES (true, 0);
+
 -- +goose Down
+DROP TABLE ferry_tenants_version;
 DROP TABLE ferry_tenants;

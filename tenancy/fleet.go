@@ -139,6 +139,7 @@ type Fleet struct {
 	mu      sync.Mutex
 	known   map[string]pgtenants.Tenant // the registry, as last read
 	version pgtenants.Version
+	loaded  bool // known holds a read of the registry
 	members []string
 	cells   map[string]*cell // the tenants this process serves
 	refused map[string]bool  // tenants on the control's own outbox, logged once
@@ -259,7 +260,7 @@ func (f *Fleet) load(ctx context.Context) (gone []string, err error) {
 		return nil, err
 	}
 	f.mu.Lock()
-	same := v == f.version && len(f.known) == v.Count
+	same := v == f.version && f.loaded
 	f.mu.Unlock()
 	if same {
 		return nil, nil
@@ -274,7 +275,7 @@ func (f *Fleet) load(ctx context.Context) (gone []string, err error) {
 	}
 	f.mu.Lock()
 	old := f.known
-	f.known, f.version = known, v
+	f.known, f.version, f.loaded = known, v, true
 	f.mu.Unlock()
 	for id, t := range old {
 		if n, ok := known[id]; !ok {
@@ -656,6 +657,9 @@ func (f *Fleet) runBatch(ctx context.Context, c *cell) (next time.Duration, back
 		n := c.failures
 		c.stats.LastError = err.Error()
 		f.mu.Unlock()
+		// Built again at the next batch, with its failover check: a
+		// database that failed may come back promoted.
+		c.relay = nil
 		if n == 1 || n%10 == 0 {
 			f.logger.Warn("relaying a tenant's outbox failed; its other tenants go on", "tenant", c.t.ID, "location", c.t.Location(), "error", err, "failures", n)
 		}

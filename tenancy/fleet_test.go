@@ -328,3 +328,61 @@ func TestATenantsBacklogDoesNotHoldAnothersNewEvent(t *testing.T) {
 	require.Less(t, ahead, 1000, "the quiet tenant's event waited behind the backlog at the broker")
 	require.Eventually(t, func() bool { return count(noisy) == backlog }, 2*time.Minute, 100*time.Millisecond, "the backlog drains whole")
 }
+
+// The tenants' connections stay within the budget however many tenants
+// have work: a connection past it closes the idle ones of the tenant used
+// least recently, and every tenant's events are still handled.
+func TestTheTenantsConnectionsStayWithinTheBudget(t *testing.T) {
+	ctx := context.Background()
+	control, rmq := ferrytest.Schema(t), ferrytest.Rabbit(t)
+	const tenants, budget = 8, 4
+	appName := pipelinetest.UniqueName("ferry-budget-")
+	a, _ := ferrytest.AppOn(t, control, rmq, app.Options{Routes: effectRoute}, func(c *app.Config) {
+		c.Tenants = true
+		c.DatabaseAppName = appName
+		c.Fleet.Reload = 200 * time.Millisecond
+		c.Fleet.Pools.Budget, c.Fleet.Pools.MaxConns = budget, 2
+	})
+	tbl, err := ferrytest.OutboxTable()
+	require.NoError(t, err)
+	ob, err := pgoutbox.New(pgoutbox.Config{Table: tbl}, nil)
+	require.NoError(t, err)
+	pools := make([]*pgxpool.Pool, tenants)
+	for i := range pools {
+		schema := ferrytest.Schema(t, effects)
+		pools[i] = ferrytest.Pool(t, schema, "tenant-service")
+		require.NoError(t, pgtenants.Add(ctx, a.Pool(), pgtenants.Tenant{ID: fmt.Sprintf("t%d", i), Schema: schema}, "test"))
+	}
+	var most atomic.Int64
+	sampling, stop := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for sampling.Err() == nil {
+			var n int64
+			if err := a.Pool().QueryRow(sampling, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName+"-tenants").Scan(&n); err == nil && n > most.Load() {
+				most.Store(n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	for round := range 3 {
+		for i, pool := range pools {
+			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				return ob.Publish(ctx, tx, "tenants.order_placed", "o", order{ID: fmt.Sprintf("t%d-%d", i, round)})
+			}))
+		}
+	}
+	for i, pool := range pools {
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n))
+			return n == 3
+		}, time.Minute, 20*time.Millisecond, "tenant t%d's events are handled", i)
+	}
+	stop()
+	<-sampled
+	t.Logf("at most %d connections to the tenants' databases (budget %d, %d tenants)", most.Load(), budget, tenants)
+	require.LessOrEqual(t, most.Load(), int64(budget))
+	require.Positive(t, most.Load())
+}

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgtenants"
 )
@@ -16,6 +19,9 @@ import (
 // Defaults of PoolsConfig.
 const (
 	DefaultTenantMaxConns = 4
+	// DefaultTenantConnBudget leaves a server of max_connections 100 room
+	// for the control database's pool (24) and another member's budget.
+	DefaultTenantConnBudget = 40
 	// DefaultTenantIdleAfter is shorter than the sweep (DefaultSweep), so
 	// that an idle tenant's connection closes between two sweeps instead
 	// of being taken again by each.
@@ -35,6 +41,12 @@ type PoolsConfig struct {
 	// max_connections only if the ones with nothing to do give theirs back.
 	// Default 10s.
 	IdleAfter time.Duration
+	// Budget bounds the connections this process holds to all tenants'
+	// databases together. A connection beyond it first closes the idle
+	// connections of the tenant used least recently; when none is idle it
+	// waits up to 5 s for one to be, then fails (a relay batch tries again
+	// later; a handler's event is deferred). Default 40.
+	Budget int
 	// ApplicationName shows in the tenants' pg_stat_activity. Default
 	// "ferry-tenants".
 	ApplicationName string
@@ -54,6 +66,9 @@ func (c PoolsConfig) WithDefaults() PoolsConfig {
 	if c.ApplicationName == "" {
 		c.ApplicationName = "ferry-tenants"
 	}
+	if c.Budget == 0 {
+		c.Budget = DefaultTenantConnBudget
+	}
 	return c
 }
 
@@ -65,6 +80,9 @@ func (c PoolsConfig) Validate() error {
 	}
 	if c.IdleAfter < time.Second {
 		errs = append(errs, fmt.Errorf("PoolsConfig.IdleAfter must be at least 1s, got %s", c.IdleAfter))
+	}
+	if c.Budget < int(c.MaxConns) {
+		errs = append(errs, fmt.Errorf("PoolsConfig.Budget (%d) must be at least MaxConns (%d)", c.Budget, c.MaxConns))
 	}
 	return errors.Join(errs...)
 }
@@ -85,7 +103,8 @@ type tenantPool struct {
 	// however many handlers ask at once.
 	opening chan struct{}
 	err     error
-	failed  time.Time // when err was set
+	failed  time.Time    // when err was set
+	used    atomic.Int64 // unix ns of the last Pool call: the budget evicts the least recent
 }
 
 // retryOpenAfter is how long a failed open answers every caller at once
@@ -130,6 +149,7 @@ func (p *Pools) Pool(ctx context.Context, t pgtenants.Tenant) (*pgxpool.Pool, er
 		go p.open(tp, t)
 	}
 	p.mu.Unlock()
+	tp.used.Store(time.Now().UnixNano())
 	select {
 	case <-tp.opening:
 	case <-ctx.Done():
@@ -141,6 +161,70 @@ func (p *Pools) Pool(ctx context.Context, t pgtenants.Tenant) (*pgxpool.Pool, er
 	return tp.pool, nil
 }
 
+// budgetWait bounds how long a new connection waits for the budget to
+// have room when no tenant's connections are idle.
+const budgetWait = 5 * time.Second
+
+// ErrBudget is the error of a connection the budget had no room for.
+var ErrBudget = errors.New("the tenants' connection budget is in use (FERRY_TENANTS_CONN_BUDGET)")
+
+// makeRoom runs before tenant id's pool dials (pgxpool's BeforeConnect):
+// while the tenants' connections, this one counted, are over the budget,
+// it closes the idle connections of the tenant used least recently that
+// has no connection in use, or waits for one to be idle.
+//
+// Written here because pgxpool bounds one pool, not a set of them, and a
+// fleet's tenants each need a pool of their own (its search_path, its
+// server).
+func (p *Pools) makeRoom(ctx context.Context, id string) error {
+	deadline := time.Now().Add(budgetWait)
+	for {
+		total, victim := p.census(id)
+		if total <= p.cfg.Budget {
+			return nil
+		}
+		if victim != nil {
+			victim.Reset() // its idle connections close now
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("tenant %s: %w: %d connections", id, ErrBudget, p.cfg.Budget)
+		}
+		if err := pipeline.Sleep(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// census counts the tenants' connections (those being opened included) and
+// picks the pool to evict: the least recently used with idle connections
+// and none in use, other than id's.
+func (p *Pools) census(id string) (total int, victim *pgxpool.Pool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var oldest int64
+	for tid, tp := range p.m {
+		select {
+		case <-tp.opening:
+		default:
+			continue // its first connection counts once it is there
+		}
+		if tp.pool == nil {
+			continue
+		}
+		st := tp.pool.Stat()
+		total += int(st.TotalConns())
+		if tid == id || st.AcquiredConns() > 0 || st.IdleConns() == 0 {
+			continue
+		}
+		if used := tp.used.Load(); victim == nil || used < oldest {
+			victim, oldest = tp.pool, used
+		}
+	}
+	return total + 1, victim // +1: the connection about to be made
+}
+
 // open dials with a bound of its own rather than the caller's context: a
 // caller giving up must not leave a half-open pool to the next.
 func (p *Pools) open(tp *tenantPool, t pgtenants.Tenant) {
@@ -150,6 +234,7 @@ func (p *Pools) open(tp *tenantPool, t pgtenants.Tenant) {
 	pool, err := Connect(ctx, p.cfg.ControlURL, t, pgdb.Config{ApplicationName: p.cfg.ApplicationName, MaxConns: p.cfg.MaxConns,
 		Configure: func(c *pgxpool.Config) {
 			c.MinConns = 0
+			c.BeforeConnect = func(ctx context.Context, _ *pgx.ConnConfig) error { return p.makeRoom(ctx, t.ID) }
 			c.MaxConnIdleTime = p.cfg.IdleAfter
 			// The idle connections are closed by the pool's health
 			// check: at its default (a minute) an idle tenant would hold
@@ -192,14 +277,16 @@ func closeWhenOpen(tp *tenantPool) {
 	}
 }
 
-// Drop closes tenant id's pool, if open: the tenant was removed.
+// Drop closes tenant id's pool, if open: the tenant was removed. The
+// close waits for the connections in use (a handler's transaction) in the
+// background, not in the caller's reload.
 func (p *Pools) Drop(id string) {
 	p.mu.Lock()
 	tp := p.m[id]
 	delete(p.m, id)
 	p.mu.Unlock()
 	if tp != nil {
-		closeWhenOpen(tp)
+		go closeWhenOpen(tp)
 	}
 }
 

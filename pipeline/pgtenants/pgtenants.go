@@ -8,7 +8,7 @@
 // of the fleet and be read by each alike, and a tenant added on one host
 // but not yet on another is served by half a fleet; a row is one
 // transaction every process reads. Its reload is a single-row read of the
-// registry's version (Changed), the full read only after a change.
+// registry's version (ReadVersion), the full read only after a change.
 package pgtenants
 
 import (
@@ -196,23 +196,28 @@ func Get(ctx context.Context, q Querier, id string) (Tenant, error) {
 
 // Version is what changes whenever the registry does: a reload compares it
 // before reading every row.
-type Version struct {
-	Count   int
-	Updated time.Time
-}
+type Version int64
 
-// ReadVersion reads the registry's version: one row, from the primary
-// key's index and the table's newest update.
+// versionTable holds the registry's Version, raised by every change in
+// its transaction.
+const versionTable = "ferry_tenants_version"
+
+// ReadVersion reads the registry's version: one row.
 func ReadVersion(ctx context.Context, q Querier) (Version, error) {
 	var v Version
-	var updated *time.Time
-	if err := q.QueryRow(ctx, `SELECT count(*), max(updated_at) FROM `+Table).Scan(&v.Count, &updated); err != nil {
-		return Version{}, fmt.Errorf("reading the tenant registry's version: %w", err)
-	}
-	if updated != nil {
-		v.Updated = *updated
+	if err := q.QueryRow(ctx, `SELECT version FROM `+versionTable).Scan(&v); err != nil {
+		return 0, fmt.Errorf("reading the tenant registry's version: %w", err)
 	}
 	return v, nil
+}
+
+// bump raises the version in the change's transaction: the row lock
+// orders the changes, so a reader never sees a change without its number.
+func bump(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `UPDATE `+versionTable+` SET version = version + 1`); err != nil {
+		return fmt.Errorf("raising the tenant registry's version: %w", err)
+	}
+	return nil
 }
 
 // Add registers t on behalf of actor.
@@ -235,6 +240,9 @@ func Add(ctx context.Context, pool *pgxpool.Pool, t Tenant, actor string) error 
 		}
 		if err != nil {
 			return fmt.Errorf("adding tenant %s: %w", t.ID, err)
+		}
+		if err := bump(ctx, tx); err != nil {
+			return err
 		}
 		return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: AddAction, Scope: "tenant " + t.ID, Count: 1,
 			Detail: map[string]any{"location": t.Location(), "relay_rate": t.RelayRate, "max_handlers": t.MaxHandlers, "paused": t.Paused}})
@@ -286,6 +294,9 @@ func change(ctx context.Context, pool *pgxpool.Pool, id, actor, action string, d
 		}
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("tenant %s: %w", id, ErrNotFound)
+		}
+		if err := bump(ctx, tx); err != nil {
+			return err
 		}
 		return pgaudit.Record(ctx, tx, pgaudit.Entry{Actor: actor, Action: action, Scope: "tenant " + id, Count: 1, Detail: detail})
 	})
