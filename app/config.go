@@ -343,13 +343,13 @@ func EnvVars() []EnvVar {
 			c.Fleet.BacklogRoom = n
 			return err
 		}},
-		{"FERRY_TENANT_MAX_CONNS", strconv.Itoa(tenancy.DefaultTenantMaxConns), "tenant fleet: connections one process opens to one tenant's database at most", func(c *Config, v string) error {
+		{"FERRY_TENANT_MAX_CONNS", strconv.Itoa(tenancy.DefaultTenantMaxConns), "tenant fleet: connections one process opens to one tenant database at most, shared by the tenants whose schemas are in it", func(c *Config, v string) error {
 			n, err := boundedInt(v, 1, 1000)
 			c.Fleet.Pools.MaxConns = int32(n)
 			return err
 		}},
-		{"FERRY_TENANTS_CONN_BUDGET", strconv.Itoa(tenancy.DefaultTenantConnBudget), "tenant fleet: connections this process holds to all tenants' databases together; past it the least recently used idle tenant's close first", intVar(func(c *Config) *int { return &c.Fleet.Pools.Budget }, 1, 100_000)},
-		{"FERRY_TENANT_IDLE_AFTER", tenancy.DefaultTenantIdleAfter.String(), "tenant fleet: a tenant's connection idle this long is closed (an idle tenant holds none)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Pools.IdleAfter })},
+		{"FERRY_TENANTS_CONN_BUDGET", strconv.Itoa(tenancy.DefaultTenantConnBudget), "tenant fleet: connections this process holds to all tenant databases together; past it the idle ones of the database used least recently close first", intVar(func(c *Config) *int { return &c.Fleet.Pools.Budget }, 1, 100_000)},
+		{"FERRY_TENANT_IDLE_AFTER", tenancy.DefaultTenantIdleAfter.String(), "tenant fleet: a connection to a tenant database idle this long is closed (a database whose tenants are idle holds none)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Pools.IdleAfter })},
 		{"FERRY_CDC_SLOT", "ferry_<database>_<schema>", "CDC: logical replication slot (a-z, 0-9, _; cluster-wide)", func(c *Config, v string) error { c.CDC.Slot = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_PUBLICATION", "(the slot's name)", "CDC: publication on the outbox table (inserts only)", func(c *Config, v string) error { c.CDC.Publication = v; return pgcdc.ValidateName(v) }},
 		{"FERRY_CDC_BATCH_SIZE", strconv.Itoa(pgcdc.DefaultBatchSize), "CDC: outbox rows per publish batch", intVar(func(c *Config) *int { return &c.CDC.BatchSize }, 1, pgcdc.MaxBatchSize)},

@@ -88,7 +88,7 @@ func (l *Ledgers) Once(ctx context.Context, consumer, messageID string, digest [
 		return false, err
 	}
 	defer release()
-	ran, err := tl.ledger.Once(ctx, consumer, messageID, digest, fn)
+	ran, err := tl.ledger.Once(For(ctx, t), consumer, messageID, digest, fn)
 	if err != nil && pipeline.IsInfrastructure(err) && pgdb.Unavailable(err) {
 		return ran, l.outage(ctx, err)
 	}
@@ -106,29 +106,20 @@ func (l *Ledgers) outage(ctx context.Context, err error) error {
 // outbox, or in the control database's while the tenant's is out of reach
 // (the retry carries its tenant_id, and comes back to it).
 func (l *Ledgers) ScheduleRetry(ctx context.Context, r pipeline.Retry) error {
-	tl, _, err := l.of(ctx)
+	tl, t, err := l.of(ctx)
 	if err != nil {
 		if _, deferred := pipeline.Deferred(err); deferred {
 			return l.control.ScheduleRetry(ctx, r)
 		}
 		return err
 	}
-	err = tl.retries.ScheduleRetry(ctx, r)
+	err = tl.retries.ScheduleRetry(For(ctx, t), r)
 	if err != nil && pipeline.IsInfrastructure(err) {
 		if cerr := l.control.ScheduleRetry(ctx, r); cerr == nil {
 			return nil
 		}
 	}
 	return err
-}
-
-// Pool returns the pool of ctx's tenant, with the same refusals as Once.
-func (l *Ledgers) Pool(ctx context.Context) (*pgxpool.Pool, error) {
-	tl, _, err := l.of(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return tl.pool, nil
 }
 
 func (l *Ledgers) of(ctx context.Context) (*tenantLedger, pgtenants.Tenant, error) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/time/rate"
 
@@ -195,14 +196,19 @@ func New(control *pgxpool.Pool, pub message.Publisher, cfg Config, logger *slog.
 		cfg.Pools.ControlURL = control.Config().ConnString()
 	}
 	userConfigure := cfg.Pools.Configure
-	cfg.Pools.Configure = func(tenant string, c *pgxpool.Config) {
-		// A handler's follow-up events, committed on the tenant's pool,
-		// wake its relay in this process at once.
+	cfg.Pools.Configure = func(c *pgxpool.Config) {
+		// A handler's follow-up events, committed on a tenant database's
+		// pool, wake the relay of the tenant the connection served, in
+		// this process, at once.
 		w := pgoutbox.NewCommitWatch()
 		w.Watch(c)
-		w.OnCommit(func() { f.Wake(tenant) })
+		w.OnCommitConn(func(conn *pgx.Conn) {
+			if id := f.pools.TenantOf(conn); id != "" {
+				f.Wake(id)
+			}
+		})
 		if userConfigure != nil {
-			userConfigure(tenant, c)
+			userConfigure(c)
 		}
 	}
 	pools, err := NewPools(cfg.Pools)
@@ -245,29 +251,19 @@ func (f *Fleet) Pools() *Pools { return f.pools }
 
 // Load reads the registry now. Run does it every Config.Reload.
 func (f *Fleet) Load(ctx context.Context) error {
-	gone, err := f.load(ctx)
-	for _, id := range gone {
-		f.pools.Drop(id)
-	}
-	return err
-}
-
-// load reads the registry and says which tenants were removed or moved:
-// their pools are closed once nothing serves them any more.
-func (f *Fleet) load(ctx context.Context) (gone []string, err error) {
 	v, err := pgtenants.ReadVersion(ctx, f.control)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	f.mu.Lock()
 	same := v == f.version && f.loaded
 	f.mu.Unlock()
 	if same {
-		return nil, nil
+		return nil
 	}
 	ts, err := pgtenants.List(ctx, f.control)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	known := make(map[string]pgtenants.Tenant, len(ts))
 	for _, t := range ts {
@@ -277,12 +273,9 @@ func (f *Fleet) load(ctx context.Context) (gone []string, err error) {
 	old := f.known
 	f.known, f.version, f.loaded = known, v, true
 	f.mu.Unlock()
-	for id, t := range old {
-		if n, ok := known[id]; !ok {
-			gone = append(gone, id)
+	for id := range old {
+		if _, ok := known[id]; !ok {
 			f.logger.Info("tenant removed", "tenant", id)
-		} else if where(n) != where(t) {
-			gone = append(gone, id)
 		}
 	}
 	for id, t := range known {
@@ -290,7 +283,7 @@ func (f *Fleet) load(ctx context.Context) (gone []string, err error) {
 			f.logger.Info("tenant added", "tenant", id, "location", t.Location())
 		}
 	}
-	return gone, nil
+	return nil
 }
 
 // Tenant returns tenant id as registered. A tenant this process has not
@@ -353,8 +346,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 // process is given: new tenants start, paused, removed and handed-over
 // ones stop, changed ones start again with their new settings.
 func (f *Fleet) reconcile(ctx context.Context) error {
-	gone, err := f.load(ctx)
-	if err != nil {
+	if err := f.Load(ctx); err != nil {
 		return err
 	}
 	members, err := f.readMembers(ctx)
@@ -392,10 +384,8 @@ func (f *Fleet) reconcile(ctx context.Context) error {
 			f.cells[id] = c
 			f.enqueue(c)
 		}
-		url := t.DatabaseURL
-		if url == "" {
-			url = f.cfg.Pools.ControlURL
-		} else if url, err = pgtenants.Expand(url); err != nil {
+		url, err := f.pools.url(t)
+		if err != nil {
 			continue // the cell reports it at its first batch
 		}
 		if byURL[url] == nil {
@@ -405,9 +395,6 @@ func (f *Fleet) reconcile(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	f.listen.set(ctx, byURL)
-	for _, id := range gone {
-		f.pools.Drop(id) // a batch still running on it fails, and is not reported
-	}
 	return nil
 }
 
@@ -672,6 +659,7 @@ func (f *Fleet) runBatch(ctx context.Context, c *cell) (next time.Duration, back
 		}
 		c.relay = r
 	}
+	ctx = For(ctx, c.t) // the tenant's schema, on its database's pool
 	res, err := c.relay.RelayBatch(ctx)
 	if ctx.Err() != nil {
 		return 0, false
@@ -764,7 +752,7 @@ func (f *Fleet) newRelay(ctx context.Context, t pgtenants.Tenant) (*pgoutbox.Rel
 		return nil, err
 	}
 	// What a failover of the tenant's database left to send goes first.
-	if _, err := r.CheckFailover(ctx); err != nil {
+	if _, err := r.CheckFailover(For(ctx, t)); err != nil {
 		return nil, err
 	}
 	return r, nil

@@ -26,6 +26,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgtenants"
+	"github.com/ferry-dev/ferry/tenancy"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
 
@@ -329,30 +330,31 @@ func TestATenantsBacklogDoesNotHoldAnothersNewEvent(t *testing.T) {
 	require.Eventually(t, func() bool { return count(noisy) == backlog }, 2*time.Minute, 100*time.Millisecond, "the backlog drains whole")
 }
 
-// The tenants' connections stay within the budget however many tenants
-// have work: a connection past it closes the idle ones of the tenant used
-// least recently, and every tenant's events are still handled.
+// The tenants' connections stay within the budget however many tenant
+// databases have work: a connection past it closes the idle ones of the
+// database used least recently, and every tenant's events are still
+// handled. (Tenants in schemas of one database share its pool; the budget
+// is for tenants spread over databases.)
 func TestTheTenantsConnectionsStayWithinTheBudget(t *testing.T) {
 	ctx := context.Background()
+	server := pipelinetest.OwnPostgres(t)
 	control, rmq := ferrytest.Schema(t), ferrytest.Rabbit(t)
-	const tenants, budget = 8, 4
-	appName := pipelinetest.UniqueName("ferry-budget-")
+	const tenants, budget = 5, 3
 	a, _ := ferrytest.AppOn(t, control, rmq, app.Options{Routes: effectRoute}, func(c *app.Config) {
 		c.Tenants = true
-		c.DatabaseAppName = appName
 		c.Fleet.Reload = 200 * time.Millisecond
 		c.Fleet.Pools.Budget, c.Fleet.Pools.MaxConns = budget, 2
 	})
-	tbl, err := ferrytest.OutboxTable()
-	require.NoError(t, err)
-	ob, err := pgoutbox.New(pgoutbox.Config{Table: tbl}, nil)
-	require.NoError(t, err)
-	pools := make([]*pgxpool.Pool, tenants)
-	for i := range pools {
-		schema := ferrytest.Schema(t, effects)
-		pools[i] = ferrytest.Pool(t, schema, "tenant-service")
-		require.NoError(t, pgtenants.Add(ctx, a.Pool(), pgtenants.Tenant{ID: fmt.Sprintf("t%d", i), Schema: schema}, "test"))
+	shops := make([]*tenantDB, tenants)
+	for i := range shops {
+		db := fmt.Sprintf("shop_%d", i)
+		require.NoError(t, server.Exec(ctx, "postgres", "CREATE DATABASE "+db))
+		shops[i] = openTenant(t, ctx, fmt.Sprintf("t%d", i), server.URL(db))
+		require.NoError(t, pgtenants.Add(ctx, a.Pool(), pgtenants.Tenant{ID: shops[i].id, DatabaseURL: shops[i].url}, "test"))
 	}
+	admin, err := pgdb.Open(ctx, pgdb.Config{URL: server.URL("postgres"), ApplicationName: "ferry-test-admin"})
+	require.NoError(t, err)
+	defer admin.Close()
 	var most atomic.Int64
 	sampling, stop := context.WithCancel(ctx)
 	sampled := make(chan struct{})
@@ -360,29 +362,53 @@ func TestTheTenantsConnectionsStayWithinTheBudget(t *testing.T) {
 		defer close(sampled)
 		for sampling.Err() == nil {
 			var n int64
-			if err := a.Pool().QueryRow(sampling, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName+"-tenants").Scan(&n); err == nil && n > most.Load() {
+			if err := admin.QueryRow(sampling, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ferry-tenants'`).Scan(&n); err == nil && n > most.Load() {
 				most.Store(n)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
 	for round := range 3 {
-		for i, pool := range pools {
-			require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				return ob.Publish(ctx, tx, "tenants.order_placed", "o", order{ID: fmt.Sprintf("t%d-%d", i, round)})
-			}))
+		for _, d := range shops {
+			require.NoError(t, d.place(ctx, round))
 		}
 	}
-	for i, pool := range pools {
-		require.Eventually(t, func() bool {
-			var n int
-			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n))
-			return n == 3
-		}, time.Minute, 20*time.Millisecond, "tenant t%d's events are handled", i)
+	for _, d := range shops {
+		require.Eventually(t, func() bool { return len(d.effects(t, ctx)) == 3 }, time.Minute, 20*time.Millisecond, "tenant %s's events are handled", d.id)
 	}
 	stop()
 	<-sampled
-	t.Logf("at most %d connections to the tenants' databases (budget %d, %d tenants)", most.Load(), budget, tenants)
+	t.Logf("at most %d connections to the tenants' databases (budget %d, %d tenant databases)", most.Load(), budget, tenants)
 	require.LessOrEqual(t, most.Load(), int64(budget))
 	require.Positive(t, most.Load())
+}
+
+// A connection of a tenant database's pool is given only to a use that
+// names its tenant, and with that tenant's schema: one asked for without
+// a tenant is refused, never served in the schema the connection had.
+func TestATenantPoolServesOnlyUsesThatNameTheirTenant(t *testing.T) {
+	ctx := context.Background()
+	a, b := ferrytest.Schema(t, effects), ferrytest.Schema(t, effects)
+	pools, err := tenancy.NewPools(tenancy.PoolsConfig{ControlURL: pipelinetest.DatabaseURL(), MaxConns: 1})
+	require.NoError(t, err)
+	defer pools.Close()
+	ta, tb := pgtenants.Tenant{ID: "a", Schema: a}, pgtenants.Tenant{ID: "b", Schema: b}
+	pool, err := pools.Pool(ctx, ta)
+	require.NoError(t, err)
+	poolB, err := pools.Pool(ctx, tb)
+	require.NoError(t, err)
+	require.Same(t, pool, poolB, "one pool for the database's schemas")
+	for i, tn := range []pgtenants.Tenant{ta, tb, ta, tb} {
+		_, err := pool.Exec(tenancy.For(ctx, tn), `INSERT INTO effects (order_id, tenant) VALUES ($1, $2)`, fmt.Sprint(i), tn.ID)
+		require.NoError(t, err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO effects (order_id, tenant) VALUES ('stray', 'none')`)
+	require.ErrorContains(t, err, "without its tenant")
+	for _, tn := range []pgtenants.Tenant{ta, tb} {
+		var n int
+		require.NoError(t, pool.QueryRow(tenancy.For(ctx, tn), `SELECT count(*) FROM effects WHERE tenant = $1`, tn.ID).Scan(&n))
+		require.Equal(t, 2, n, "tenant %s's rows are in its own schema", tn.ID)
+		require.NoError(t, pool.QueryRow(tenancy.For(ctx, tn), `SELECT count(*) FROM effects`).Scan(&n))
+		require.Equal(t, 2, n, "and only its own")
+	}
 }

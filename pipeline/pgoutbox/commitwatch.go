@@ -33,6 +33,9 @@ type CommitWatch struct {
 	// open holds the connections whose open transaction wrote outbox rows.
 	open     sync.Map // *pgx.Conn → struct{}
 	onCommit atomic.Pointer[func()]
+	// onCommitConn is told the connection too: a pool that serves many
+	// tenants' schemas (tenancy) wakes the one that committed.
+	onCommitConn atomic.Pointer[func(*pgx.Conn)]
 }
 
 type insertKey struct{}
@@ -44,6 +47,10 @@ func NewCommitWatch() *CommitWatch { return &CommitWatch{} }
 // OnCommit sets what runs after each commit of outbox rows (a Waker's
 // Committed). It runs on the committing goroutine: keep it quick.
 func (w *CommitWatch) OnCommit(fn func()) { w.onCommit.Store(&fn) }
+
+// OnCommitConn sets a function told of each such commit with the
+// connection it was made on, after OnCommit's.
+func (w *CommitWatch) OnCommitConn(fn func(*pgx.Conn)) { w.onCommitConn.Store(&fn) }
 
 // Watch makes the pool cfg configures report its commits to w: it sets
 // the connections' tracer (cfg.ConnConfig.Tracer must be unset: pgx takes
@@ -83,6 +90,9 @@ func (w *CommitWatch) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pg
 	}
 	if fn := w.onCommit.Load(); fn != nil {
 		(*fn)()
+	}
+	if fn := w.onCommitConn.Load(); fn != nil {
+		(*fn)(conn)
 	}
 }
 
