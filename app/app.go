@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -338,6 +339,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	// the relay (through its publisher) and the outbox ask it.
 	amqpCfg := cfg.AMQP
 	amqpCfg.OrderedTopics = slices.Clone(cfg.AMQP.OrderedTopics)
+	// A tenant fleet sends a tenant's backlog on lanes of their own, so
+	// that other tenants' new events do not queue behind it.
+	amqpCfg.BacklogLanes = amqpCfg.BacklogLanes || cfg.Tenants
 	for _, r := range a.routes {
 		if r.Ordered {
 			amqpCfg.OrderedTopics = append(amqpCfg.OrderedTopics, r.Topic)
@@ -388,9 +392,14 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			if err != nil {
 				return false, err
 			}
+			// The queues backlogs are sent to: the backlog lanes, and the
+			// partitions of ordered topics (which have no lanes). The
+			// other queues take only new events, which never wait for room.
 			ready := 0
 			for _, s := range stats {
-				ready += s.Ready
+				if strings.Contains(s.Handler, pipeline.PartitionSeparator) {
+					ready += s.Ready
+				}
 			}
 			return ready < fleetCfg.BacklogRoom, nil
 		}

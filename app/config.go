@@ -280,6 +280,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_AMQP_HEARTBEAT", rabbit.DefaultHeartbeat.String(), "AMQP heartbeat timeout: bounds how long a connection behind a black hole goes unnoticed (the broker hands a silent consumer's deliveries and ordered partitions to the others after about two timeouts)", durationVar(func(c *Config) *time.Duration { return &c.AMQP.Heartbeat })},
 		{"FERRY_AMQP_PUBLISH_CHANNELS", strconv.Itoa(rabbit.DefaultPublishChannels), "publisher channel pool size", intVar(func(c *Config) *int { return &c.AMQP.PublishChannels }, 1, 1024)},
 		{"FERRY_AMQP_CONSUMERS", strconv.Itoa(rabbit.DefaultConsumers), "consumers per queue of an unordered handler", intVar(func(c *Config) *int { return &c.AMQP.Consumers }, 1, rabbit.MaxConsumers)},
+		{"FERRY_AMQP_BACKLOG_CONSUMERS", "FERRY_AMQP_CONSUMERS / 4, at least 1", "tenant fleet: consumers per backlog lane of an unordered handler (fewer, so that a backlog drains with the machine left to new events)", intVar(func(c *Config) *int { return &c.AMQP.BacklogConsumers }, 1, rabbit.MaxConsumers)},
 		{"FERRY_AMQP_PARTITIONS", strconv.Itoa(rabbit.DefaultPartitions), "partition queues per handler of an ordered topic (drain before changing)", intVar(func(c *Config) *int { return &c.AMQP.Partitions }, 1, rabbit.MaxPartitions)},
 		{"FERRY_ORDERED_TOPICS", "(routes marked Ordered)", "more topics kept in per-aggregate order, comma-separated", func(c *Config, v string) error {
 			c.AMQP.OrderedTopics = append(c.AMQP.OrderedTopics, pipeline.SplitList(v)...)
@@ -334,7 +335,7 @@ func EnvVars() []EnvVar {
 		{"FERRY_TENANTS_WORKERS", strconv.Itoa(tenancy.DefaultWorkers), "tenant fleet: tenants' relay batches at once (a tenant's backlog takes one at a time, then goes to the end of the line)", intVar(func(c *Config) *int { return &c.Fleet.Workers }, 1, 256)},
 		{"FERRY_TENANTS_RELOAD", tenancy.DefaultReload.String(), "tenant fleet: how often the registry and the fleet's members are read again (tenants added, paused, removed; a member gone)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Reload })},
 		{"FERRY_TENANTS_SWEEP", tenancy.DefaultSweep.String(), "tenant fleet: each tenant's outbox is claimed at least this often (commits nobody announced; announced ones wake it at once)", durationVar(func(c *Config) *time.Duration { return &c.Fleet.Sweep })},
-		{"FERRY_TENANTS_BACKLOG_ROOM", strconv.Itoa(tenancy.DefaultBacklogRoom), "tenant fleet: a tenant with a backlog sends its next batch only while the route queues hold fewer ready messages than this, so that other tenants' new events do not wait behind it at the broker; off: backlogs never wait", func(c *Config, v string) error {
+		{"FERRY_TENANTS_BACKLOG_ROOM", strconv.Itoa(tenancy.DefaultBacklogRoom), "tenant fleet: a tenant with a backlog (its last batch full) sends its next batch, on the routes' backlog lanes, only while the lanes and the ordered topics' partitions hold fewer ready messages than this; off: backlogs never wait", func(c *Config, v string) error {
 			if v == "off" {
 				c.Fleet.BacklogRoom = -1
 				return nil
@@ -342,6 +343,18 @@ func EnvVars() []EnvVar {
 			n, err := boundedInt(v, 1, 1_000_000)
 			c.Fleet.BacklogRoom = n
 			return err
+		}},
+		{"FERRY_TENANTS_BACKLOG_SLOWDOWN", strconv.FormatFloat(tenancy.DefaultBacklogSlowdown, 'g', -1, 64), "tenant fleet: how much slower other tenants' new events may get beside a backlog before its batches are spaced out more (lower: their latency kept; higher: a backlog drains sooner); off: as fast as the room lets it", func(c *Config, v string) error {
+			if v == "off" {
+				c.Fleet.BacklogSlowdown = -1
+				return nil
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 1 || f > 100 {
+				return errors.New("must be a number in [1, 100], or off")
+			}
+			c.Fleet.BacklogSlowdown = f
+			return nil
 		}},
 		{"FERRY_TENANT_MAX_CONNS", strconv.Itoa(tenancy.DefaultTenantMaxConns), "tenant fleet: connections one process opens to one tenant database at most, shared by the tenants whose schemas are in it", func(c *Config, v string) error {
 			n, err := boundedInt(v, 1, 1000)

@@ -107,8 +107,9 @@ func (a *App) Mount(router *message.Router) (io.Closer, error) {
 			continue
 		}
 		// An ordered route consumes one queue per partition, each its own
-		// router handler ("<route>@<k>"), so order holds per partition.
-		for _, s := range a.topology.Subscriptions(r.Name, r.Topic) {
+		// router handler ("<route>@<k>"), so order holds per partition; a
+		// tenant fleet's route its backlog lane too ("<route>@b<k>").
+		for _, s := range a.subscriptions(r) {
 			sub, err := a.consumer(conn, s, 1)
 			if err != nil {
 				conn.Close()
@@ -181,7 +182,7 @@ func (a *App) subscriptions(r handlers.Route) []rabbit.Subscription {
 	if r.Batch != nil {
 		return []rabbit.Subscription{a.topology.Subscription(r.Name)}
 	}
-	return a.topology.Subscriptions(r.Name, r.Topic)
+	return append(a.topology.Subscriptions(r.Name, r.Topic), a.topology.BacklogSubscriptions(r.Name, r.Topic)...)
 }
 
 // mountBatch mounts a batch route: its consumer (rabbit.Consumer) holds

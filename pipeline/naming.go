@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -40,13 +41,48 @@ func RouteName(handlerName string) string {
 }
 
 // ConsumerQueue returns the queue (without namespace) a router handler
-// consumes: a partition's own queue, or the route's queue for one of its
-// competing consumers ("<route>@w<k>").
+// consumes: a partition's own queue, the route's queue for one of its
+// competing consumers ("<route>@w<k>"), or the route's backlog lane for one
+// of that lane's consumers ("<route>@b<k>": BacklogQueue).
 func ConsumerQueue(handlerName string) string {
-	if i := strings.LastIndex(handlerName, PartitionSeparator); i >= 0 && strings.HasPrefix(handlerName[i+1:], "w") {
-		return handlerName[:i]
+	if i := strings.LastIndex(handlerName, PartitionSeparator); i >= 0 {
+		switch suffix := handlerName[i+1:]; {
+		case strings.HasPrefix(suffix, "w"):
+			return handlerName[:i]
+		case strings.HasPrefix(suffix, "b") && suffix != BacklogLane:
+			return BacklogQueue(handlerName[:i])
+		}
 	}
 	return handlerName
+}
+
+// BacklogLane names the broker's second lane of a topic that is not
+// ordered, for the events of a tenant's backlog (tenancy): a queue of its
+// own beside each route's, so that other tenants' new events do not wait
+// behind a backlog at the broker.
+const BacklogLane = "backlog"
+
+// BacklogQueue is the name of route's backlog lane queue (without
+// namespace).
+func BacklogQueue(route string) string { return route + PartitionSeparator + BacklogLane }
+
+// BacklogConsumer is the name of consumer k of route's backlog lane.
+func BacklogConsumer(route string, k int) string {
+	return route + PartitionSeparator + "b" + strconv.Itoa(k)
+}
+
+type laneKey struct{}
+
+// ContextWithBacklogLane returns ctx asking the relay's publisher to send
+// the events it publishes under it on their topic's backlog lane, when the
+// topic has one (not ordered, lanes declared).
+func ContextWithBacklogLane(ctx context.Context) context.Context {
+	return context.WithValue(ctx, laneKey{}, BacklogLane)
+}
+
+// InBacklogLane reports whether ctx asks for the backlog lane.
+func InBacklogLane(ctx context.Context) bool {
+	return ctx != nil && ctx.Value(laneKey{}) == BacklogLane
 }
 
 // IsPartition reports whether a router handler consumes a partition of an

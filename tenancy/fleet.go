@@ -31,6 +31,9 @@ const (
 	// DefaultBacklogRoom is Config.BacklogRoom's default: about what two
 	// cores' consumers handle in 50 ms.
 	DefaultBacklogRoom = 100
+	// DefaultBacklogSlowdown is Config.BacklogSlowdown's default: measured
+	// to keep the other tenants' p99 within 2× (docs/tenants.md).
+	DefaultBacklogSlowdown = 1.5
 	// Component is what a fleet process names among its components in
 	// ferry_instances: the fleet's members are the live processes that
 	// name it, and the tenants are shared among them.
@@ -68,17 +71,25 @@ type Config struct {
 	// not served twice. "" is the database's default.
 	ControlSchema string
 	// Room, if set, says whether the consumers have room for more of a
-	// backlog: the broker's queues of the route table hold fewer ready
-	// messages than BacklogRoom (the app asks the broker). A tenant whose
-	// last batch came back full (a backlog) waits for room before its next
-	// batch; a tenant with a few new events goes at once. Without it, a
-	// backlog relayed faster than the consumers handle it would fill the
-	// queues every tenant shares, and a quiet tenant's new event would
-	// wait behind all of it at the broker.
+	// backlog: the broker's queues that backlogs go to (the backlog lanes,
+	// the ordered topics' partitions) hold fewer ready messages than
+	// BacklogRoom (the app asks the broker). A tenant whose last batch came
+	// back full (a backlog) waits for room before its next batch, which it
+	// sends on the backlog lanes; a tenant with a few new events goes at
+	// once. Without it, a backlog relayed faster than the consumers handle
+	// it would pile up at the broker, and where it shares a queue with
+	// other tenants' new events (an ordered topic's partition), they would
+	// wait behind all of it.
 	Room func(ctx context.Context) (bool, error)
 	// BacklogRoom is the ready messages the route queues may hold before
 	// backlogs wait (Room). Default 100; negative: backlogs never wait.
 	BacklogRoom int
+	// BacklogSlowdown is how much slower than without a backlog the new
+	// events' batches may get before the backlogs' batches are spaced out
+	// more (see pace): lower keeps the other tenants' latency, higher
+	// drains a backlog sooner. Default 1.5; negative: backlogs go as fast
+	// as the room lets them.
+	BacklogSlowdown float64
 	// Observer, if set, is told the outcome of every batch, with its
 	// tenant. It is called on a worker's goroutine: keep it quick.
 	Observer func(tenant string, outcomes []pgoutbox.Outcome)
@@ -98,6 +109,9 @@ func (c Config) WithDefaults() Config {
 	if c.BacklogRoom == 0 {
 		c.BacklogRoom = DefaultBacklogRoom
 	}
+	if c.BacklogSlowdown == 0 {
+		c.BacklogSlowdown = DefaultBacklogSlowdown
+	}
 	c.Pools = c.Pools.WithDefaults()
 	return c
 }
@@ -113,6 +127,9 @@ func (c Config) Validate() error {
 	}
 	if c.Sweep < time.Second {
 		errs = append(errs, fmt.Errorf("Config.Sweep must be at least 1s, got %s", c.Sweep))
+	}
+	if c.BacklogSlowdown > 0 && c.BacklogSlowdown < 1 {
+		errs = append(errs, fmt.Errorf("Config.BacklogSlowdown must be at least 1 (or negative: off), got %g", c.BacklogSlowdown))
 	}
 	if err := c.Pools.Validate(); err != nil {
 		errs = append(errs, err)
@@ -150,6 +167,8 @@ type Fleet struct {
 	// first come first served; roomSignal wakes the room watch.
 	waiting    []*cell
 	roomSignal chan struct{}
+	// pace spaces the backlogs' batches out while new events slow down.
+	pace pace
 }
 
 // cell is one served tenant: its relay and its place in the schedule.
@@ -162,7 +181,10 @@ type cell struct {
 	// running; stopped: no longer served.
 	queued, running, again, stopped bool
 	// waiting: backlogged, in the line for room (Config.Room).
-	waiting   bool
+	waiting bool
+	// backlog: its last batch came back full; the next goes on the
+	// backlog lanes. Only its worker reads and writes it.
+	backlog   bool
 	notBefore time.Time // the tenant's rate
 	failures  int
 	stats     TenantStats
@@ -216,6 +238,7 @@ func New(control *pgxpool.Pool, pub message.Publisher, cfg Config, logger *slog.
 		return nil, err
 	}
 	f.pools, f.cfg = pools, cfg
+	f.pace.slowdown = cfg.BacklogSlowdown
 	f.listen = newListeners(f.Wake, f.logger)
 	return f, nil
 }
@@ -561,6 +584,13 @@ func (f *Fleet) watchRoom(ctx context.Context) {
 			}
 			continue
 		}
+		if wait := f.pace.wait(); f.cfg.BacklogSlowdown > 0 && wait > 0 {
+			if pipeline.Sleep(ctx, wait) != nil {
+				return
+			}
+			continue // the room, again, after the wait
+		}
+		f.pace.release()
 		f.mu.Lock()
 		if len(f.waiting) > 0 {
 			c := f.waiting[0]
@@ -660,9 +690,23 @@ func (f *Fleet) runBatch(ctx context.Context, c *cell) (next time.Duration, back
 		c.relay = r
 	}
 	ctx = For(ctx, c.t) // the tenant's schema, on its database's pool
+	if c.backlog {
+		// The backlog's events go on their topics' backlog lanes (where
+		// there are lanes), not ahead of other tenants' new events.
+		ctx = pipeline.ContextWithBacklogLane(ctx)
+	}
+	start := time.Now()
 	res, err := c.relay.RelayBatch(ctx)
 	if ctx.Err() != nil {
 		return 0, false
+	}
+	// What new events' batches take (the database's part and the broker's
+	// confirm, on this machine's clock) sets the backlogs' pace.
+	switch {
+	case c.backlog:
+		f.pace.backlogRan()
+	case err == nil && res.Dispatched > 0:
+		f.pace.fresh(time.Since(start))
 	}
 	f.mu.Lock()
 	c.stats.Batches++
@@ -683,7 +727,8 @@ func (f *Fleet) runBatch(ctx context.Context, c *cell) (next time.Duration, back
 		f.logger.Info("relaying a tenant's outbox works again", "tenant", c.t.ID)
 	}
 	size := batchSizeFor(f.cfg.Relay, c.t)
-	if res.Claimed >= size || res.Passed >= size {
+	c.backlog = res.Claimed >= size || res.Passed >= size
+	if c.backlog {
 		return 0, true
 	}
 	if res.Ordered > 0 && res.Dispatched > 0 {

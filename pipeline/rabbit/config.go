@@ -75,6 +75,19 @@ type Config struct {
 	// handler. Changing it moves aggregates between partitions: drain the
 	// partition queues first (see docs/concepts.md, "Ordering"). Default 8.
 	Partitions int
+	// BacklogLanes gives each handler of an unordered topic a second queue,
+	// its backlog lane ("<handler>@backlog", bound to "<topic>@backlog"),
+	// consumed beside its queue by BacklogConsumers consumers of its own. A tenant
+	// fleet (tenancy) publishes a tenant's backlog there
+	// (pipeline.ContextWithBacklogLane), so that other tenants' new events
+	// do not wait behind it at the broker. Ordered topics have none: their
+	// order is the partition's. Default false.
+	BacklogLanes bool
+	// BacklogConsumers is how many consumers a process runs on a handler's
+	// backlog lane: fewer than on its queue, so that a backlog drains
+	// beside the new events with the rest of the machine left to them.
+	// Default Consumers / 4, at least 1.
+	BacklogConsumers int
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -102,6 +115,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Consumers == 0 {
 		c.Consumers = DefaultConsumers
+	}
+	if c.BacklogConsumers == 0 {
+		c.BacklogConsumers = max(1, c.Consumers/4)
 	}
 	return c
 }
@@ -140,6 +156,9 @@ func (c Config) Validate() error {
 	}
 	if c.Consumers < 1 || c.Consumers > MaxConsumers {
 		errs = append(errs, fmt.Errorf("rabbit Config.Consumers must be in [1, %d], got %d", MaxConsumers, c.Consumers))
+	}
+	if c.BacklogConsumers < 1 || c.BacklogConsumers > MaxConsumers {
+		errs = append(errs, fmt.Errorf("rabbit Config.BacklogConsumers must be in [1, %d], got %d", MaxConsumers, c.BacklogConsumers))
 	}
 	if c.Partitions < 1 || c.Partitions > MaxPartitions {
 		errs = append(errs, fmt.Errorf("rabbit Config.Partitions must be in [1, %d], got %d", MaxPartitions, c.Partitions))

@@ -171,6 +171,9 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 		return nil, errors.New("rabbit: consumer is closed")
 	}
 	exchange := c.topo.ExchangeName(topic)
+	if c.sub.Lane {
+		exchange = c.topo.LaneExchangeName(topic)
+	}
 	if err := c.declare(exchange); err != nil {
 		return nil, fmt.Errorf("subscribing %s to %q: %w", c.sub.Queue, topic, err)
 	}

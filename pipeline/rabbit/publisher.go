@@ -276,7 +276,7 @@ func (p *BatchPublisher) publishOnce(ctx context.Context, batch []Outgoing) (err
 		if errs[i] != nil {
 			continue
 		}
-		if exchanges[i], err = p.exchange(ch, o.Topic); err != nil {
+		if exchanges[i], err = p.exchange(ch, p.topo.exchangeFor(o.Topic, o.Msg)); err != nil {
 			if !ch.IsClosed() || !p.connected() {
 				healthy = false
 				return fail(err)
@@ -342,8 +342,7 @@ func (p *BatchPublisher) publishOnce(ctx context.Context, batch []Outgoing) (err
 	return errs, channelClosed
 }
 
-func (p *BatchPublisher) exchange(ch *amqp.Channel, topic string) (string, error) {
-	name := p.topo.ExchangeName(topic)
+func (p *BatchPublisher) exchange(ch *amqp.Channel, name string) (string, error) {
 	p.mu.Lock()
 	done := p.declared[name]
 	p.mu.Unlock()

@@ -98,6 +98,38 @@ type Subscription struct {
 	// holds one delivery at a time and never requeues it behind the ones
 	// after it (see Consumer).
 	Ordered bool
+	// Lane is true for a consumer of a handler's backlog lane (see
+	// Config.BacklogLanes): its queue is bound to the topic's lane exchange.
+	Lane bool
+}
+
+// LaneExchangeName is the exchange of topic's backlog lane.
+func (t *Topology) LaneExchangeName(topic string) string {
+	return t.ExchangeName(topic) + pipeline.PartitionSeparator + pipeline.BacklogLane
+}
+
+// BacklogSubscriptions are the consumers of handler's backlog lane on
+// topic: none for an ordered topic, or without Config.BacklogLanes.
+func (t *Topology) BacklogSubscriptions(handler, topic string) []Subscription {
+	if !t.cfg.BacklogLanes || t.Ordered(topic) || topic == pipeline.RetryTopic {
+		return nil
+	}
+	lane := pipeline.BacklogQueue(handler)
+	subs := make([]Subscription, t.cfg.BacklogConsumers)
+	for k := range subs {
+		subs[k] = Subscription{Name: pipeline.BacklogConsumer(handler, k), Queue: t.QueueName(lane), Config: t.SubscriberConfig(lane), Lane: true}
+	}
+	return subs
+}
+
+// exchangeFor is the exchange msg goes to on topic: its backlog lane's
+// when the relay asks for it (pipeline.InBacklogLane) and the topic has
+// one, the topic's otherwise.
+func (t *Topology) exchangeFor(topic string, msg *message.Message) string {
+	if t.cfg.BacklogLanes && !t.Ordered(topic) && topic != pipeline.RetryTopic && pipeline.InBacklogLane(msg.Context()) {
+		return t.LaneExchangeName(topic)
+	}
+	return t.ExchangeName(topic)
 }
 
 // Subscription is the one consumer of handler's queue of an unordered
@@ -291,12 +323,16 @@ func (t *Topology) Declare(conn *amqp.Connection, bindings ...Binding) error {
 			return errors.New("rabbit: a binding needs a topic and a queue")
 		}
 		declared := map[string]bool{}
-		for _, sub := range t.Subscriptions(b.Queue, b.Topic) {
+		for _, sub := range append(t.Subscriptions(b.Queue, b.Topic), t.BacklogSubscriptions(b.Queue, b.Topic)...) {
 			if declared[sub.Queue] {
 				continue // competing consumers share one queue
 			}
 			declared[sub.Queue] = true
-			if err := t.BuildTopology(ch, sub.Queue, t.ExchangeName(b.Topic), sub.Config, nil); err != nil {
+			exchange := t.ExchangeName(b.Topic)
+			if sub.Lane {
+				exchange = t.LaneExchangeName(b.Topic)
+			}
+			if err := t.BuildTopology(ch, sub.Queue, exchange, sub.Config, nil); err != nil {
 				return err
 			}
 		}
