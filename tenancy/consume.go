@@ -33,8 +33,9 @@ var ErrUnknownTenant = errors.New("tenant is not in the registry (removed, or ne
 // waits in its tenant's outbox. The route table does not change.
 //
 // An event of no tenant or of a tenant not registered is refused as
-// Permanent (the poison store keeps it, with the reason); a tenant's
-// database out of reach is Infrastructure (waited out, no attempt spent).
+// Permanent (the poison store keeps it, with the reason). An event whose
+// tenant's database is out of reach is deferred into the control
+// database's outbox (no attempt spent), not waited out in the handler.
 type Ledgers struct {
 	fleet   *Fleet
 	outbox  *pgoutbox.Outbox

@@ -78,8 +78,10 @@ func (p *pace) backlogRan() {
 	p.mu.Unlock()
 }
 
-// wait is how long the next backlog batch waits yet, the gap adjusted to
-// what the new events see now.
+// wait is how long the next backlog batch waits yet. Each look adjusts
+// the gap to what the new events see now: doubled (up to 2 s) while they
+// are slow, a tenth narrower while they are not; the room watch looks
+// again after each wait, so a slowdown that lasts widens it quickly.
 func (p *pace) wait() time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
