@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ferry-dev/ferry/cli"
+	"github.com/ferry-dev/ferry/ferrytest"
 	"github.com/ferry-dev/ferry/migrations"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgtenants"
@@ -27,7 +28,11 @@ func TestTenantsCommands(t *testing.T) {
 	control := pipelinetest.Schema(t)
 	t.Setenv("FERRY_DATABASE_URL", pipelinetest.DatabaseURL())
 	t.Setenv("FERRY_DATABASE_SCHEMA", control)
-	t.Setenv("FERRY_OUTBOX_TABLE", "")
+	// The outbox's name as the suite runs it (the renamed-outbox CI step
+	// names it otherwise): the commands read FERRY_OUTBOX_TABLE.
+	tbl, err := ferrytest.OutboxTable()
+	require.NoError(t, err)
+	t.Setenv("FERRY_OUTBOX_TABLE", tbl.Name())
 	tenantSchema := pipelinetest.UniqueName("ferry_test_tenant_")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -51,6 +56,9 @@ func TestTenantsCommands(t *testing.T) {
 	missing, err := migrations.MissingTables(ctx, pool, migrations.ReadTables)
 	require.NoError(t, err)
 	require.Empty(t, missing, "add migrated the tenant's schema")
+	// What a service whose outbox has another name does once migrated
+	// (the suite's rig, as for its own schemas).
+	require.NoError(t, ferrytest.RenameOutbox(ctx, pool, tbl))
 
 	code, out = ferry("tenants", "add", "acme", "--schema", tenantSchema+"_2")
 	require.Equal(t, 1, code, out)
