@@ -112,21 +112,11 @@ func tenantsStatusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		if len(args) != 0 {
 			return usagef("tenants status takes no arguments (--tenant ID for one)")
 		}
-		cfg, pool, err := openMigrated(ctx, "tenants")
+		cfg, pool, ts, err := openTenants(ctx, *only)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		ts, err := pgtenants.List(ctx, pool)
-		if err != nil {
-			return err
-		}
-		if *only != "" {
-			ts = slices.DeleteFunc(ts, func(t pgtenants.Tenant) bool { return t.ID != *only })
-			if len(ts) == 0 {
-				return fmt.Errorf("tenant %s: %w", *only, pgtenants.ErrNotFound)
-			}
-		}
 		members, err := tenancy.Members(ctx, pool)
 		if err != nil {
 			return err
@@ -360,39 +350,48 @@ func tenantsMigrateFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		if len(args) != 0 {
 			return usagef("tenants migrate takes no arguments (--tenant ID for one)")
 		}
-		cfg, pool, err := openMigrated(ctx, "tenants")
+		cfg, pool, ts, err := openTenants(ctx, *only)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		ts, err := pgtenants.List(ctx, pool)
-		if err != nil {
-			return err
-		}
 		sets, err := env.migrationSets()
 		if err != nil {
 			return err
 		}
 		var failed []string
-		found := false
 		for _, t := range ts {
-			if *only != "" && t.ID != *only {
-				continue
-			}
-			found = true
 			if err := migrateTenant(ctx, cfg, t, sets, env.Stdout); err != nil {
 				fmt.Fprintf(env.Stdout, "%s: FAILED: %v\n", t.ID, err)
 				failed = append(failed, t.ID)
 			}
-		}
-		if *only != "" && !found {
-			return fmt.Errorf("tenant %s: %w", *only, pgtenants.ErrNotFound)
 		}
 		if len(failed) > 0 {
 			return fmt.Errorf("migrating %d of %d tenants failed: %s (the others are migrated; run it again once their databases answer)", len(failed), len(ts), strings.Join(failed, ", "))
 		}
 		return nil
 	}
+}
+
+// openTenants opens the control database and reads the registry: every
+// tenant, or only the one named (not registered: ErrNotFound).
+func openTenants(ctx context.Context, only string) (app.Config, *pgxpool.Pool, []pgtenants.Tenant, error) {
+	cfg, pool, err := openMigrated(ctx, "tenants")
+	if err != nil {
+		return cfg, nil, nil, err
+	}
+	ts, err := pgtenants.List(ctx, pool)
+	if err == nil && only != "" {
+		ts = slices.DeleteFunc(ts, func(t pgtenants.Tenant) bool { return t.ID != only })
+		if len(ts) == 0 {
+			err = fmt.Errorf("tenant %s: %w", only, pgtenants.ErrNotFound)
+		}
+	}
+	if err != nil {
+		pool.Close()
+		return cfg, nil, nil, err
+	}
+	return cfg, pool, ts, nil
 }
 
 // migrateTenant applies sets to tenant t (its schema created if missing)
