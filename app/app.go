@@ -289,7 +289,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 		}
 		handlerOutbox = a.tenantOutbox
 	}
-	if a.ledger, err = pgledger.New(a.pool, pgledger.Config{}, a.logger); err != nil {
+	if a.ledger, err = pgledger.New(a.pool, cfg.Ledger, a.logger); err != nil {
 		return nil, err
 	}
 	if a.idempotency, err = middleware.NewIdempotency(a.ledger, a.logger); err != nil {
@@ -415,7 +415,7 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			_, r.PoolConnections, r.ListenConnections = a.fleet.Connections()
 			return r
 		}
-		if a.ledgers, err = tenancy.NewLedgers(a.fleet, a.tenantOutbox, a.rescheduler, a.logger); err != nil {
+		if a.ledgers, err = tenancy.NewLedgers(a.fleet, a.tenantOutbox, a.rescheduler, cfg.Ledger, a.logger); err != nil {
 			return nil, err
 		}
 		if a.idempotency, err = middleware.NewIdempotency(a.ledgers, a.logger); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
 	"github.com/ferry-dev/ferry/pipeline/pgconfirm"
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
+	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgretention"
 	"github.com/ferry-dev/ferry/pipeline/pgweeks"
@@ -150,6 +151,10 @@ type Config struct {
 	// this long (the handlers finish and ack what they hold), servers
 	// finish their requests. FERRY_SHUTDOWN_TIMEOUT.
 	ShutdownTimeout time.Duration
+	// Ledger configures the consumers' ledger: how long a delivery waits
+	// on a silent transaction holding its message's ledger row
+	// (FERRY_LEDGER_TAKEOVER_AFTER; pgledger.Config.TakeOverAfter).
+	Ledger pgledger.Config
 	// MaxDelay bounds how far ahead a producer's event may ask to be
 	// delivered (pipeline.WithDelay, WithDeliverAt). Default a year.
 	// FERRY_MAX_DELAY.
@@ -479,6 +484,13 @@ func EnvVars() []EnvVar {
 		{"FERRY_HTTP_MAX_CONNS", strconv.Itoa(DefaultHTTPMaxConns), "API and admin servers: connections held at once, each; at the cap a newcomer takes the slot of the longest-waiting connection without a request in progress", intVar(func(c *Config) *int { return &c.HTTPServer.MaxConns }, 1, 1_000_000)},
 		{"FERRY_HTTP_MAX_CONNS_PER_CLIENT", strconv.Itoa(DefaultHTTPMaxConnsPerClient), "API and admin servers: connections of one client address, by the same rule", intVar(func(c *Config) *int { return &c.HTTPServer.MaxConnsPerClient }, 1, 1_000_000)},
 		{"FERRY_HTTP_MIN_BODY_RATE", strconv.Itoa(DefaultHTTPMinBodyRate), "API and admin servers: slowest request body accepted, bytes/s, after FERRY_HTTP_READ_HEADER_TIMEOUT's grace (-1: off)", intVar(func(c *Config) *int { return &c.HTTPServer.MinBodyRate }, -1, 1<<30)},
+		{"FERRY_LEDGER_TAKEOVER_AFTER", pgledger.DefaultTakeOverAfter.String(), "a delivery waiting on another transaction that holds its message's ledger row and has sent the database nothing for this long (its process lost the database or hangs, its delivery came here) ends that transaction's session and runs the handler, its effects keyed by the message id; a busy holder is waited for; off: wait until the server drops the connection", func(c *Config, v string) error {
+			if v == "off" {
+				c.Ledger.TakeOverAfter = -1
+				return nil
+			}
+			return durationVar(func(c *Config) *time.Duration { return &c.Ledger.TakeOverAfter })(c, v)
+		}},
 		{"FERRY_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout.String(), "bound of a graceful stop: consumers drain (handlers finish and ack what they hold) for up to this long", durationVar(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 		{"FERRY_MAX_DELAY", pgoutbox.DefaultMaxDelay.String(), "furthest ahead an event may ask to be delivered (ferry_delay, ferry_deliver_at); later is refused at publish", durationVar(func(c *Config) *time.Duration { return &c.MaxDelay })},
 		{"FERRY_LOG_LEVEL", DefaultLogLevel, "debug, info, warn or error", func(c *Config, v string) error { c.LogLevel = v; return nil }},
@@ -743,6 +755,9 @@ func (c Config) Validate() error {
 	}
 	if h := c.HTTPServer; h.ReadHeaderTimeout <= 0 || h.ReadTimeout <= 0 || h.WriteTimeout <= 0 || h.IdleTimeout <= 0 || h.MaxHeaderBytes <= 0 || h.MaxConns <= 0 {
 		add("FERRY_HTTP_*", errors.New("timeouts, header size and connection cap must be positive"))
+	}
+	if c.Ledger.TakeOverAfter > 0 && c.Ledger.TakeOverAfter < time.Second {
+		add("FERRY_LEDGER_TAKEOVER_AFTER", errors.New("must be at least 1s, or off: a handler's transaction is silent between its statements for a moment, and only one gone silent for good may be ended"))
 	}
 	if c.MetricsRefresh <= 0 {
 		add("FERRY_METRICS_REFRESH", errors.New("must be positive"))

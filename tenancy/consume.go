@@ -40,6 +40,7 @@ type Ledgers struct {
 	fleet   *Fleet
 	outbox  *pgoutbox.Outbox
 	control *pgoutbox.Rescheduler
+	ledger  pgledger.Config
 	logger  *slog.Logger
 
 	mu    sync.Mutex
@@ -62,15 +63,15 @@ const TenantOutageDelay = 10 * time.Second
 // retries; its table must not name a schema (each tenant's pool puts its
 // schema first in the search_path). control writes the retries and
 // deferrals of a tenant whose database is out of reach into the control
-// database's outbox.
-func NewLedgers(fleet *Fleet, outbox *pgoutbox.Outbox, control *pgoutbox.Rescheduler, logger *slog.Logger) (*Ledgers, error) {
+// database's outbox. ledger configures each tenant's ledger.
+func NewLedgers(fleet *Fleet, outbox *pgoutbox.Outbox, control *pgoutbox.Rescheduler, ledger pgledger.Config, logger *slog.Logger) (*Ledgers, error) {
 	if fleet == nil || outbox == nil || control == nil {
 		return nil, errors.New("tenancy: NewLedgers needs the fleet, an outbox and the control database's rescheduler")
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Ledgers{fleet: fleet, outbox: outbox, control: control, logger: logger, m: map[string]*tenantLedger{}, slots: map[string]chan struct{}{}}, nil
+	return &Ledgers{fleet: fleet, outbox: outbox, control: control, ledger: ledger, logger: logger, m: map[string]*tenantLedger{}, slots: map[string]chan struct{}{}}, nil
 }
 
 // Once implements middleware.Ledger on the ledger of ctx's tenant.
@@ -146,7 +147,7 @@ func (l *Ledgers) of(ctx context.Context) (*tenantLedger, pgtenants.Tenant, erro
 	defer l.mu.Unlock()
 	tl := l.m[id]
 	if tl == nil || tl.pool != pool {
-		ledger, err := pgledger.New(pool, pgledger.Config{}, l.logger)
+		ledger, err := pgledger.New(pool, l.ledger, l.logger)
 		if err != nil {
 			return nil, t, err
 		}

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,23 +35,38 @@ import (
 // DefaultTable is the ledger table created by Ferry's migrations.
 const DefaultTable = "processed_messages"
 
+// DefaultTakeOverAfter is Config.TakeOverAfter's default.
+const DefaultTakeOverAfter = 5 * time.Second
+
 // Config configures a Ledger.
 type Config struct {
 	// Table is the ledger table's name. Default "processed_messages".
 	Table string
+	// TakeOverAfter bounds how long a delivery waits on another
+	// transaction holding its message's ledger row when that transaction
+	// has sent the server nothing for this long (idle in transaction): its
+	// process lost its link to the database (a black hole, a paused VM)
+	// after the server took its insert, and its delivery came here. The
+	// server would keep that transaction until the connection ends (TCP
+	// keepalives, often hours); past this, the waiting delivery ends that
+	// session and runs the handler, whose effects the message id keys. A
+	// holder that is busy (a statement running) is never ended. Default
+	// 5 s; negative: never.
+	TakeOverAfter time.Duration
 }
 
 // Ledger records which messages each consumer has processed.
 // It is safe for concurrent use.
 type Ledger struct {
-	pool       *pgxpool.Pool
-	logger     *slog.Logger
-	insertSQL  string
-	existsSQL  string
-	digestSQL  string
-	batchSQL   string
-	digestsSQL string
-	missingSQL string
+	pool          *pgxpool.Pool
+	logger        *slog.Logger
+	takeOverAfter time.Duration
+	insertSQL     string
+	existsSQL     string
+	digestSQL     string
+	batchSQL      string
+	digestsSQL    string
+	missingSQL    string
 }
 
 // New returns a Ledger over pool.
@@ -64,13 +80,17 @@ func New(pool *pgxpool.Pool, cfg Config, logger *slog.Logger) (*Ledger, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.TakeOverAfter == 0 {
+		cfg.TakeOverAfter = DefaultTakeOverAfter
+	}
 	t := pgx.Identifier{cfg.Table}.Sanitize()
 	return &Ledger{
-		pool:      pool,
-		logger:    logger,
-		insertSQL: `INSERT INTO ` + t + ` (consumer, message_id, payload_sha256) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
-		existsSQL: `SELECT processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
-		digestSQL: `SELECT payload_sha256 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
+		pool:          pool,
+		logger:        logger,
+		takeOverAfter: cfg.TakeOverAfter,
+		insertSQL:     `INSERT INTO ` + t + ` (consumer, message_id, payload_sha256) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+		existsSQL:     `SELECT processed_at FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
+		digestSQL:     `SELECT payload_sha256 FROM ` + t + ` WHERE consumer = $1 AND message_id = $2`,
 		batchSQL: `INSERT INTO ` + t + ` (consumer, message_id, payload_sha256)
 			SELECT $1, m.id, m.digest FROM unnest($2::text[], $3::bytea[]) AS m(id, digest)
 			ON CONFLICT DO NOTHING RETURNING message_id`,
@@ -116,6 +136,7 @@ func (l *Ledger) Once(ctx context.Context, consumer, messageID string, digest []
 		return false, err
 	}
 	tag, err := br.Exec()
+	tx.unwatch()
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -167,6 +188,8 @@ func conflictError(consumer, messageID string, stored, digest []byte) error {
 type ledgerTx struct {
 	tx        pgx.Tx
 	committed bool
+	// unwatch stops the watch on the first statement's wait (takeOver).
+	unwatch func()
 }
 
 // begin sends BEGIN and the ledger's first statement in one round trip
@@ -178,8 +201,12 @@ func (l *Ledger) begin(ctx context.Context, sql string, args ...any) (ledgerTx, 
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(sql, args...)
 	br := l.pool.SendBatch(ctx, b)
-	t := ledgerTx{tx: br.Tx()}
+	t := ledgerTx{tx: br.Tx(), unwatch: func() {}}
+	if conn := t.tx.Conn(); conn != nil && !conn.IsClosed() && l.takeOverAfter > 0 {
+		t.unwatch = l.watch(ctx, conn.PgConn().PID())
+	}
 	if _, err := br.Exec(); err != nil {
+		t.unwatch()
 		_ = br.Close()
 		return t, nil, pipeline.Infrastructure(fmt.Errorf("beginning ledger transaction: %w", err))
 	}
@@ -190,6 +217,7 @@ func (l *Ledger) begin(ctx context.Context, sql string, args ...any) (ledgerTx, 
 // handler's panic unwinds through the caller, so that the rows it claimed
 // do not outlive it.
 func (t *ledgerTx) end(ctx context.Context) {
+	t.unwatch()
 	if t.committed {
 		return
 	}
@@ -291,6 +319,7 @@ func (l *Ledger) OnceBatch(ctx context.Context, consumer string, entries []pipel
 	if err == nil {
 		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
+	tx.unwatch()
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -501,4 +530,81 @@ func HandledOf(ctx context.Context, q Reader, messageIDs, consumers []string) ([
 		return nil, fmt.Errorf("reading the ledger: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Handled])
+}
+
+// takeOverCheck is how often a ledger statement still waiting looks at
+// what holds it: a statement that waits on nothing answers in
+// milliseconds, so the first look costs nothing on the common path.
+const takeOverCheck = time.Second
+
+// takeOverSQL ends the sessions whose transactions hold what the ledger
+// statement of backend $1 waits for, the same message's ledger key (an
+// advisory lock, taken by the ledger's trigger, or the uncommitted row's
+// transaction on a ledger without it), and that have sent nothing for $2
+// ms. A wait on a table lock (a migration, a partition drop) is never
+// taken over.
+const takeOverSQL = `WITH silent AS (
+	SELECT a.pid, a.application_name, extract(epoch FROM now() - a.state_change)::float8 AS silent_for
+	FROM pg_stat_activity a
+	WHERE a.pid = ANY (pg_blocking_pids($1))
+		AND EXISTS (SELECT FROM pg_locks w WHERE w.pid = $1 AND NOT w.granted AND w.locktype IN ('advisory', 'transactionid'))
+		AND a.state IN ('idle in transaction', 'idle in transaction (aborted)')
+		AND a.state_change < now() - $2 * interval '1 millisecond')
+SELECT pid, application_name, silent_for, pg_terminate_backend(pid) FROM silent`
+
+// watch looks, every takeOverCheck until stop is called, at what the
+// ledger statement of backend pid waits for, and takes over silent
+// holders (takeOverSQL). Written by hand: PostgreSQL ends an idle
+// transaction only by a session-wide timeout
+// (idle_in_transaction_session_timeout), which would also end a
+// handler's slow external call that nobody waits on; here only a
+// transaction another delivery of the same message waits on is ended.
+func (l *Ledger) watch(ctx context.Context, pid uint32) (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var timer *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	timer = time.AfterFunc(takeOverCheck, func() {
+		l.takeOver(ctx, pid)
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			timer.Reset(takeOverCheck)
+		}
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		timer.Stop()
+	}
+}
+
+// takeOver ends the silent holders of what backend pid waits for.
+func (l *Ledger) takeOver(ctx context.Context, pid uint32) {
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), takeOverCheck)
+	defer cancel()
+	rows, err := l.pool.Query(qctx, takeOverSQL, pid, l.takeOverAfter.Milliseconds())
+	if err != nil {
+		l.logger.WarnContext(ctx, "a ledger insert waits on another transaction; cannot look at it", "error", pipeline.ErrorText(err, 300))
+		return
+	}
+	var holder int32
+	var app string
+	var silent float64
+	var ended bool
+	_, err = pgx.ForEachRow(rows, []any{&holder, &app, &silent, &ended}, func() error {
+		if ended {
+			l.logger.WarnContext(ctx, "ended a silent transaction holding the ledger row another delivery of its message waits on (its process lost the database, or hangs); the delivery is handled here, its effects keyed by the message id",
+				"holder_pid", holder, "holder_application", app, "silent_seconds", silent)
+		} else {
+			l.logger.WarnContext(ctx, "a silent transaction holds a ledger row another delivery of its message waits on, and this role may not end its session (pg_signal_backend)",
+				"holder_pid", holder, "holder_application", app, "silent_seconds", silent)
+		}
+		return nil
+	})
+	if err != nil {
+		l.logger.WarnContext(ctx, "a ledger insert waits on another transaction; cannot take it over", "error", pipeline.ErrorText(err, 300))
+	}
 }

@@ -389,3 +389,98 @@ func TestOnceBatchRoundTripsAndFailures(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, pipeline.IsInfrastructure(err), "%v", err)
 }
+
+// A delivery whose ledger row is held by a transaction gone silent (its
+// process lost the database after the server took its insert, and its
+// delivery came here) is handled once that transaction has been silent
+// for TakeOverAfter, not when the server at last notices the connection.
+func TestASilentHolderOfALedgerRowIsTakenOver(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	ledger, err := pgledger.New(pool, pgledger.Config{TakeOverAfter: 500 * time.Millisecond}, nil)
+	require.NoError(t, err)
+
+	inserted, release := make(chan struct{}), make(chan struct{})
+	firstErr := make(chan error, 1)
+	go func() {
+		_, err := ledger.Once(ctx, "payments", "msg-1", nil, func(ctx context.Context) error {
+			close(inserted)
+			<-release // silent: the session is idle in its transaction
+			return nil
+		})
+		firstErr <- err
+	}()
+	<-inserted
+	type result struct {
+		ran bool
+		err error
+	}
+	second := make(chan result, 1)
+	go func() {
+		ran, err := ledger.Once(ctx, "payments", "msg-1", nil, func(context.Context) error { return nil })
+		second <- result{ran, err}
+	}()
+	select {
+	case r := <-second:
+		require.NoError(t, r.err)
+		require.True(t, r.ran, "the second delivery runs the handler: the silent one's insert never committed")
+	case <-time.After(30 * time.Second):
+		close(release)
+		t.Fatal("the second delivery waited on the silent transaction instead of taking it over")
+	}
+	close(release)
+	err = <-firstErr
+	require.Error(t, err, "the silent transaction's session was ended: its commit cannot succeed")
+	require.True(t, pipeline.IsInfrastructure(err), "the ended session is the database's doing, not the message's: %v", err)
+	processed, err := ledger.Processed(ctx, "payments", "msg-1")
+	require.NoError(t, err)
+	require.True(t, processed)
+}
+
+// A holder that is busy (a statement running), or a lock on the table
+// rather than on the row, is waited for, never ended.
+func TestBusyHoldersAndTableLocksAreWaitedFor(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ctx := context.Background()
+	ledger, err := pgledger.New(pool, pgledger.Config{TakeOverAfter: 200 * time.Millisecond}, nil)
+	require.NoError(t, err)
+
+	t.Run("busy holder", func(t *testing.T) {
+		inserted := make(chan struct{})
+		firstErr := make(chan error, 1)
+		go func() {
+			_, err := ledger.Once(ctx, "payments", "busy", nil, func(ctx context.Context) error {
+				close(inserted)
+				_, err := pgledger.TxFromContext(ctx).Exec(ctx, `SELECT pg_sleep(2.5)`)
+				return err
+			})
+			firstErr <- err
+		}()
+		<-inserted
+		ran, err := ledger.Once(ctx, "payments", "busy", nil, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		require.False(t, ran, "the busy holder committed first: the second delivery is a duplicate")
+		require.NoError(t, <-firstErr, "a busy holder is not ended")
+	})
+
+	t.Run("table lock", func(t *testing.T) {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `LOCK TABLE processed_messages IN ACCESS EXCLUSIVE MODE`)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() {
+			_, err := ledger.Once(ctx, "payments", "locked", nil, func(context.Context) error { return nil })
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			t.Fatalf("the insert went through a table lock: %v", err)
+		case <-time.After(2 * time.Second):
+		}
+		require.NoError(t, tx.Commit(ctx), "a table lock's session is not ended, however long it is idle")
+		require.NoError(t, <-done)
+	})
+}
