@@ -32,7 +32,7 @@ var (
 		{Name: "down", Summary: "roll back the newest applied migration (of the application's sets first)", Flags: migrateFlags("down")},
 		{Name: "status", Summary: "list migrations and whether each is applied", Flags: migrateFlags("status")},
 	}}
-	cmdStatus = &Command{Name: "status", Summary: "pending per topic, oldest pending, rows failing with their last error, retries, held partitions, broker queues, poison and unrouted depth, relay/consumer liveness; exits 3 when something needs a human",
+	cmdStatus = &Command{Name: "status", Summary: "pending per topic, oldest pending, rows failing with their last error, retries, held partitions, broker queues, poison and unrouted depth, relay/consumer liveness, the tenant fleet (FERRY_TENANTS=true); exits 3 when something needs a human",
 		Flags: statusFlags}
 	cmdPoison = &Command{Name: "poison", Summary: "inspect and act on the poison store", Sub: []*Command{
 		{Name: "list", Summary: "what is in the poison store, why, since when (paged by id, streamed)", Flags: poisonFlags("list")},

@@ -21,7 +21,9 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgaudit"
 	"github.com/ferry-dev/ferry/pipeline/pgcdc"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/pipeline/pgtenants"
 	"github.com/ferry-dev/ferry/pipeline/pgweeks"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
 )
@@ -57,6 +59,18 @@ type statusReport struct {
 	// CDC is the CDC relay's replication slot, when relay mode is cdc or
 	// the slot exists.
 	CDC *pgcdc.SlotStatus `json:"cdc,omitempty"`
+	// Tenants sums up the tenant fleet (FERRY_TENANTS=true): ferry
+	// tenants status has the whole table.
+	Tenants *tenantsSummary `json:"tenants,omitempty"`
+}
+
+// tenantsSummary is the tenant fleet as `ferry status` shows it: how many
+// tenants, and those that need a human.
+type tenantsSummary struct {
+	Count        int            `json:"count"`
+	Paused       int            `json:"paused"`
+	MembersAlive int            `json:"members_alive"`
+	NeedAHuman   []TenantStatus `json:"need_a_human"`
 }
 
 func statusFlags(fs *flag.FlagSet, env *Env) RunFunc {
@@ -125,8 +139,17 @@ func (o Status) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error 
 	if rep.CDC, err = cdcSlot(ctx, o.Config, pool); err != nil {
 		return err
 	}
+	var tenants []attention.Tenant
+	if o.Config.Tenants {
+		if rep.Tenants, err = summarizeTenants(ctx, o.Config, pool); err != nil {
+			return err
+		}
+		for _, t := range rep.Tenants.NeedAHuman {
+			tenants = append(tenants, attention.Tenant{ID: t.ID, Needs: t.Attention})
+		}
+	}
 	rep.AttentionItems = attention.Items(attention.State{Report: rep.Report, BrokerError: rep.BrokerError, Unrouted: rep.Unrouted,
-		Queues: rep.Queues, CDC: rep.CDC, Command: binaryName,
+		Queues: rep.Queues, CDC: rep.CDC, Command: binaryName, Tenants: tenants,
 		OutboxRetention: o.Config.Retention.Outbox, LedgerRetention: o.Config.Retention.Ledger, PruneInterval: o.Config.Retention.Interval})
 	for _, it := range rep.AttentionItems {
 		rep.Attention = append(rep.Attention, it.Text)
@@ -146,6 +169,30 @@ func (o Status) Run(ctx context.Context, pool *pgxpool.Pool, w io.Writer) error 
 		return ExitError{Code: ExitAttention}
 	}
 	return nil
+}
+
+// summarizeTenants reads every tenant's status (ferry tenants status) and
+// keeps those that need a human.
+func summarizeTenants(ctx context.Context, cfg app.Config, pool *pgxpool.Pool) (*tenantsSummary, error) {
+	ts, err := pgtenants.List(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	all, members, err := collectTenants(ctx, cfg, pool, ts)
+	if err != nil {
+		return nil, err
+	}
+	sum := &tenantsSummary{Count: len(all), MembersAlive: len(members), NeedAHuman: []TenantStatus{}}
+	for _, t := range all {
+		if t.Paused {
+			sum.Paused++
+		}
+		if len(t.Attention) > 0 {
+			t.DatabaseURL = pgdb.Redact(t.DatabaseURL)
+			sum.NeedAHuman = append(sum.NeedAHuman, t)
+		}
+	}
+	return sum, nil
 }
 
 // cdcSlot reads the configured (or default) CDC slot: nil when relay mode
@@ -328,6 +375,9 @@ func printStatus(w io.Writer, rep statusReport) error {
 		} else {
 			fmt.Fprintf(tw, "cdc slot %s: does not exist\n", c.Name)
 		}
+	}
+	if t := rep.Tenants; t != nil {
+		fmt.Fprintf(tw, "tenants: %d (%d paused), %d fleet member(s) alive, %d need a human (%s tenants status)\n", t.Count, t.Paused, t.MembersAlive, len(t.NeedAHuman), binaryName)
 	}
 	fmt.Fprintf(tw, "processes: %d relay(s) and %d consumer(s) alive\n", rep.RelaysAlive, rep.ConsumersAlive)
 	for _, in := range rep.Instances {

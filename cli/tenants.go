@@ -117,28 +117,10 @@ func tenantsStatusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			return err
 		}
 		defer pool.Close()
-		members, err := tenancy.Members(ctx, pool)
+		out, members, err := collectTenants(ctx, cfg, pool, ts)
 		if err != nil {
 			return err
 		}
-		ob, err := pgoutbox.New(outboxConfig(cfg), nil)
-		if err != nil {
-			return err
-		}
-		poison, err := pgpoison.NewStore(pool, ob)
-		if err != nil {
-			return err
-		}
-		out := make([]TenantStatus, len(ts))
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(8)
-		for i, t := range ts {
-			g.Go(func() error {
-				out[i] = tenantStatus(gctx, cfg, poison, members, t)
-				return nil
-			})
-		}
-		_ = g.Wait()
 		attention := 0
 		for _, s := range out {
 			attention += len(s.Attention)
@@ -171,6 +153,34 @@ func tenantsStatusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 		}
 		return nil
 	}
+}
+
+// collectTenants reads the status of each of ts (eight at a time: each
+// is a connection to its database) and the fleet's live members.
+func collectTenants(ctx context.Context, cfg app.Config, pool *pgxpool.Pool, ts []pgtenants.Tenant) ([]TenantStatus, []string, error) {
+	members, err := tenancy.Members(ctx, pool)
+	if err != nil {
+		return nil, nil, err
+	}
+	ob, err := pgoutbox.New(outboxConfig(cfg), nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	poison, err := pgpoison.NewStore(pool, ob)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]TenantStatus, len(ts))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i, t := range ts {
+		g.Go(func() error {
+			out[i] = tenantStatus(gctx, cfg, poison, members, t)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return out, members, nil
 }
 
 func tenantStatus(ctx context.Context, cfg app.Config, poison *pgpoison.Store, members []string, t pgtenants.Tenant) TenantStatus {

@@ -104,7 +104,23 @@ func TestTenantsCommands(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, `"pending": 0`)
 
+	// ferry status of a fleet sums the tenants up and names the one
+	// that needs a human, as one item.
+	t.Setenv("FERRY_TENANTS", "true")
+	code, out = ferry("status")
+	require.Equal(t, cli.ExitAttention, code, out)
+	require.Contains(t, out, "tenants: 2 (1 paused), 0 fleet member(s) alive, 1 need a human")
+	require.Contains(t, out, "1 tenant(s) need a human: ghost (no fleet member alive (FERRY_TENANTS=true on a relay); its database is out of reach); ferry tenants status")
+	code, out = ferry("status", "--json")
+	require.Equal(t, cli.ExitAttention, code, out)
+	require.Contains(t, out, `"kind": "tenants"`)
+	require.Contains(t, out, `"target": "ghost"`)
+
 	require.Equal(t, 0, first(ferry("tenants", "remove", "ghost")))
+	code, out = ferry("status")
+	require.Contains(t, out, "tenants: 1 (1 paused), 0 fleet member(s) alive, 0 need a human")
+	require.NotContains(t, out, "tenant(s) need a human:")
+	t.Setenv("FERRY_TENANTS", "false")
 	admin := pipelinetest.Pool(t, control, "ferry-test")
 	ts, err := pgtenants.List(ctx, admin)
 	require.NoError(t, err)

@@ -47,7 +47,20 @@ type State struct {
 	// retention is waiting for a prune that does not come or cannot lock
 	// it. Zero retention: not judged.
 	OutboxRetention, LedgerRetention, PruneInterval time.Duration
+	// Tenants are the tenant fleet's tenants that need a human (ferry
+	// tenants status); nil when there is no fleet or it was not read.
+	Tenants []Tenant
 }
+
+// Tenant is a tenant of the fleet that needs a human, and why.
+type Tenant struct {
+	ID    string   `json:"id"`
+	Needs []string `json:"needs"`
+}
+
+// tenantsShown bounds the tenants one item names: a server down takes
+// many tenants with it, and the item says how many.
+const tenantsShown = 5
 
 // Item is one thing that needs a human: what kind of thing, which one (a
 // route, a queue, a slot), how many of it, since when, what to do, and the
@@ -56,7 +69,7 @@ type State struct {
 type Item struct {
 	// Kind names the check: broker_unreachable, no_relay, paused_handler, held_partitions,
 	// queue_without_consumer, poison, retrying, failing_rows, cdc_slot,
-	// outbox_retention, unrouted.
+	// outbox_retention, ledger_retention, unrouted, tenants.
 	Kind string `json:"kind"`
 	// Target is what it is about (a route, a queue, a slot); empty when
 	// it is the whole pipeline.
@@ -94,6 +107,7 @@ var runbooks = map[string]string{
 	"outbox_retention":       "runbook-ferryretentionoverdue",
 	"ledger_retention":       "runbook-ferryretentionoverdue",
 	"unrouted":               "runbook-ferryunroutedmessages",
+	"tenants":                "runbook-ferrytenantrelayfailing",
 }
 
 // Runbooks are the runbook anchors of every kind of item, for a test that
@@ -260,6 +274,24 @@ func Items(s State) []Item {
 		add(Item{Kind: r.table + "_retention", Count: len(late), Since: &since,
 			Hint: "run " + cmd + " prune " + r.table + " and read what it says; a transaction holding a lock on the " + r.table + " (" + r.lockedBy + ": see pg_locks) keeps a partition from being cleared",
 			Text: fmt.Sprintf("%d %s partition(s) past retention since %s and not cleared: the %s keeps growing until they are", len(late), r.table, stamp(since), r.table)})
+	}
+	if len(s.Tenants) > 0 {
+		// One item for the fleet: a tenant server down is one outage,
+		// whatever the count of its tenants.
+		names := make([]string, 0, tenantsShown)
+		for _, t := range s.Tenants[:min(len(s.Tenants), tenantsShown)] {
+			names = append(names, display.Cell(t.ID, 63)+" ("+reason(strings.Join(t.Needs, "; "))+")")
+		}
+		more := ""
+		if n := len(s.Tenants) - len(names); n > 0 {
+			more = fmt.Sprintf(" and %d more", n)
+		}
+		target := ""
+		if len(s.Tenants) == 1 {
+			target = s.Tenants[0].ID
+		}
+		add(Item{Kind: "tenants", Target: target, Count: len(s.Tenants), Hint: cmd + " tenants status",
+			Text: fmt.Sprintf("%d tenant(s) need a human: %s%s; %s tenants status", len(s.Tenants), strings.Join(names, ", "), more, cmd)})
 	}
 	if s.Unrouted != nil && *s.Unrouted > 0 {
 		add(Item{Kind: "unrouted", Count: *s.Unrouted, Hint: "publish only to topics a route consumes, or add the route",
