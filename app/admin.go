@@ -10,6 +10,8 @@ import (
 
 	"github.com/ferry-dev/ferry/console"
 	"github.com/ferry-dev/ferry/migrations"
+	"github.com/ferry-dev/ferry/pipeline/pgtenants"
+	"github.com/ferry-dev/ferry/tenancy"
 )
 
 // AdminHandler serves the admin endpoints:
@@ -69,7 +71,22 @@ func (a *App) Console() (*console.Console, error) {
 	}
 	cfg.Unrouted = a.UnroutedDepth
 	cfg.Queues = a.QueueStats
+	if a.cfg.Tenants {
+		cfg.Tenants = a.TenantStatuses
+	}
 	return console.New(a.pool, a.poison, cfg)
+}
+
+// TenantStatuses reads every tenant's status from the registry and each
+// tenant's database (tenancy.Statuses): what `ferry tenants status` and
+// the console's tenants page show.
+func (a *App) TenantStatuses(ctx context.Context) ([]tenancy.Status, error) {
+	ts, err := pgtenants.List(ctx, a.pool)
+	if err != nil {
+		return nil, err
+	}
+	rows, _, err := tenancy.Statuses(ctx, a.pool, tenancy.StatusConfig{ControlURL: a.cfg.DatabaseURL, Outbox: a.cfg.Relay.Table, Poison: a.poison}, ts)
+	return rows, err
 }
 
 // Ready checks what a process needs to do its work.

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/ferry-dev/ferry/app"
 	"github.com/ferry-dev/ferry/migrations"
@@ -81,33 +80,12 @@ func writeTenants(w io.Writer, ts []pgtenants.Tenant) error {
 }
 
 // TenantStatus is one tenant's line of `tenants status`.
-type TenantStatus struct {
-	pgtenants.Tenant
-	// ServedBy is the fleet member that relays its outbox ("" when no
-	// member is alive, or the tenant is paused).
-	ServedBy string `json:"served_by"`
-	Pending  int    `json:"pending"`
-	Due      int    `json:"due"`
-	// OldestDueAgeS is how long its oldest due event has waited.
-	OldestDueAgeS float64 `json:"oldest_due_age_seconds"`
-	// Failing counts the rows the relay keeps failing to publish.
-	Failing int `json:"failing"`
-	// Poisoned counts its messages in the poison store (the control
-	// database's, filtered by tenant_id).
-	Poisoned int `json:"poisoned"`
-	// Error says why its database could not be read.
-	Error     string   `json:"error,omitempty"`
-	Attention []string `json:"attention"`
-}
-
-// tenantStale is how long a tenant's oldest due event may wait before
-// `tenants status` calls for a human.
-const tenantStale = time.Minute
+type TenantStatus = tenancy.Status
 
 func tenantsStatusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	asJSON := fs.Bool("json", false, "print JSON")
 	only := fs.String("tenant", "", "this tenant only")
-	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when a tenant needs a human (its database out of reach, no fleet member alive, failing rows, poisoned messages, an event due for over %s)", ExitAttention, tenantStale))
+	exitCode := fs.Bool("exit-code", true, fmt.Sprintf("exit %d when a tenant needs a human (its database out of reach, no fleet member alive, failing rows, poisoned messages, an event due for over %s)", ExitAttention, tenancy.StaleDue))
 	return func(ctx context.Context, args []string) error {
 		if len(args) != 0 {
 			return usagef("tenants status takes no arguments (--tenant ID for one)")
@@ -155,13 +133,9 @@ func tenantsStatusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 	}
 }
 
-// collectTenants reads the status of each of ts (eight at a time: each
-// is a connection to its database) and the fleet's live members.
+// collectTenants reads the status of each of ts and the fleet's live
+// members (tenancy.Statuses).
 func collectTenants(ctx context.Context, cfg app.Config, pool *pgxpool.Pool, ts []pgtenants.Tenant) ([]TenantStatus, []string, error) {
-	members, err := tenancy.Members(ctx, pool)
-	if err != nil {
-		return nil, nil, err
-	}
 	ob, err := pgoutbox.New(outboxConfig(cfg), nil)
 	if err != nil {
 		return nil, nil, err
@@ -170,65 +144,7 @@ func collectTenants(ctx context.Context, cfg app.Config, pool *pgxpool.Pool, ts 
 	if err != nil {
 		return nil, nil, err
 	}
-	out := make([]TenantStatus, len(ts))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(8)
-	for i, t := range ts {
-		g.Go(func() error {
-			out[i] = tenantStatus(gctx, cfg, poison, members, t)
-			return nil
-		})
-	}
-	_ = g.Wait()
-	return out, members, nil
-}
-
-func tenantStatus(ctx context.Context, cfg app.Config, poison *pgpoison.Store, members []string, t pgtenants.Tenant) TenantStatus {
-	s := TenantStatus{Tenant: t, Attention: []string{}}
-	if !t.Paused {
-		s.ServedBy = tenancy.Owner(members, t.ID)
-		if s.ServedBy == "" {
-			s.Attention = append(s.Attention, "no fleet member alive (FERRY_TENANTS=true on a relay)")
-		}
-	}
-	if n, err := poison.Count(ctx, pgpoison.Filter{Tenant: t.ID}); err == nil {
-		s.Poisoned = n
-		if n > 0 {
-			s.Attention = append(s.Attention, fmt.Sprintf("%d poisoned (ferry poison list --filter tenant=%s)", n, t.ID))
-		}
-	} else {
-		s.Error = err.Error()
-	}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	pool, err := tenancy.Connect(rctx, cfg.DatabaseURL, t, pgdb.Config{ApplicationName: "ferry-tenants-status", MaxConns: 1})
-	if err != nil {
-		s.Error = err.Error()
-		s.Attention = append(s.Attention, "its database is out of reach")
-		return s
-	}
-	defer pool.Close()
-	backlog, err := cfg.Relay.Table.Backlog(rctx, pool)
-	if err == nil {
-		for _, b := range backlog {
-			s.Pending += b.Pending
-			s.Due += b.Due
-			s.OldestDueAgeS = max(s.OldestDueAgeS, b.OldestDueAgeS)
-		}
-		s.Failing, err = cfg.Relay.Table.CountFailing(rctx, pool)
-	}
-	if err != nil {
-		s.Error = err.Error()
-		s.Attention = append(s.Attention, "its outbox could not be read")
-		return s
-	}
-	if s.Failing > 0 {
-		s.Attention = append(s.Attention, fmt.Sprintf("%d rows failing to publish", s.Failing))
-	}
-	if !t.Paused && s.OldestDueAgeS > tenantStale.Seconds() {
-		s.Attention = append(s.Attention, fmt.Sprintf("an event due for %s", time.Duration(s.OldestDueAgeS*float64(time.Second)).Round(time.Second)))
-	}
-	return s
+	return tenancy.Statuses(ctx, pool, tenancy.StatusConfig{ControlURL: cfg.DatabaseURL, Outbox: cfg.Relay.Table, Poison: poison, Command: binaryName}, ts)
 }
 
 func tenantsAddFlags(fs *flag.FlagSet, env *Env) RunFunc {

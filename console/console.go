@@ -46,6 +46,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgsession"
 	"github.com/ferry-dev/ferry/pipeline/rabbit"
+	"github.com/ferry-dev/ferry/tenancy"
 )
 
 //go:embed templates/*.html
@@ -126,6 +127,11 @@ type Config struct {
 	// not JSON is then hidden whole. The stores keep the payload as
 	// published.
 	MaskFields []string
+	// Tenants, if set, reads every tenant's status (tenancy.Statuses): the
+	// console of a tenant fleet (FERRY_TENANTS) then has a tenants page,
+	// with Pause and Resume, and its overview names the tenants that need
+	// a human. Nil: a single database.
+	Tenants func(context.Context) ([]tenancy.Status, error)
 	// ConfirmTTL is how long a confirmation page can be acted on: it
 	// binds the ids it counted, and minutes later they may no longer be
 	// what the operator would choose. Default pgconfirm.DefaultTTL (10m).
@@ -145,6 +151,8 @@ type Console struct {
 	logins loginLimiter
 	// searches holds a token per search running (Config.MaxSearches).
 	searches chan struct{}
+	// tenants is the overview's last read of the tenants (Config.Tenants).
+	tenants tenantsCache
 }
 
 // DefaultMaxSearches is Config.MaxSearches's default.
@@ -243,6 +251,8 @@ func New(pool *pgxpool.Pool, store *pgpoison.Store, cfg Config) (*Console, error
 	mux.HandleFunc("POST "+p+"/undo", c.act(c.undo))
 	mux.HandleFunc("GET "+p+"/held/{consumer}", c.read(c.heldPage))
 	mux.HandleFunc("GET "+p+"/handlers", c.read(c.handlersPage))
+	mux.HandleFunc("GET "+p+"/tenants", c.read(c.tenantsPage))
+	mux.HandleFunc("POST "+p+"/tenant-actions", c.act(c.tenantAction))
 	mux.HandleFunc("GET "+p+"/search", c.read(c.searchPage))
 	mux.HandleFunc("POST "+p+"/handler-actions", c.act(c.handlerAction))
 	mux.HandleFunc("POST "+p+"/held-actions", c.act(c.heldAction))
@@ -517,7 +527,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 }
 
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, data pageData) {
-	ch := chrome{Prefix: c.cfg.Prefix, Authed: c.authed(r), CanAct: c.cfg.Token != "", Page: name, Here: r.URL.RequestURI(), CSRF: c.csrf(r)}
+	ch := chrome{Prefix: c.cfg.Prefix, Authed: c.authed(r), CanAct: c.cfg.Token != "", Page: name, Here: r.URL.RequestURI(), CSRF: c.csrf(r), Tenants: c.cfg.Tenants != nil}
 	data.setChrome(ch)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := c.tmpl.ExecuteTemplate(w, name, data); err != nil {

@@ -27,6 +27,16 @@ type overview struct {
 	// when no process has sampled in that hour.
 	Charts    []chart
 	NoSamples bool
+	// Tenants is the tenant fleet's card (Config.Tenants), nil without.
+	Tenants *tenantsCard
+}
+
+// tenantsCard is the overview's card of the tenant fleet, from the last
+// read (Read zero: none finished yet; Err: it failed).
+type tenantsCard struct {
+	Count, NeedAHuman int
+	Read              time.Time
+	Err               bool
 }
 
 type countRow struct {
@@ -88,7 +98,20 @@ func (c *Console) overview(r *http.Request) (overview, error) {
 			o.NoSamples = false
 		}
 	}
-	for _, it := range attention.Items(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues,
+	var tenants []attention.Tenant
+	if c.cfg.Tenants != nil {
+		// The last read, not one now: it connects to every tenant.
+		rows, at, err := c.cachedTenants()
+		o.Tenants = &tenantsCard{Read: at, Err: err != nil}
+		for _, t := range rows {
+			o.Tenants.Count++
+			if len(t.Attention) > 0 {
+				o.Tenants.NeedAHuman++
+				tenants = append(tenants, attention.Tenant{ID: t.ID, Needs: t.Attention})
+			}
+		}
+	}
+	for _, it := range attention.Items(attention.State{Report: rep, BrokerError: brokerErr, Unrouted: o.Unrouted, Queues: o.Queues, Tenants: tenants,
 		OutboxRetention: c.cfg.OutboxRetention, LedgerRetention: c.cfg.LedgerRetention, PruneInterval: c.cfg.PruneInterval}) {
 		o.Attention = append(o.Attention, attentionItem{Text: it.Text, Link: c.attentionLink(it, rep), Runbook: it.RunbookURL()})
 	}
@@ -130,6 +153,8 @@ func (c *Console) attentionLink(it attention.Item, rep pgstatus.Report) string {
 	switch it.Kind {
 	case "paused_handler":
 		return p + "/handlers"
+	case "tenants":
+		return p + "/tenants"
 	case "held_partitions":
 		for _, h := range rep.Held {
 			if it.Count == 1 && pipeline.RouteName(h.Consumer) == it.Target {

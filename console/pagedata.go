@@ -11,6 +11,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
+	"github.com/ferry-dev/ferry/tenancy"
 )
 
 // chrome is what every page's layout reads (head and foot): set by
@@ -22,6 +23,8 @@ type chrome struct {
 	CSRF   string
 	Page   string
 	Here   string
+	// Tenants shows the tenants page in the navigation (Config.Tenants).
+	Tenants bool
 }
 
 func (c *chrome) setChrome(x chrome) { *c = x }
@@ -91,6 +94,13 @@ type handlersPage struct {
 	chrome
 	Rows  []handlerRow
 	Flash string
+}
+
+type tenantsPage struct {
+	chrome
+	Rows       []tenancy.Status
+	NeedAHuman int
+	Flash      string
 }
 
 type jobPage struct {
