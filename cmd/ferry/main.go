@@ -289,7 +289,7 @@ func startCPUProfile(path string) (stop func(err *error), _ error) {
 
 var cmdChaos = &cli.Command{
 	Name:    "chaos",
-	Summary: "fault-injection run: orders at a steady rate while relay and consumer processes are SIGKILLed, consumers rolled (SIGTERM), database backends terminated, broker connections cut and handlers fail/panic; exits non-zero if anything was lost, doubled or reordered",
+	Summary: "fault-injection run: orders at a steady rate while relay and consumer processes are SIGKILLed, consumers rolled (SIGTERM), database backends terminated, broker connections cut and handlers fail/panic (--network: network faults; --tenants: a tenant fleet over two servers, one killed); exits non-zero if anything was lost, doubled, reordered or crossed between tenants",
 	Flags: func(fs *flag.FlagSet, env *cli.Env) cli.RunFunc {
 		var run chaos.ChaosRun
 		long := fs.Bool("long", false, "the long run: 10,000 orders, broker restarts among the faults")
@@ -305,9 +305,27 @@ var cmdChaos = &cli.Command{
 		fs.StringVar(&run.Restarts, "restarts", "", "make rolling restarts of the consumers (one at a time, the replacement up first, as a Deployment rolls) the only fault, with this signal: sigterm (a deploy: nothing may run twice) or sigkill; by default a SIGTERM roll is one fault among the others")
 		fs.BoolVar(&run.Network, "network", false, "make faults of the network the only faults, from Toxiproxy (in this process): two `ferry run` processes, A and B, each behind proxies of its own to PostgreSQL and RabbitMQ, meet black holes, 300 ± 200 ms latency, resets, slow closes and bandwidth limits one link at a time; nothing may be poisoned, and the orders committed during a fault must be charged within 15 s (p99). Orders flow (20/s unless --rate) until the plan ends; with --long the plan goes on for 10 minutes")
 		fs.BoolVar(&run.HA, "ha", false, "on clusters of the run's own (3 RabbitMQ nodes, a PostgreSQL primary with a synchronous standby, on loopback ports, removed afterwards), with a broker node's loss and a database failover among the faults")
+		tenants := fs.Bool("tenants", false, "the tenants run: one fleet of two `ferry run` processes (FERRY_TENANTS=true) over tenant databases on two PostgreSQL servers of the run's own; orders placed in each tenant's database while members are killed and rolled, their tenant sessions terminated and broker connections cut, handlers fail and panic, a tenant is added, one paused, one drained and removed, and one server is killed for 10 s; checked per tenant: nothing lost, doubled, reordered or crossed into another tenant's database, and the other server's tenants charged within 15 s (p99) meanwhile")
+		tenantCount := fs.Int("tenant-count", 4, "with --tenants: how many tenants (4 to 50), half on each server")
+		duration := fs.Duration("duration", time.Minute, "with --tenants: how long orders are placed (--long: 10m)")
 		asJSON := fs.Bool("json", false, "print the report as JSON")
 		return func(ctx context.Context, _ []string) error {
 			run.Seed = *seed
+			if *tenants {
+				set := map[string]bool{}
+				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+				tr := chaos.TenantsRun{Tenants: *tenantCount, Duration: *duration, Seed: *seed, Binary: run.Binary}
+				if set["rate"] {
+					tr.Rate = run.Rate
+				}
+				if set["fault-every"] {
+					tr.FaultEvery = run.FaultEvery
+				}
+				if *long && !set["duration"] {
+					tr.Duration = 10 * time.Minute
+				}
+				return chaosTenants(ctx, env, tr, *asJSON)
+			}
 			if run.Network {
 				rateSet := false
 				fs.Visit(func(f *flag.Flag) { rateSet = rateSet || f.Name == "rate" })
@@ -345,6 +363,31 @@ var cmdChaos = &cli.Command{
 			return nil
 		}
 	},
+}
+
+// chaosTenants is `ferry chaos --tenants`.
+func chaosTenants(ctx context.Context, env *cli.Env, run chaos.TenantsRun, asJSON bool) error {
+	cfg, logger, err := quietConfig(env.Stderr)
+	if err != nil {
+		return err
+	}
+	out := env.Stdout
+	if asJSON {
+		out = env.Stderr
+	}
+	rep, err := chaos.ChaosTenants(ctx, cfg, run, out, logger)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := cli.WriteJSON(env.Stdout, rep); err != nil {
+			return err
+		}
+	}
+	if !rep.OK() {
+		return fmt.Errorf("%d invariant violation(s): %s", len(rep.Violations), rep.Violations[0])
+	}
+	return nil
 }
 
 // quietConfig loads the configuration and a logger that prints only

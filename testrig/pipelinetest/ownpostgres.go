@@ -76,15 +76,18 @@ func StartPostgres(ctx context.Context, settings ...string) (*PostgresServer, er
 	return s, nil
 }
 
-// start starts the cluster in s's directory on a free loopback port, with
-// Ferry's settings and then settings ("name=value"), which win.
+// start starts the cluster in s's directory on its port (a free loopback
+// port the first time), with Ferry's settings and then settings
+// ("name=value"), which win.
 func (s *PostgresServer) start(ctx context.Context, settings ...string) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
+	if s.Port == 0 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		s.Port = ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
 	}
-	s.Port = ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c wal_level=logical -c max_connections=200", s.Port, s.dir)
 	// pg_ctl hands -o to a shell: each setting goes quoted, so that a value
 	// with a space or a shell character ("log_line_prefix=%m|%p ") reaches
@@ -151,6 +154,13 @@ func (s *PostgresServer) Halt() error {
 		return fmt.Errorf("pg_ctl stop: %w: %s", err, out)
 	}
 	return nil
+}
+
+// Restart starts a halted server again on its port, as a supervisor
+// brings a crashed server back: its clients reconnect to the same address.
+// The settings it was first started with are not passed again.
+func (s *PostgresServer) Restart(ctx context.Context) error {
+	return s.start(ctx)
 }
 
 // StartStandby starts a streaming standby of s (pg_basebackup -R from it,

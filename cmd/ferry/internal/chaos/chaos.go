@@ -357,20 +357,10 @@ func startDriver(ctx context.Context, cfg app.Config, run ChaosRun, schema, vhos
 	if !run.HA {
 		// A vhost of its own: cutting "all" connections cuts only this
 		// run's. (The HA run's cluster is its own already.)
-		if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
+		var err error
+		if c.AMQP.URL, err = ownVhost(ctx, cfg.AMQP.URL, vhost, cl); err != nil {
 			return nil, nil, c, err
 		}
-		cl.add(func() { _ = rabbitmqctl(context.WithoutCancel(ctx), "delete_vhost", vhost) })
-		amqpURL, err := url.Parse(cfg.AMQP.URL)
-		if err != nil {
-			return nil, nil, c, err
-		}
-		user := amqpURL.User.Username()
-		if err := rabbitmqctl(ctx, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"); err != nil {
-			return nil, nil, c, err
-		}
-		amqpURL.Path = "/" + vhost
-		c.AMQP.URL = amqpURL.String()
 	}
 	c.DatabaseSchema, c.DatabaseAppName = schema, appName+"-driver"
 	c.AMQP.Namespace = ""
@@ -401,6 +391,25 @@ func startDriver(ctx context.Context, cfg app.Config, run ChaosRun, schema, vhos
 		}
 	})
 	return driver, svc, c, nil
+}
+
+// ownVhost adds vhost to the broker of amqpURL, with the URL's user
+// allowed everything in it, deleted when the run ends, and returns the URL
+// of the vhost.
+func ownVhost(ctx context.Context, amqpURL, vhost string, cl *cleanups) (string, error) {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return "", err
+	}
+	if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
+		return "", err
+	}
+	cl.add(func() { _ = rabbitmqctl(context.WithoutCancel(ctx), "delete_vhost", vhost) })
+	if err := rabbitmqctl(ctx, "set_permissions", "-p", vhost, u.User.Username(), ".*", ".*", ".*"); err != nil {
+		return "", err
+	}
+	u.Path = "/" + vhost
+	return u.String(), nil
 }
 
 // startChildren is the third phase: the relays and consumers as separate

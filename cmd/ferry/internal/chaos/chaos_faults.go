@@ -29,6 +29,9 @@ import (
 type HandlerFaults struct {
 	FailRate, PanicRate float64
 	Seed                uint64
+	// NoBatch leaves the batch route out: a tenant fleet runs no batch
+	// route (app refuses one with FERRY_TENANTS).
+	NoBatch bool
 }
 
 func ParseFaults(v string) (*HandlerFaults, error) {
@@ -36,7 +39,7 @@ func ParseFaults(v string) (*HandlerFaults, error) {
 	for _, kv := range strings.Split(v, ",") {
 		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
-			return nil, fmt.Errorf("want key=value pairs (fail, panic, seed), got %q", kv)
+			return nil, fmt.Errorf("want key=value pairs (fail, panic, seed, batch), got %q", kv)
 		}
 		var err error
 		switch k {
@@ -46,8 +49,12 @@ func ParseFaults(v string) (*HandlerFaults, error) {
 			f.PanicRate, err = strconv.ParseFloat(val, 64)
 		case "seed":
 			f.Seed, err = strconv.ParseUint(val, 10, 64)
+		case "batch":
+			var on bool
+			on, err = strconv.ParseBool(val)
+			f.NoBatch = !on
 		default:
-			return nil, fmt.Errorf("unknown fault %q (fail, panic, seed)", k)
+			return nil, fmt.Errorf("unknown fault %q (fail, panic, seed, batch)", k)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", k, err)
@@ -84,8 +91,9 @@ const chaosBatchTableSQL = `CREATE TABLE IF NOT EXISTS ` + ChaosBatchTable + ` (
 
 // WithFaults adds, for fault-injection runs, the audit route (ordered:
 // it reports each event to the sandbox provider, which records arrival
-// order), the batch route ChaosBatchRoute and the fault link, innermost, so a fault strikes before the
-// effect, inside the ledger transaction, as a handler bug would.
+// order), the batch route ChaosBatchRoute (unless f.NoBatch) and the fault
+// link, innermost, so a fault strikes before the effect, inside the ledger
+// transaction, as a handler bug would.
 func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Options {
 	routes := opts.Routes
 	opts.Routes = func(d app.Deps) ([]handlers.Route, error) {
@@ -94,21 +102,10 @@ func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Option
 			return nil, err
 		}
 		client := &http.Client{Timeout: 5 * time.Second}
+		if !f.NoBatch {
+			rs = append(rs, chaosBatch())
+		}
 		return append(rs, handlers.Route{
-			Name: ChaosBatchRoute, Topic: orders.TopicMailRequested,
-			Batch: &handlers.Batch{MaxSize: 50, Handler: func(ctx context.Context, msgs []*message.Message) error {
-				ids := make([]string, len(msgs))
-				for i, m := range msgs {
-					ids[i] = m.Metadata.Get(pipeline.MetaAggregateID)
-				}
-				// In key order: two batches at once never lock rows in
-				// opposite orders.
-				_, err := pgledger.TxFromContext(ctx).Exec(ctx, `INSERT INTO `+ChaosBatchTable+` (order_id, n)
-					SELECT id, count(*) FROM unnest($1::text[]) AS id GROUP BY id ORDER BY id
-					ON CONFLICT (order_id) DO UPDATE SET n = `+ChaosBatchTable+`.n + excluded.n`, ids)
-				return err
-			}},
-		}, handlers.Route{
 			Name: "chaos.audit", Topic: ChaosAuditTopic, Ordered: true,
 			Handler: handlers.Typed(func(ctx context.Context, e *ChaosAudit) error {
 				key, err := handlers.IdempotencyKey(ctx)
@@ -160,6 +157,25 @@ func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Option
 		return c.Append(link)
 	}
 	return opts
+}
+
+// chaosBatch is the batch route ChaosBatchRoute.
+func chaosBatch() handlers.Route {
+	return handlers.Route{
+		Name: ChaosBatchRoute, Topic: orders.TopicMailRequested,
+		Batch: &handlers.Batch{MaxSize: 50, Handler: func(ctx context.Context, msgs []*message.Message) error {
+			ids := make([]string, len(msgs))
+			for i, m := range msgs {
+				ids[i] = m.Metadata.Get(pipeline.MetaAggregateID)
+			}
+			// In key order: two batches at once never lock rows in
+			// opposite orders.
+			_, err := pgledger.TxFromContext(ctx).Exec(ctx, `INSERT INTO `+ChaosBatchTable+` (order_id, n)
+				SELECT id, count(*) FROM unnest($1::text[]) AS id GROUP BY id ORDER BY id
+				ON CONFLICT (order_id) DO UPDATE SET n = `+ChaosBatchTable+`.n + excluded.n`, ids)
+			return err
+		}},
+	}
 }
 
 // The faults' own words: the run's invariants accept no other poison

@@ -230,3 +230,52 @@ func TestChaosNetwork(t *testing.T) {
 	require.Zero(t, rep.Duplicated)
 	require.Zero(t, rep.OrderViolations)
 }
+
+// The tenants run (CI): one fleet of two `ferry run` processes over four
+// tenant databases on two PostgreSQL servers of the run's own, orders
+// placed in each tenant's database for 40 s while members are killed and
+// rolled, the fleet's tenant sessions terminated, its broker connections
+// cut and handlers fail and panic; a tenant is added, one paused and
+// resumed, one drained and removed, and server B is killed for 8 s. Per
+// tenant: every committed order charged, mailed and audited once, in
+// order, each ledger row in its own tenant's database; server A's tenants
+// charged within chaos.TenantOutageBound while B was down. `ferry chaos
+// --tenants --long` runs 10 minutes.
+func TestChaosTenants(t *testing.T) {
+	rmq := pipelinetest.Rabbit(t)
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Fatalf("the chaos run needs rabbitmqctl on PATH: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "ferry")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/ferry-dev/ferry/cmd/ferry").CombinedOutput()
+	require.NoError(t, err, "building ferry: %s", out)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	var report strings.Builder
+	rep, err := chaos.ChaosTenants(ctx, app.Config{DatabaseURL: pipelinetest.DatabaseURL(), AMQP: rmq},
+		chaos.TenantsRun{Tenants: 4, Rate: 24, Duration: 40 * time.Second, ServerDown: 8 * time.Second, FaultEvery: time.Second, Seed: 61, Binary: bin},
+		&report, slog.New(slog.DiscardHandler))
+	require.NoError(t, err, "the run so far: %+v", rep)
+	t.Log("\n" + report.String())
+	require.True(t, rep.OK(), report.String())
+	for _, kind := range []string{"tenant_added", "tenant_paused", "tenant_removed", "tenant_server_killed", "kill_member", "roll_members", "terminate_tenant_backends", "close_amqp_connections"} {
+		require.Positive(t, rep.Faults[kind], "fault %s never injected: %s", kind, report.String())
+	}
+	require.Len(t, rep.Tenants, 4)
+	for _, tr := range rep.Tenants {
+		require.Positive(t, tr.Committed, "tenant %s: %s", tr.ID, report.String())
+		require.LessOrEqual(t, tr.Charges, tr.Committed, tr.ID)
+		require.LessOrEqual(t, tr.Committed-tr.Charges, tr.Poisoned, "tenant %s: a charge missing and not poisoned", tr.ID)
+		require.Zero(t, tr.Lost, tr.ID)
+		require.Zero(t, tr.Duplicated, tr.ID)
+		require.Zero(t, tr.Crossed, tr.ID)
+		require.Zero(t, tr.OrderViolations, tr.ID)
+		require.Zero(t, tr.PendingDue, tr.ID)
+		require.GreaterOrEqual(t, tr.LedgerRows, 3*tr.Committed, "tenant %s: its ledger holds its charges, mails and audit events", tr.ID)
+	}
+	require.Positive(t, rep.HandlerFailuresSeen, report.String())
+	require.Zero(t, rep.ControlLedgerRows)
+	require.Positive(t, rep.OutageOrders, "server A's tenants placed orders while B was down: %s", report.String())
+	require.LessOrEqual(t, rep.OutageP50, chaos.TenantOutageP50.Seconds(), report.String())
+	require.LessOrEqual(t, rep.OutageP99, chaos.TenantOutageBound.Seconds(), report.String())
+}
