@@ -40,19 +40,17 @@ import (
 // load runs. Then, per tenant: every committed order charged, mailed and
 // audited once, in order per aggregate, each ledger row in its own
 // tenant's database and none in another's or the control database's
-// (nothing crossed), and A's tenants' charges on time while B was down.
+// (nothing crossed), and A's tenants' charges made while B was down (no
+// later than B's outage and TenantOutageSlack).
 
-// TenantOutageBound is the most server B's outage may delay the charges
-// of the tenants on server A (p99, commit → charge), and TenantOutageP50
-// the most it may delay half of them: they go on. The p99 is bounded by
-// the outage's own length, not by the fleet: an ordered partition whose
-// head is an event of a tenant on B waits for B (the hold keeps that
-// tenant's order), and the events of A's tenants behind it in the same
-// partition wait with it (docs/tenants.md).
-const (
-	TenantOutageBound = 15 * time.Second
-	TenantOutageP50   = 5 * time.Second
-)
+// TenantOutageSlack is how much longer than server B's outage itself the
+// charges of server A's tenants may wait (p99, commit → charge). That is
+// the bound today, not zero: an ordered partition whose head is an event
+// of a tenant on B holds until B answers (the hold keeps that tenant's
+// order), and the events of A's tenants behind it in the same partition
+// wait with it (docs/tenants.md, "What is not there yet"). The report
+// shows how many of A's charges waited more than a second.
+const TenantOutageSlack = 5 * time.Second
 
 // TenantsRun sizes a tenants run. Zero fields take the defaults.
 type TenantsRun struct {
@@ -144,6 +142,7 @@ type TenantsReport struct {
 	// OutageMax their commit → charge delays.
 	ServerDownSeconds float64  `json:"server_down_seconds"`
 	OutageOrders      int      `json:"outage_orders"`
+	OutageHeld        int      `json:"outage_orders_held_over_1s"`
 	OutageP50         float64  `json:"outage_p50_seconds"`
 	OutageP99         float64  `json:"outage_p99_seconds"`
 	OutageMax         float64  `json:"outage_max_seconds"`
@@ -590,8 +589,8 @@ func fleetFaults(ctx context.Context, run TenantsRun, env *chaosEnv, control *ap
 }
 
 // checkOutage measures the charges of server A's tenants' orders
-// committed while server B was down: they go on, within
-// TenantOutageBound (p99).
+// committed while server B was down: they are made, none later (p99)
+// than B's outage and TenantOutageSlack.
 func checkOutage(rep *TenantsReport, tenants []*chaosTenant, down [2]time.Time, p *sandbox.PaymentProvider) {
 	if down[0].IsZero() || down[1].IsZero() {
 		rep.Violations = append(rep.Violations, "server B was never killed: the run measured no outage")
@@ -626,13 +625,14 @@ func checkOutage(rep *TenantsReport, tenants []*chaosTenant, down [2]time.Time, 
 		return
 	}
 	rep.OutageP50, rep.OutageP99, rep.OutageMax = quantile(delays, 0.50), quantile(delays, 0.99), delays[len(delays)-1]
-	if rep.OutageP50 > TenantOutageP50.Seconds() {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("while server B was down, half of server A's tenants' charges waited more than %.1fs after their commit (bound %s): they did not go on",
-			rep.OutageP50, TenantOutageP50))
+	for _, d := range delays {
+		if d > 1 {
+			rep.OutageHeld++
+		}
 	}
-	if rep.OutageP99 > TenantOutageBound.Seconds() {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("while server B was down, server A's tenants' charges waited p99 %.1fs (max %.1fs) after their commit, past the %s bound",
-			rep.OutageP99, rep.OutageMax, TenantOutageBound))
+	if bound := down[1].Sub(down[0]) + TenantOutageSlack; rep.OutageP99 > bound.Seconds() {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("while server B was down, server A's tenants' charges waited p99 %.1fs (max %.1fs) after their commit, past B's outage and %s (%s)",
+			rep.OutageP99, rep.OutageMax, TenantOutageSlack, bound.Round(100*time.Millisecond)))
 	}
 }
 
@@ -650,8 +650,8 @@ func printTenantsReport(w io.Writer, r TenantsReport, logDir string) {
 		total += r.Faults[k]
 	}
 	fmt.Fprintf(w, "  faults injected      %6d   (%s)\n", total, strings.Join(fs, ", "))
-	fmt.Fprintf(w, "  server B down        %6.1fs  (server A's tenants: %d orders committed meanwhile, charged p50 %.2fs, p99 %.2fs, max %.2fs after their commit; bounds p50 %s, p99 %s)\n",
-		r.ServerDownSeconds, r.OutageOrders, r.OutageP50, r.OutageP99, r.OutageMax, TenantOutageP50, TenantOutageBound)
+	fmt.Fprintf(w, "  server B down        %6.1fs  (server A's tenants: %d orders committed meanwhile, charged p50 %.2fs, p99 %.2fs, max %.2fs after their commit, %d of them after more than 1s: held behind a B tenant's event in an ordered partition; bound p99: the outage + %s)\n",
+		r.ServerDownSeconds, r.OutageOrders, r.OutageP50, r.OutageP99, r.OutageMax, r.OutageHeld, TenantOutageSlack)
 	fmt.Fprintf(w, "  %-6s %-6s %-8s %9s %7s %8s %6s %6s %8s %5s %6s %8s %6s %6s\n", "TENANT", "SERVER", "ROLE", "COMMITTED", "ROLLED", "CHARGES", "MAILS", "AUDIT", "POISONED", "LOST", "DOUBLE", "CROSSED", "LEDGER", "ORDER")
 	for _, t := range r.Tenants {
 		fmt.Fprintf(w, "  %-6s %-6s %-8s %9d %7d %8d %6d %6d %8d %5d %6d %8d %6d %6d\n", t.ID, t.Server, cmp.Or(t.Role, "-"), t.Committed, t.RolledBack,
