@@ -352,15 +352,7 @@ var cmdChaos = &cli.Command{
 			if err != nil {
 				return err
 			}
-			if *asJSON {
-				if err := cli.WriteJSON(env.Stdout, rep); err != nil {
-					return err
-				}
-			}
-			if !rep.OK() {
-				return fmt.Errorf("%d invariant violation(s): %s", len(rep.Violations), rep.Violations[0])
-			}
-			return nil
+			return chaosVerdict(env, rep, rep.Violations, *asJSON)
 		}
 	},
 }
@@ -379,13 +371,19 @@ func chaosTenants(ctx context.Context, env *cli.Env, run chaos.TenantsRun, asJSO
 	if err != nil {
 		return err
 	}
+	return chaosVerdict(env, rep, rep.Violations, asJSON)
+}
+
+// chaosVerdict prints a chaos run's report as JSON when asked, and fails
+// the command when the run found violations.
+func chaosVerdict(env *cli.Env, rep any, violations []string, asJSON bool) error {
 	if asJSON {
 		if err := cli.WriteJSON(env.Stdout, rep); err != nil {
 			return err
 		}
 	}
-	if !rep.OK() {
-		return fmt.Errorf("%d invariant violation(s): %s", len(rep.Violations), rep.Violations[0])
+	if len(violations) > 0 {
+		return fmt.Errorf("%d invariant violation(s): %s", len(violations), violations[0])
 	}
 	return nil
 }

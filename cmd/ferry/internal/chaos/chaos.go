@@ -270,20 +270,15 @@ func (r ChaosReport) OK() bool { return len(r.Violations) == 0 }
 func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, logger *slog.Logger) (rep ChaosReport, err error) {
 	run = run.withDefaults()
 	cfg = cfg.WithDefaults()
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	if err := run.validate(); err != nil {
 		return ChaosReport{}, err
 	}
 	rep = ChaosReport{Seed: run.Seed, RelayMode: run.RelayMode, HA: run.HA, Faults: map[string]int{}, FaultsMissed: map[string]int{}, FaultsMetWork: map[string]int{}, PoisonReasons: map[string]int{}}
 	rng := rand.New(rand.NewPCG(run.Seed, run.Seed+1))
-	if run.Binary == "" {
-		if run.Binary, err = os.Executable(); err != nil {
-			return rep, err
-		}
+	id, err := begin(&run.Binary, &logger)
+	if err != nil {
+		return rep, err
 	}
-	id := fmt.Sprintf("%d", time.Now().UnixNano())
 	schema, vhost, appName := "ferry_chaos_"+id, "ferry_chaos_"+id, "ferry-chaos-"+id
 	var cl cleanups
 	defer cl.run()
@@ -291,13 +286,10 @@ func Chaos(ctx context.Context, cfg app.Config, run ChaosRun, out io.Writer, log
 	if err != nil {
 		return rep, fmt.Errorf("starting the run's servers: %w", err)
 	}
-
-	world, err := sandbox.StartWorld()
+	provider, sink, err := startWorld(&cl)
 	if err != nil {
 		return rep, err
 	}
-	cl.add(func() { world.Close() })
-	provider, sink := world.Payments, world.SMTP
 	driver, svc, c, err := startDriver(ctx, cfg, run, schema, vhost, appName, provider, sink, logger, &cl)
 	if err != nil {
 		return rep, fmt.Errorf("starting the driver: %w", err)
@@ -393,6 +385,33 @@ func startDriver(ctx context.Context, cfg app.Config, run ChaosRun, schema, vhos
 	return driver, svc, c, nil
 }
 
+// begin sets what a run starts from: the binary its children run (this
+// process's executable unless set), a logger (discarding unless set); it
+// returns the run's id, which names its schema, vhost and sessions.
+func begin(binary *string, logger **slog.Logger) (string, error) {
+	if *binary == "" {
+		var err error
+		if *binary, err = os.Executable(); err != nil {
+			return "", err
+		}
+	}
+	if *logger == nil {
+		*logger = slog.New(slog.DiscardHandler)
+	}
+	return fmt.Sprintf("%d", time.Now().UnixNano()), nil
+}
+
+// startWorld starts the sandbox's payment provider and SMTP sink, closed
+// when the run ends.
+func startWorld(cl *cleanups) (*sandbox.PaymentProvider, *sandbox.SMTPSink, error) {
+	world, err := sandbox.StartWorld()
+	if err != nil {
+		return nil, nil, err
+	}
+	cl.add(func() { world.Close() })
+	return world.Payments, world.SMTP, nil
+}
+
 // ownVhost adds vhost to the broker of amqpURL, with the URL's user
 // allowed everything in it, deleted when the run ends, and returns the URL
 // of the vhost.
@@ -412,6 +431,15 @@ func ownVhost(ctx context.Context, amqpURL, vhost string, cl *cleanups) (string,
 	return u.String(), nil
 }
 
+// childSettings are every run's children's settings beyond where their
+// servers are: short waits, so that a fault's effects show within a run.
+var childSettings = []string{
+	"FERRY_ADMIN_ADDR=off", "FERRY_LOG_FORMAT=json", "FERRY_LOG_LEVEL=info",
+	"FERRY_RELAY_POLL_INTERVAL=100ms", "FERRY_RELAY_BACKOFF_INITIAL=200ms", "FERRY_RELAY_BACKOFF_MAX=2s",
+	"FERRY_DURABLE_RETRY_INITIAL=200ms", "FERRY_DURABLE_RETRY_MAX=2s", "FERRY_DURABLE_RETRY_MAX_ATTEMPTS=10",
+	"FERRY_RETRY_INITIAL_INTERVAL=10ms", "FERRY_RETRY_MAX_INTERVAL=50ms", "FERRY_SHUTDOWN_TIMEOUT=10s",
+}
+
 // startChildren is the third phase: the relays and consumers as separate
 // processes of the binary, with the run's configuration, up and
 // heartbeating. faults gives each child its own handler-fault seed; cl
@@ -422,15 +450,11 @@ func startChildren(ctx context.Context, cfg, c app.Config, run ChaosRun, schema,
 	if err != nil {
 		return nil, nil, err
 	}
-	env := &chaosEnv{bin: run.Binary, logDir: logDir, logger: logger, links: links, appName: appName, env: []string{
+	env := &chaosEnv{bin: run.Binary, logDir: logDir, logger: logger, links: links, appName: appName, env: append([]string{
 		"FERRY_DATABASE_URL=" + cfg.DatabaseURL, "FERRY_DATABASE_SCHEMA=" + schema, "FERRY_DATABASE_APP_NAME=" + appName,
 		"FERRY_AMQP_URL=" + c.AMQP.URL, "FERRY_AMQP_NAMESPACE=",
 		"FERRY_PAYMENT_URL=" + provider.URL(), "FERRY_SMTP_ADDR=" + sink.Addr(),
-		"FERRY_ADMIN_ADDR=off", "FERRY_LOG_FORMAT=json", "FERRY_LOG_LEVEL=info",
-		"FERRY_RELAY_POLL_INTERVAL=100ms", "FERRY_RELAY_BACKOFF_INITIAL=200ms", "FERRY_RELAY_BACKOFF_MAX=2s",
-		"FERRY_DURABLE_RETRY_INITIAL=200ms", "FERRY_DURABLE_RETRY_MAX=2s", "FERRY_DURABLE_RETRY_MAX_ATTEMPTS=10",
-		"FERRY_RETRY_INITIAL_INTERVAL=10ms", "FERRY_RETRY_MAX_INTERVAL=50ms", "FERRY_SHUTDOWN_TIMEOUT=10s",
-	}}
+	}, childSettings...)}
 	if run.RelayMode == app.RelayModeCDC {
 		// The slot belongs to the cluster, not the schema: removed after
 		// the children stop (this cleanup runs after stopAll's).
@@ -627,17 +651,8 @@ func settleAndCheck(ctx context.Context, run ChaosRun, env *chaosEnv, driver *ap
 	if b, err := os.ReadFile(filepath.Join(logDir, "consume.log")); err == nil {
 		rep.PartitionHolds = strings.Count(string(b), holdingThePartition)
 		rep.StopsMetWork = strings.Count(string(b), app.DrainingLog)
-		// The handler faults the run promised must have happened: a run
-		// whose faults never fired proves nothing about them.
-		rep.HandlerFailuresSeen = strings.Count(string(b), injectedFailureText)
-		rep.HandlerPanicsSeen = strings.Count(string(b), injectedPanic)
 	}
-	if run.HandlerFail > 0 && rep.HandlerFailuresSeen == 0 {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("handler failures were asked for (rate %.3f) but none shows in the consumers' log", run.HandlerFail))
-	}
-	if run.HandlerPanic > 0 && rep.HandlerPanicsSeen == 0 {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("handler panics were asked for (rate %.3f) but none shows in the consumers' log", run.HandlerPanic))
-	}
+	rep.HandlerFailuresSeen, rep.HandlerPanicsSeen = handlerFaultsSeen(filepath.Join(logDir, "consume.log"), run.HandlerFail, run.HandlerPanic, &rep.Violations)
 	chargeReplays, auditReplays := provider.Replays()
 	rep.EffectReplays = chargeReplays + auditReplays + rep.MailDuplicates
 	if run.Restarts == "sigterm" && rep.EffectReplays > 0 {

@@ -42,6 +42,20 @@ func mailsByOrder(s *sandbox.SMTPSink) map[string]int {
 	return out
 }
 
+// auditOrder says where audit events arrived out of commit order: seq
+// must increase per aggregate.
+func auditOrder(entries []sandbox.AuditEntry) []string {
+	var out []string
+	last := map[string]int64{}
+	for _, e := range entries {
+		if prev, ok := last[e.Aggregate]; ok && e.Seq <= prev {
+			out = append(out, fmt.Sprintf("aggregate %s: audit seq %d after %d", e.Aggregate, e.Seq, prev))
+		}
+		last[e.Aggregate] = e.Seq
+	}
+	return out
+}
+
 // injectedFault reports whether a poison reason is one of the handler
 // faults the run injects (chaos_faults.go), and nothing else.
 func injectedFault(reason string) bool {
@@ -165,14 +179,9 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 			rep.Violations = append(rep.Violations, fmt.Sprintf("a mail for order %s, which was never committed", id))
 		}
 	}
-	last := map[string]int64{}
-	for _, e := range p.Audit() {
-		if prev, ok := last[e.Aggregate]; ok && e.Seq <= prev {
-			rep.OrderViolations++
-			rep.Violations = append(rep.Violations, fmt.Sprintf("aggregate %s: audit seq %d after %d", e.Aggregate, e.Seq, prev))
-		}
-		last[e.Aggregate] = e.Seq
-	}
+	order := auditOrder(p.Audit())
+	rep.OrderViolations += len(order)
+	rep.Violations = append(rep.Violations, order...)
 	if rep.AuditEvents+rep.Poisoned < expectAudit {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("%d audit events committed but %d arrived", expectAudit, rep.AuditEvents))
 	}
@@ -196,10 +205,34 @@ func checkChaos(ctx context.Context, a *app.App, p *sandbox.PaymentProvider, s *
 	if rep.PendingDue > 0 {
 		rep.Violations = append(rep.Violations, fmt.Sprintf("%d due rows left undispatched", rep.PendingDue))
 	}
-	if len(rep.Violations) > 20 {
-		rep.Violations = append(rep.Violations[:20], fmt.Sprintf("… and %d more", len(rep.Violations)-20))
-	}
+	rep.Violations = capViolations(rep.Violations)
 	return nil
+}
+
+// capViolations keeps a report readable: the first 20 violations, and
+// how many more.
+func capViolations(v []string) []string {
+	if len(v) > 20 {
+		return append(v[:20], fmt.Sprintf("… and %d more", len(v)-20))
+	}
+	return v
+}
+
+// handlerFaultsSeen counts the injected handler failures and panics in the
+// log at path: the faults a run promised must have happened, since a run
+// whose faults never fired proves nothing about them (a violation into
+// violations, when asked for and absent).
+func handlerFaultsSeen(path string, failRate, panicRate float64, violations *[]string) (failures, panics int) {
+	if b, err := os.ReadFile(path); err == nil {
+		failures, panics = strings.Count(string(b), injectedFailureText), strings.Count(string(b), injectedPanic)
+	}
+	if failRate > 0 && failures == 0 {
+		*violations = append(*violations, fmt.Sprintf("handler failures were asked for (rate %.3f) but none shows in %s", failRate, filepath.Base(path)))
+	}
+	if panicRate > 0 && panics == 0 {
+		*violations = append(*violations, fmt.Sprintf("handler panics were asked for (rate %.3f) but none shows in %s", panicRate, filepath.Base(path)))
+	}
+	return failures, panics
 }
 
 func printChaosReport(w io.Writer, r ChaosReport, logDir string) {

@@ -207,19 +207,14 @@ type chaosTenant struct {
 func ChaosTenants(ctx context.Context, cfg app.Config, run TenantsRun, out io.Writer, logger *slog.Logger) (rep TenantsReport, err error) {
 	run = run.withDefaults()
 	cfg = cfg.WithDefaults()
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	if err := run.validate(); err != nil {
 		return rep, err
 	}
 	rep = TenantsReport{Seed: run.Seed, Faults: map[string]int{}, FaultsMissed: map[string]int{}, Violations: []string{}}
-	if run.Binary == "" {
-		if run.Binary, err = os.Executable(); err != nil {
-			return rep, err
-		}
+	id, err := begin(&run.Binary, &logger)
+	if err != nil {
+		return rep, err
 	}
-	id := fmt.Sprintf("%d", time.Now().UnixNano())
 	vhost, appName := "ferry_chaos_"+id, "ferry-chaos-"+id
 	var cl cleanups
 	defer cl.run()
@@ -245,12 +240,10 @@ func ChaosTenants(ctx context.Context, cfg app.Config, run TenantsRun, out io.Wr
 	if err != nil {
 		return rep, err
 	}
-	world, err := sandbox.StartWorld()
+	provider, sink, err := startWorld(&cl)
 	if err != nil {
 		return rep, err
 	}
-	cl.add(func() { world.Close() })
-	provider, sink := world.Payments, world.SMTP
 	ex := ordersapp.Config{PaymentURL: provider.URL(), SMTPAddr: sink.Addr()}.WithDefaults()
 	opts := WithFaults(ordersapp.Options(ex), HandlerFaults{NoBatch: true}, ex.PaymentURL)
 	opts.Migrate, opts.Logger, opts.WithoutBroker = true, logger, true
@@ -297,16 +290,12 @@ func ChaosTenants(ctx context.Context, cfg app.Config, run TenantsRun, out io.Wr
 	if err != nil {
 		return rep, err
 	}
-	env := &chaosEnv{bin: run.Binary, logDir: logDir, logger: logger, appName: appName, env: []string{
+	env := &chaosEnv{bin: run.Binary, logDir: logDir, logger: logger, appName: appName, env: append([]string{
 		"FERRY_DATABASE_URL=" + controlURL, "FERRY_DATABASE_SCHEMA=control", "FERRY_DATABASE_APP_NAME=" + appName,
 		"FERRY_TENANTS=true", "FERRY_TENANTS_RELOAD=1s", "FERRY_TENANTS_SWEEP=2s",
 		"FERRY_AMQP_URL=" + amqpURL, "FERRY_AMQP_NAMESPACE=",
-		"FERRY_PAYMENT_URL=" + provider.URL(), "FERRY_SMTP_ADDR=" + sink.Addr(),
-		"FERRY_ADMIN_ADDR=off", "FERRY_HTTP_ADDR=127.0.0.1:0", "FERRY_LOG_FORMAT=json", "FERRY_LOG_LEVEL=info",
-		"FERRY_RELAY_POLL_INTERVAL=100ms", "FERRY_RELAY_BACKOFF_INITIAL=200ms", "FERRY_RELAY_BACKOFF_MAX=2s",
-		"FERRY_DURABLE_RETRY_INITIAL=200ms", "FERRY_DURABLE_RETRY_MAX=2s", "FERRY_DURABLE_RETRY_MAX_ATTEMPTS=10",
-		"FERRY_RETRY_INITIAL_INTERVAL=10ms", "FERRY_RETRY_MAX_INTERVAL=50ms", "FERRY_SHUTDOWN_TIMEOUT=10s",
-	}}
+		"FERRY_PAYMENT_URL=" + provider.URL(), "FERRY_SMTP_ADDR=" + sink.Addr(), "FERRY_HTTP_ADDR=127.0.0.1:0",
+	}, childSettings...)}
 	var spawned sync.Mutex
 	n := uint64(0)
 	faults := func() string {
@@ -395,19 +384,8 @@ func ChaosTenants(ctx context.Context, cfg app.Config, run TenantsRun, out io.Wr
 		return rep, err
 	}
 	checkOutage(&rep, tenants, down, provider)
-	if b, err := os.ReadFile(filepath.Join(logDir, "run.log")); err == nil {
-		rep.HandlerFailuresSeen = strings.Count(string(b), injectedFailureText)
-		rep.HandlerPanicsSeen = strings.Count(string(b), injectedPanic)
-	}
-	if run.HandlerFail > 0 && rep.HandlerFailuresSeen == 0 {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("handler failures were asked for (rate %.3f) but none shows in the members' log", run.HandlerFail))
-	}
-	if run.HandlerPanic > 0 && rep.HandlerPanicsSeen == 0 {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("handler panics were asked for (rate %.3f) but none shows in the members' log", run.HandlerPanic))
-	}
-	if len(rep.Violations) > 20 {
-		rep.Violations = append(rep.Violations[:20], fmt.Sprintf("… and %d more", len(rep.Violations)-20))
-	}
+	rep.HandlerFailuresSeen, rep.HandlerPanicsSeen = handlerFaultsSeen(filepath.Join(logDir, "run.log"), run.HandlerFail, run.HandlerPanic, &rep.Violations)
+	rep.Violations = capViolations(rep.Violations)
 	printTenantsReport(out, rep, logDir)
 	if rep.OK() {
 		_ = os.RemoveAll(logDir)

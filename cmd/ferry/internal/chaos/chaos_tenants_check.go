@@ -150,14 +150,9 @@ func (c *tenantsCheck) run(ctx context.Context, rep *TenantsReport) (done bool, 
 		}
 	}
 	// Per aggregate (a tenant's user), audit events in commit order.
-	last := map[string]int64{}
-	for _, a := range c.provider.Audit() {
-		if prev, ok := last[a.Aggregate]; ok && a.Seq <= prev {
-			rep.OrderViolations++
-			rep.Violations = append(rep.Violations, fmt.Sprintf("aggregate %s: audit seq %d after %d", a.Aggregate, a.Seq, prev))
-		}
-		last[a.Aggregate] = a.Seq
-	}
+	order := auditOrder(c.provider.Audit())
+	rep.OrderViolations += len(order)
+	rep.Violations = append(rep.Violations, order...)
 	return done, nil
 }
 
