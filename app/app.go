@@ -314,13 +314,6 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 	if err := handlers.ValidateRoutes(a.routes); err != nil {
 		return nil, fmt.Errorf("invalid route table: %w", err)
 	}
-	if cfg.Tenants {
-		for _, r := range a.routes {
-			if r.Batch != nil {
-				return nil, fmt.Errorf("invalid route table: route %q is batched, and FERRY_TENANTS is on: a batch would mix tenants' events, each to be handled in its own database (not supported yet; use a one-message route)", r.Name)
-			}
-		}
-	}
 	for _, r := range a.routes {
 		a.metrics.InitRoutes(r.Name)
 	}

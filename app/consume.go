@@ -189,7 +189,12 @@ func (a *App) subscriptions(r handlers.Route) []rabbit.Subscription {
 // two batches' worth of deliveries, acked many at a time, and one Batcher, shared by
 // them, takes the place of the handler and of the chain's idempotency link.
 func (a *App) mountBatch(router *message.Router, conn *wamqp.ConnectionWrapper, chain middleware.Chain, r handlers.Route) error {
-	batcher, err := middleware.NewBatcher(a.idempotency, a.ledger, r.Batch.Handler, batchConfig(r))
+	var ledger middleware.BatchLedger = a.ledger
+	if a.ledgers != nil {
+		// A tenant fleet: each batch on its tenant's database.
+		ledger = a.ledgers
+	}
+	batcher, err := middleware.NewBatcher(a.idempotency, ledger, r.Batch.Handler, batchConfig(r))
 	if err != nil {
 		return fmt.Errorf("route %q: %w", r.Name, err)
 	}

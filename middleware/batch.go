@@ -112,12 +112,16 @@ type Batcher struct {
 	cfg     BatchConfig
 	alone   message.HandlerFunc
 
-	mu   sync.Mutex
-	open *batch
+	mu sync.Mutex
+	// open is the batch filling, by tenant (pipeline.TenantIDFromContext;
+	// "" outside a tenant fleet): a batch is one transaction, on one
+	// tenant's database.
+	open map[string]*batch
 }
 
 type batch struct {
-	items []*batchItem
+	tenant string
+	items  []*batchItem
 	ids   map[string]bool
 	full  chan struct{}
 	// joined has a value when a message joined since the leader looked.
@@ -143,7 +147,7 @@ func NewBatcher(guard *Idempotency, ledger BatchLedger, handler BatchHandlerFunc
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b := &Batcher{guard: guard, ledger: ledger, handler: handler, cfg: cfg.WithDefaults()}
+	b := &Batcher{guard: guard, ledger: ledger, handler: handler, cfg: cfg.WithDefaults(), open: map[string]*batch{}}
 	b.alone = guard.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		return nil, handler(msg.Context(), []*message.Message{msg})
 	})
@@ -158,8 +162,9 @@ func (b *Batcher) Handler(msg *message.Message) ([]*message.Message, error) {
 		return nil, err
 	}
 	item := &batchItem{msg: msg, id: id, digest: pipeline.ContentDigest(msg), done: make(chan struct{})}
+	tenant := pipeline.TenantIDFromContext(msg.Context())
 	b.mu.Lock()
-	bt := b.open
+	bt := b.open[tenant]
 	if bt != nil && bt.ids[id] {
 		// A redelivery of a message in the open batch: alone, it waits on
 		// the batch's ledger row and then finds it done.
@@ -168,13 +173,13 @@ func (b *Batcher) Handler(msg *message.Message) ([]*message.Message, error) {
 	}
 	leader := bt == nil
 	if leader {
-		bt = &batch{ids: map[string]bool{}, full: make(chan struct{}), joined: make(chan struct{}, 1)}
-		b.open = bt
+		bt = &batch{tenant: tenant, ids: map[string]bool{}, full: make(chan struct{}), joined: make(chan struct{}, 1)}
+		b.open[tenant] = bt
 	}
 	bt.items = append(bt.items, item)
 	bt.ids[id] = true
 	if len(bt.items) >= b.cfg.MaxSize {
-		b.open = nil
+		delete(b.open, tenant)
 		close(bt.full)
 	} else if !leader {
 		select {
@@ -187,8 +192,8 @@ func (b *Batcher) Handler(msg *message.Message) ([]*message.Message, error) {
 	if leader {
 		b.fill(bt)
 		b.mu.Lock()
-		if b.open == bt {
-			b.open = nil
+		if b.open[tenant] == bt {
+			delete(b.open, tenant)
 		}
 		b.mu.Unlock()
 		b.run(msg.Context(), consumer, bt)

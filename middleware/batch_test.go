@@ -144,3 +144,52 @@ func TestABatchDoesNotWaitForMessagesThatAreNotComing(t *testing.T) {
 	took = handle(off, "lone-2")
 	require.GreaterOrEqual(t, took, time.Second, "with the gap off, a lone message waits MaxWait")
 }
+
+// In a tenant fleet, a batch is one tenant's: messages of two tenants that
+// arrive together are handled in batches of one tenant each, under that
+// tenant's context (the ledger's transaction is on its database).
+func TestABatchHoldsOneTenantsMessages(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	ledger, err := pgledger.New(pool, pgledger.Config{}, nil)
+	require.NoError(t, err)
+	guard, err := middleware.NewIdempotency(ledger, nil)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var batches [][]string
+	b, err := middleware.NewBatcher(guard, ledger, func(ctx context.Context, msgs []*message.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tenant := pipeline.TenantIDFromContext(ctx)
+		var ts []string
+		for _, m := range msgs {
+			ts = append(ts, pipeline.TenantIDFromContext(m.Context()))
+		}
+		batches = append(batches, append([]string{tenant}, ts...))
+		return nil
+	}, middleware.BatchConfig{MaxSize: 50, MaxWait: 200 * time.Millisecond})
+	require.NoError(t, err)
+	ctx := handlerContext(t, "projection.tenants")
+	var wg sync.WaitGroup
+	for i := range 20 {
+		tenant := []string{"acme", "globex"}[i%2]
+		wg.Go(func() {
+			m := message.NewMessage(fmt.Sprint(tenant, "-", i), []byte(`{}`))
+			m.SetContext(pipeline.ContextWithTenantID(ctx, tenant))
+			_, err := b.Handler(m)
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	require.Less(t, len(batches), 20, "arriving together, they were batched: %v", batches)
+	handled := 0
+	for _, bt := range batches {
+		for _, tenant := range bt[1:] {
+			require.Equal(t, bt[0], tenant, "a batch under %s's context holds only its messages: %v", bt[0], bt)
+		}
+		handled += len(bt) - 1
+	}
+	require.Equal(t, 20, handled)
+}

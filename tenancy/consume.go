@@ -97,6 +97,24 @@ func (l *Ledgers) Once(ctx context.Context, consumer, messageID string, digest [
 	return ran, err
 }
 
+// OnceBatch implements middleware.BatchLedger on the ledger of ctx's
+// tenant: the batch is one transaction on its database (middleware's
+// Batcher fills a batch per tenant). A batch takes one of the tenant's
+// MaxHandlers slots. When the tenant's database is out of reach the batch
+// fails, and each message, tried alone, is deferred (Once).
+func (l *Ledgers) OnceBatch(ctx context.Context, consumer string, entries []pipeline.LedgerEntry, fn func(ctx context.Context, fresh []int) error) ([]pipeline.LedgerResult, error) {
+	tl, t, err := l.of(ctx)
+	if err != nil {
+		return nil, err
+	}
+	release, err := l.slot(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return tl.ledger.OnceBatch(For(ctx, t), consumer, entries, fn)
+}
+
 // outage defers the event of a tenant whose database is out of reach. The
 // cause is kept as text only: wrapped, its Infrastructure mark would make
 // the chain wait it out in the handler after all.

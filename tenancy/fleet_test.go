@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -415,4 +416,65 @@ func TestATenantPoolServesOnlyUsesThatNameTheirTenant(t *testing.T) {
 		require.NoError(t, pool.QueryRow(tenancy.For(ctx, tn), `SELECT count(*) FROM effects`).Scan(&n))
 		require.Equal(t, 2, n, "and only its own")
 	}
+}
+
+// A batch route in a fleet: a batch is one tenant's messages, in one
+// transaction on that tenant's database, so every order's effect lands
+// once in its own tenant's database, whichever tenants' events arrived
+// together.
+func TestABatchRouteInAFleetBatchesEachTenantOnItsDatabase(t *testing.T) {
+	ctx := context.Background()
+	server := pipelinetest.OwnPostgres(t)
+	control, rmq := ferrytest.Schema(t), ferrytest.Rabbit(t)
+	var mu sync.Mutex
+	var sizes []int
+	batchRoute := func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "tenants.effects", Topic: "tenants.order_placed", Batch: &handlers.Batch{MaxSize: 50, MaxWait: 100 * time.Millisecond,
+			Handler: func(ctx context.Context, msgs []*message.Message) error {
+				tenant := pipeline.TenantIDFromContext(ctx)
+				tx := pgledger.TxFromContext(ctx)
+				for _, m := range msgs {
+					if got := pipeline.TenantIDFromContext(m.Context()); got != tenant {
+						return fmt.Errorf("a batch of tenant %s holds a message of tenant %s", tenant, got)
+					}
+					var o order
+					if err := json.Unmarshal(m.Payload, &o); err != nil {
+						return pipeline.Permanent(err)
+					}
+					if _, err := tx.Exec(ctx, `INSERT INTO effects (order_id, tenant) VALUES ($1, $2)`, o.ID, tenant); err != nil {
+						return err
+					}
+				}
+				mu.Lock()
+				sizes = append(sizes, len(msgs))
+				mu.Unlock()
+				return nil
+			}}}}, nil
+	}
+	a, _ := ferrytest.AppOn(t, control, rmq, app.Options{Routes: batchRoute}, func(c *app.Config) {
+		c.Tenants = true
+		c.Fleet.Reload = 200 * time.Millisecond
+	})
+	shops := make([]*tenantDB, 3)
+	for i := range shops {
+		db := fmt.Sprintf("shop_%d", i)
+		require.NoError(t, server.Exec(ctx, "postgres", "CREATE DATABASE "+db))
+		shops[i] = openTenant(t, ctx, fmt.Sprintf("t%d", i), server.URL(db))
+		require.NoError(t, pgtenants.Add(ctx, a.Pool(), pgtenants.Tenant{ID: shops[i].id, DatabaseURL: shops[i].url}, "test"))
+	}
+	const orders = 60
+	for n := range orders {
+		for _, d := range shops {
+			require.NoError(t, d.place(ctx, n))
+		}
+	}
+	for _, d := range shops {
+		require.Eventually(t, func() bool { return len(d.effects(t, ctx)) == orders }, time.Minute, 50*time.Millisecond, "tenant %s's events are handled", d.id)
+		for id, n := range d.effects(t, ctx) {
+			require.Equal(t, 1, n, "order %s's effect once", id)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Greater(t, slices.Max(sizes), 1, "the messages were batched: %v", sizes)
 }

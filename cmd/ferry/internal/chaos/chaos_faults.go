@@ -29,9 +29,6 @@ import (
 type HandlerFaults struct {
 	FailRate, PanicRate float64
 	Seed                uint64
-	// NoBatch leaves the batch route out: a tenant fleet runs no batch
-	// route (app refuses one with FERRY_TENANTS).
-	NoBatch bool
 }
 
 func ParseFaults(v string) (*HandlerFaults, error) {
@@ -39,7 +36,7 @@ func ParseFaults(v string) (*HandlerFaults, error) {
 	for _, kv := range strings.Split(v, ",") {
 		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
-			return nil, fmt.Errorf("want key=value pairs (fail, panic, seed, batch), got %q", kv)
+			return nil, fmt.Errorf("want key=value pairs (fail, panic, seed), got %q", kv)
 		}
 		var err error
 		switch k {
@@ -49,12 +46,8 @@ func ParseFaults(v string) (*HandlerFaults, error) {
 			f.PanicRate, err = strconv.ParseFloat(val, 64)
 		case "seed":
 			f.Seed, err = strconv.ParseUint(val, 10, 64)
-		case "batch":
-			var on bool
-			on, err = strconv.ParseBool(val)
-			f.NoBatch = !on
 		default:
-			return nil, fmt.Errorf("unknown fault %q (fail, panic, seed, batch)", k)
+			return nil, fmt.Errorf("unknown fault %q (fail, panic, seed)", k)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", k, err)
@@ -91,7 +84,7 @@ const chaosBatchTableSQL = `CREATE TABLE IF NOT EXISTS ` + ChaosBatchTable + ` (
 
 // WithFaults adds, for fault-injection runs, the audit route (ordered:
 // it reports each event to the sandbox provider, which records arrival
-// order), the batch route ChaosBatchRoute (unless f.NoBatch) and the fault
+// order), the batch route ChaosBatchRoute and the fault
 // link, innermost, so a fault strikes before the effect, inside the ledger
 // transaction, as a handler bug would.
 func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Options {
@@ -102,10 +95,7 @@ func WithFaults(opts app.Options, f HandlerFaults, paymentURL string) app.Option
 			return nil, err
 		}
 		client := &http.Client{Timeout: 5 * time.Second}
-		if !f.NoBatch {
-			rs = append(rs, chaosBatch())
-		}
-		return append(rs, handlers.Route{
+		return append(rs, chaosBatch(), handlers.Route{
 			Name: "chaos.audit", Topic: ChaosAuditTopic, Ordered: true,
 			Handler: handlers.Typed(func(ctx context.Context, e *ChaosAudit) error {
 				key, err := handlers.IdempotencyKey(ctx)

@@ -67,6 +67,22 @@ func committedOrders(ctx context.Context, t *chaosTenant) ([]string, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// batchCounts are the batch route's counts by order in t's database.
+func batchCounts(ctx context.Context, t *chaosTenant) (map[string]int, error) {
+	rows, err := t.drv.Pool().Query(ctx, `SELECT order_id, n FROM `+ChaosBatchTable)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	var id string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+		out[id] = n
+		return nil
+	})
+	return out, err
+}
+
 // effectsIn reports whether every committed order of t has its charge,
 // its mail and its audit event, or its message in the poison store, and
 // nothing of t is due in its outbox.
@@ -225,6 +241,29 @@ func (c *tenantsCheck) tenant(ctx context.Context, t *chaosTenant, e effects, po
 	for key, n := range e.mails {
 		if strings.HasPrefix(key, t.id+"/") {
 			r.Mails += min(n, 1)
+		}
+	}
+	counted, err := batchCounts(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	committed := map[string]bool{}
+	for _, id := range ids {
+		committed[id] = true
+		switch n := counted[id]; {
+		case n > 1:
+			r.Duplicated++
+			violations = append(violations, fmt.Sprintf("tenant %s, order %s: counted %d times by the batch route", t.id, id, n))
+		case n == 0 && !poisonedOrder(p, id):
+			r.Lost++
+			violations = append(violations, fmt.Sprintf("tenant %s, order %s: not counted by the batch route and nothing in the poison store", t.id, id))
+		case n == 1:
+			r.BatchEffects++
+		}
+	}
+	for id := range counted {
+		if !committed[id] {
+			violations = append(violations, fmt.Sprintf("tenant %s: the batch route counted order %s, which it never committed", t.id, id))
 		}
 	}
 	if r.Audit+auditPoisoned < len(ids) {

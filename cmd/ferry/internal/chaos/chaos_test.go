@@ -267,6 +267,7 @@ func TestChaosTenants(t *testing.T) {
 		require.Positive(t, tr.Committed, "tenant %s: %s", tr.ID, report.String())
 		require.LessOrEqual(t, tr.Charges, tr.Committed, tr.ID)
 		require.LessOrEqual(t, tr.Committed-tr.Charges, tr.Poisoned, "tenant %s: a charge missing and not poisoned", tr.ID)
+		require.LessOrEqual(t, tr.Committed-tr.BatchEffects, tr.Poisoned, "tenant %s: an order the batch route missed, not poisoned", tr.ID)
 		require.Zero(t, tr.Lost, tr.ID)
 		require.Zero(t, tr.Duplicated, tr.ID)
 		require.Zero(t, tr.Crossed, tr.ID)
