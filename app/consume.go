@@ -180,7 +180,13 @@ func batchConfig(r handlers.Route) middleware.BatchConfig {
 // deliveries and acks share frames).
 func (a *App) subscriptions(r handlers.Route) []rabbit.Subscription {
 	if r.Batch != nil {
-		return []rabbit.Subscription{a.topology.Subscription(r.Name)}
+		subs := []rabbit.Subscription{a.topology.Subscription(r.Name)}
+		if lane := a.topology.BacklogSubscriptions(r.Name, r.Topic); len(lane) > 0 {
+			// A tenant fleet's backlog lane: one consumer of it holds
+			// batches as the main queue's does.
+			subs = append(subs, lane[0])
+		}
+		return subs
 	}
 	return append(a.topology.Subscriptions(r.Name, r.Topic), a.topology.BacklogSubscriptions(r.Name, r.Topic)...)
 }

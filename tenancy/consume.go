@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferry-dev/ferry/pipeline"
@@ -58,6 +60,14 @@ type tenantLedger struct {
 // of reach waits, in the control database's outbox, before it is tried
 // again (pipeline.Defer: no attempt spent).
 const TenantOutageDelay = 10 * time.Second
+
+// TenantOutageRecheck is how soon an event of an ordered partition whose
+// tenant's database is out of reach is tried again. Such an event is not
+// written back: its partition holds in process (order), with every event
+// behind it, other tenants' too, so the hold looks again each second
+// rather than keep them TenantOutageDelay past the tenant's return; a look
+// at a server that refuses connections costs a refused connection.
+const TenantOutageRecheck = time.Second
 
 // NewLedgers returns the fleet's consumer ledgers. outbox writes the
 // retries; its table must not name a schema (each tenant's pool puts its
@@ -119,7 +129,11 @@ func (l *Ledgers) OnceBatch(ctx context.Context, consumer string, entries []pipe
 // cause is kept as text only: wrapped, its Infrastructure mark would make
 // the chain wait it out in the handler after all.
 func (l *Ledgers) outage(ctx context.Context, err error) error {
-	return pipeline.Defer(fmt.Errorf("tenant %q: its database is out of reach: %s", pipeline.TenantIDFromContext(ctx), err), TenantOutageDelay)
+	delay := TenantOutageDelay
+	if pipeline.IsPartition(message.HandlerNameFromCtx(ctx)) {
+		delay = TenantOutageRecheck
+	}
+	return pipeline.Defer(fmt.Errorf("tenant %q: its database is out of reach: %s", pipeline.TenantIDFromContext(ctx), err), delay)
 }
 
 // ScheduleRetry implements middleware.RetryScheduler in ctx's tenant's

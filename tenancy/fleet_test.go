@@ -454,6 +454,7 @@ func TestABatchRouteInAFleetBatchesEachTenantOnItsDatabase(t *testing.T) {
 	a, _ := ferrytest.AppOn(t, control, rmq, app.Options{Routes: batchRoute}, func(c *app.Config) {
 		c.Tenants = true
 		c.Fleet.Reload = 200 * time.Millisecond
+		c.Fleet.BacklogSlowdown = -1 // the backlog at the consumers' speed
 	})
 	shops := make([]*tenantDB, 3)
 	for i := range shops {
@@ -462,14 +463,27 @@ func TestABatchRouteInAFleetBatchesEachTenantOnItsDatabase(t *testing.T) {
 		shops[i] = openTenant(t, ctx, fmt.Sprintf("t%d", i), server.URL(db))
 		require.NoError(t, pgtenants.Add(ctx, a.Pool(), pgtenants.Tenant{ID: shops[i].id, DatabaseURL: shops[i].url}, "test"))
 	}
-	const orders = 60
+	// t0 has a backlog: the relay's batches of it come back full, and
+	// the next go to the route's backlog lane, which a batch route
+	// consumes too.
+	const orders, backlog = 60, 600
+	tbl, err := ferrytest.OutboxTable()
+	require.NoError(t, err)
+	_, err = shops[0].pool.Exec(ctx, `INSERT INTO `+tbl.Quoted()+` (message_uuid, aggregate_id, topic, payload, headers, part)
+		SELECT gen_random_uuid()::text, 't0-b' || g, 'tenants.order_placed', jsonb_build_object('id', 't0-b' || g), '{}', ferry_outbox_part(now())
+		FROM generate_series(1, $1) g`, backlog)
+	require.NoError(t, err)
 	for n := range orders {
 		for _, d := range shops {
 			require.NoError(t, d.place(ctx, n))
 		}
 	}
-	for _, d := range shops {
-		require.Eventually(t, func() bool { return len(d.effects(t, ctx)) == orders }, time.Minute, 50*time.Millisecond, "tenant %s's events are handled", d.id)
+	for i, d := range shops {
+		want := orders
+		if i == 0 {
+			want += backlog
+		}
+		require.Eventually(t, func() bool { return len(d.effects(t, ctx)) == want }, 2*time.Minute, 50*time.Millisecond, "tenant %s's events are handled", d.id)
 		for id, n := range d.effects(t, ctx) {
 			require.Equal(t, 1, n, "order %s's effect once", id)
 		}
