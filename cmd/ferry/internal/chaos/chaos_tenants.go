@@ -354,11 +354,14 @@ func ChaosTenants(ctx context.Context, cfg app.Config, run TenantsRun, out io.Wr
 	}
 	var scenarioErr error
 	var down [2]time.Time
+	// The fleet's faults pause while server B is down and a little after,
+	// so that what A's tenants wait then is B's outage's doing alone.
+	var quiet sync.Mutex
 	faultsDone.Go(func() {
-		scenarioErr = tenantScenario(faultCtx, run, start, control, tenants, servers[1], provider, sink, count, &down)
+		scenarioErr = tenantScenario(faultCtx, run, start, control, tenants, servers[1], provider, sink, count, &down, &quiet)
 	})
 	faultsDone.Go(func() {
-		fleetFaults(faultCtx, run, env, control, servers, appName, vhost, faults, count)
+		fleetFaults(faultCtx, run, env, control, servers, appName, vhost, faults, count, &quiet)
 	})
 	load.Wait()
 	rep.ProducingSeconds = time.Since(start).Seconds()
@@ -464,7 +467,7 @@ func (t *chaosTenant) place(ctx context.Context, rng *rand.Rand, interval time.D
 // once its effects are in, and server B is killed at 60% for
 // run.ServerDown. down gets the outage's start and end.
 func tenantScenario(ctx context.Context, run TenantsRun, start time.Time, control *app.App, tenants []*chaosTenant, serverB *pipelinetest.PostgresServer,
-	provider *sandbox.PaymentProvider, sink *sandbox.SMTPSink, count func(string, bool), down *[2]time.Time) error {
+	provider *sandbox.PaymentProvider, sink *sandbox.SMTPSink, count func(string, bool), down *[2]time.Time, quiet *sync.Mutex) error {
 	at := func(frac float64) bool {
 		select {
 		case <-ctx.Done():
@@ -517,6 +520,13 @@ func tenantScenario(ctx context.Context, run TenantsRun, start time.Time, contro
 		}
 	})
 	defer removal.Wait()
+	// Quiet from half the run (once the fault in hand, a roll perhaps, is
+	// over), B killed at 60 %.
+	if !at(0.5) {
+		return nil
+	}
+	quiet.Lock()
+	defer quiet.Unlock()
 	if !at(0.6) {
 		return nil
 	}
@@ -533,6 +543,10 @@ func tenantScenario(ctx context.Context, run TenantsRun, start time.Time, contro
 	}
 	down[1] = time.Now()
 	count("tenant_server_killed", true)
+	select {
+	case <-ctx.Done():
+	case <-time.After(TenantOutageSlack): // the charges of the outage's orders
+	}
 	return nil
 }
 
@@ -540,7 +554,7 @@ func tenantScenario(ctx context.Context, run TenantsRun, start time.Time, contro
 // member SIGKILLed (and replaced), the members rolled with SIGTERM (one
 // in six), the fleet's sessions on a tenant server terminated, its broker
 // connections cut.
-func fleetFaults(ctx context.Context, run TenantsRun, env *chaosEnv, control *app.App, servers [2]*pipelinetest.PostgresServer, appName, vhost string, childFaults func() string, count func(string, bool)) {
+func fleetFaults(ctx context.Context, run TenantsRun, env *chaosEnv, control *app.App, servers [2]*pipelinetest.PostgresServer, appName, vhost string, childFaults func() string, count func(string, bool), quiet *sync.Mutex) {
 	rng := rand.New(rand.NewPCG(run.Seed, 0xfa17))
 	for i := 0; ; i++ {
 		select {
@@ -548,27 +562,34 @@ func fleetFaults(ctx context.Context, run TenantsRun, env *chaosEnv, control *ap
 			return
 		case <-time.After(run.FaultEvery):
 		}
-		switch kind := []string{"kill_member", "terminate_tenant_backends", "close_amqp_connections", "kill_member", "terminate_tenant_backends", "roll_members"}[i%6]; kind {
-		case "kill_member":
-			hit, err := env.killAndRestart(rng, "run", childFaults())
-			count(kind, hit && err == nil)
-		case "roll_members":
-			// The fleet's own database is the control's: the roll waits
-			// for each replacement's heartbeat there.
-			n, err := env.roll(ctx, control.Pool(), "run", syscall.SIGTERM, consumerStopWait, childFaults)
-			count(kind, n > 0 && err == nil)
-		case "terminate_tenant_backends":
-			s := servers[rng.IntN(2)]
-			n := 0
-			conn, err := pgx.Connect(ctx, s.URL("tenants"))
-			if err == nil {
-				err = conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE $1 || '-tenants%'`, appName).Scan(&n)
-				conn.Close(ctx)
-			}
-			count(kind, err == nil && n > 0)
-		case "close_amqp_connections":
-			count(kind, rabbitmqctl(ctx, "close_all_connections", "--vhost", vhost, "ferry chaos") == nil)
+		quiet.Lock()
+		fleetFault(ctx, i, rng, env, control, servers, appName, vhost, childFaults, count)
+		quiet.Unlock()
+	}
+}
+
+// fleetFault is the fleet's i-th fault.
+func fleetFault(ctx context.Context, i int, rng *rand.Rand, env *chaosEnv, control *app.App, servers [2]*pipelinetest.PostgresServer, appName, vhost string, childFaults func() string, count func(string, bool)) {
+	switch kind := []string{"kill_member", "terminate_tenant_backends", "close_amqp_connections", "kill_member", "terminate_tenant_backends", "roll_members"}[i%6]; kind {
+	case "kill_member":
+		hit, err := env.killAndRestart(rng, "run", childFaults())
+		count(kind, hit && err == nil)
+	case "roll_members":
+		// The fleet's own database is the control's: the roll waits
+		// for each replacement's heartbeat there.
+		n, err := env.roll(ctx, control.Pool(), "run", syscall.SIGTERM, consumerStopWait, childFaults)
+		count(kind, n > 0 && err == nil)
+	case "terminate_tenant_backends":
+		s := servers[rng.IntN(2)]
+		n := 0
+		conn, err := pgx.Connect(ctx, s.URL("tenants"))
+		if err == nil {
+			err = conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE $1 || '-tenants%'`, appName).Scan(&n)
+			conn.Close(ctx)
 		}
+		count(kind, err == nil && n > 0)
+	case "close_amqp_connections":
+		count(kind, rabbitmqctl(ctx, "close_all_connections", "--vhost", vhost, "ferry chaos") == nil)
 	}
 }
 
