@@ -122,8 +122,8 @@ type Batcher struct {
 type batch struct {
 	tenant string
 	items  []*batchItem
-	ids   map[string]bool
-	full  chan struct{}
+	ids    map[string]bool
+	full   chan struct{}
 	// joined has a value when a message joined since the leader looked.
 	joined chan struct{}
 }
