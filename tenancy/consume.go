@@ -91,16 +91,12 @@ func NewLedgers(fleet *Fleet, outbox *pgoutbox.Outbox, control *pgoutbox.Resched
 // handler as a single database's outage is: the consumers are every
 // tenant's, and one tenant's outage holding them would be paid by all.
 func (l *Ledgers) Once(ctx context.Context, consumer, messageID string, digest []byte, fn func(ctx context.Context) error) (bool, error) {
-	tl, t, err := l.of(ctx)
-	if err != nil {
-		return false, err
-	}
-	release, err := l.slot(ctx, t)
+	ledger, tctx, release, err := l.enter(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer release()
-	ran, err := tl.ledger.Once(For(ctx, t), consumer, messageID, digest, fn)
+	ran, err := ledger.Once(tctx, consumer, messageID, digest, fn)
 	if err != nil && pipeline.IsInfrastructure(err) && pgdb.Unavailable(err) {
 		return ran, l.outage(ctx, err)
 	}
@@ -113,16 +109,26 @@ func (l *Ledgers) Once(ctx context.Context, consumer, messageID string, digest [
 // MaxHandlers slots. When the tenant's database is out of reach the batch
 // fails, and each message, tried alone, is deferred (Once).
 func (l *Ledgers) OnceBatch(ctx context.Context, consumer string, entries []pipeline.LedgerEntry, fn func(ctx context.Context, fresh []int) error) ([]pipeline.LedgerResult, error) {
-	tl, t, err := l.of(ctx)
-	if err != nil {
-		return nil, err
-	}
-	release, err := l.slot(ctx, t)
+	ledger, tctx, release, err := l.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	return tl.ledger.OnceBatch(For(ctx, t), consumer, entries, fn)
+	return ledger.OnceBatch(tctx, consumer, entries, fn)
+}
+
+// enter is a delivery's way into the ledger of ctx's tenant: the ledger,
+// ctx naming the tenant for its pool (For), and one of the tenant's
+// MaxHandlers slots, which release gives back.
+func (l *Ledgers) enter(ctx context.Context) (ledger *pgledger.Ledger, tctx context.Context, release func(), err error) {
+	tl, t, err := l.of(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if release, err = l.slot(ctx, t); err != nil {
+		return nil, nil, nil, err
+	}
+	return tl.ledger, For(ctx, t), release, nil
 }
 
 // outage defers the event of a tenant whose database is out of reach. The
