@@ -166,6 +166,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"ferry_confirmations":    {"pipeline/pgconfirm"},
 		"ferry_tenants":          {"pipeline/pgtenants"},
 		"ferry_tenants_version":  {"pipeline/pgtenants"},
+		"ferry_parked":           {"pipeline/pgparked"},
 	}
 	// Reports (pgstatus, metrics) compose the owners' typed reads: no
 	// package reads another's table, not even to report on it.
@@ -184,6 +185,7 @@ func TestEveryTableHasOneOwner(t *testing.T) {
 		"backfill.ItemsTable":   {"adoption/backfill"},
 		"pgledger.DefaultTable": {"pipeline/pgledger"},
 		"pgtenants.Table":       {"pipeline/pgtenants"},
+		"pgparked.Table":        {"pipeline/pgparked"},
 	}
 	outside := func(dir string) bool {
 		return dir == "." || dir == "migrations" || dir == "ferrytest" || strings.HasPrefix(dir, "cmd/") || strings.HasPrefix(dir, "examples/") ||

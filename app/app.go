@@ -32,6 +32,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgparked"
 	"github.com/ferry-dev/ferry/pipeline/pgpause"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgstatus"
@@ -145,6 +146,7 @@ type App struct {
 	// in their databases (FERRY_TENANTS); nil otherwise.
 	fleet   *tenancy.Fleet
 	ledgers *tenancy.Ledgers
+	parking *tenancy.Parking
 	// tenantOutbox writes into the outbox of the tenant whose transaction
 	// it is given (its table names no schema).
 	tenantOutbox *pgoutbox.Outbox
@@ -412,6 +414,9 @@ func New(ctx context.Context, cfg Config, opts Options) (_ *App, err error) {
 			return nil, err
 		}
 		if a.idempotency, err = middleware.NewIdempotency(a.ledgers, a.logger); err != nil {
+			return nil, err
+		}
+		if a.parking, err = tenancy.NewParking(a.fleet, pgparked.Store{Pool: a.pool}, a.batchPublisher, a.logger); err != nil {
 			return nil, err
 		}
 	}

@@ -61,6 +61,14 @@ func (a *App) Chain() (middleware.Chain, error) {
 	if err != nil {
 		return nil, err
 	}
+	if a.parking != nil {
+		// Right inside the infrastructure link, which waits out its read
+		// of the control database; outside the ledger, whose deferral of
+		// a tenant out of reach it turns into a parked event.
+		if chain, err = chain.InsertAfter(middleware.LinkInfra, middleware.Link{Name: middleware.LinkPark, Middleware: a.parking.Middleware}); err != nil {
+			return nil, err
+		}
+	}
 	if a.opts.Chain != nil {
 		if chain, err = a.opts.Chain(chain); err != nil {
 			return nil, fmt.Errorf("editing middleware chain: %w", err)

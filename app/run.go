@@ -144,6 +144,9 @@ func (a *App) Run(ctx context.Context, what Components, ready chan<- struct{}) (
 	if what.Pruner {
 		services = append(services, a.pruner())
 	}
+	if what.Consumers && a.parking != nil {
+		services = append(services, a.parking.Service())
+	}
 	g.Go(func() error { periodic.Start(ctx, a.logger, services...)(); return nil })
 	if what.Relay {
 		g.Go(func() error { return a.relay.Run(ctx) })

@@ -23,6 +23,9 @@ const (
 	LinkRetry          = "retry"
 	LinkRecoverer      = "recoverer"
 	LinkIdempotency    = "idempotency"
+	// LinkPark is a tenant fleet's park link (tenancy.Parking), right
+	// inside LinkInfra.
+	LinkPark = "park"
 )
 
 // Link is one named middleware of a chain.

@@ -60,6 +60,10 @@ const (
 	// MetaRetryQueue is the queue (without namespace) a durable retry goes
 	// back to: only the handler that failed sees it again.
 	MetaRetryQueue = "ferry_retry_queue"
+	// MetaParkedSeq is set on an event of an ordered partition sent back
+	// to it after it was parked while its tenant's database was out of
+	// reach (tenancy.Parking): its place among the tenant's parked events.
+	MetaParkedSeq = "ferry_parked_seq"
 	// MetaFirstFailedAt and MetaLastFailedAt bracket a message's failures (RFC 3339).
 	MetaFirstFailedAt = "ferry_first_failed_at"
 	MetaLastFailedAt  = "ferry_last_failed_at"

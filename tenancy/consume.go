@@ -62,11 +62,12 @@ type tenantLedger struct {
 const TenantOutageDelay = 10 * time.Second
 
 // TenantOutageRecheck is how soon an event of an ordered partition whose
-// tenant's database is out of reach is tried again. Such an event is not
-// written back: its partition holds in process (order), with every event
-// behind it, other tenants' too, so the hold looks again each second
-// rather than keep them TenantOutageDelay past the tenant's return; a look
-// at a server that refuses connections costs a refused connection.
+// tenant's database is out of reach is tried again when it could not be
+// parked (Parking; the control database out of reach too). Such an event
+// is not written back: its partition holds in process (order), with every
+// event behind it, other tenants' too, so the hold looks again each
+// second rather than keep them TenantOutageDelay past the tenant's return;
+// a look at a server that refuses connections costs a refused connection.
 const TenantOutageRecheck = time.Second
 
 // NewLedgers returns the fleet's consumer ledgers. outbox writes the
@@ -131,6 +132,10 @@ func (l *Ledgers) enter(ctx context.Context) (ledger *pgledger.Ledger, tctx cont
 	return tl.ledger, For(ctx, t), release, nil
 }
 
+// ErrOutOfReach is in the deferral of an event whose tenant's database is
+// out of reach: an ordered partition parks such an event (Parking).
+var ErrOutOfReach = errors.New("its database is out of reach")
+
 // outage defers the event of a tenant whose database is out of reach. The
 // cause is kept as text only: wrapped, its Infrastructure mark would make
 // the chain wait it out in the handler after all.
@@ -139,7 +144,7 @@ func (l *Ledgers) outage(ctx context.Context, err error) error {
 	if pipeline.IsPartition(message.HandlerNameFromCtx(ctx)) {
 		delay = TenantOutageRecheck
 	}
-	return pipeline.Defer(fmt.Errorf("tenant %q: its database is out of reach: %s", pipeline.TenantIDFromContext(ctx), err), delay)
+	return pipeline.Defer(fmt.Errorf("tenant %q: %w: %s", pipeline.TenantIDFromContext(ctx), ErrOutOfReach, err), delay)
 }
 
 // ScheduleRetry implements middleware.RetryScheduler in ctx's tenant's
