@@ -35,6 +35,8 @@ type listener struct {
 	// outbox there; "" holds the tenants on the database's default
 	// search_path, resolved once connected.
 	schemas atomic.Pointer[map[string][]string]
+	// pid is its session's backend while it listens.
+	pid atomic.Uint32
 }
 
 func newListeners(wake func(string), logger *slog.Logger) *listeners {
@@ -82,13 +84,20 @@ func (ls *listeners) count() int {
 }
 
 // run keeps the database's LISTEN connection up; while it is down the
-// fleet's sweeps find the commits, later.
+// fleet's sweeps find the commits, later. The wait between tries doubles
+// while the database refuses, and starts again from a second once a
+// connection listened: a session terminated now and then must not leave
+// the fleet sweeping for 30 s after each (it did, and a chaos run's
+// charges waited up to the 2 s sweep).
 func (ls *listeners) run(ctx context.Context, url string, l *listener) {
 	wait := time.Second
 	for ctx.Err() == nil {
-		err := ls.listenOnce(ctx, url, l)
+		listened, err := ls.listenOnce(ctx, url, l)
 		if ctx.Err() != nil {
 			return
+		}
+		if listened {
+			wait = time.Second
 		}
 		ls.logger.Warn("tenant wake-up listener lost; the tenants of this database are swept until it is back",
 			"database", pgdb.Redact(url), "error", err, "retry_in", wait)
@@ -100,24 +109,28 @@ func (ls *listeners) run(ctx context.Context, url string, l *listener) {
 	}
 }
 
-func (ls *listeners) listenOnce(ctx context.Context, url string, l *listener) error {
+// listenOnce listens on url until its connection fails; listened says
+// whether it got as far as listening.
+func (ls *listeners) listenOnce(ctx context.Context, url string, l *listener) (listened bool, err error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return err
+		return listened, err
 	}
 	cfg.RuntimeParams["application_name"] = "ferry-tenants-listen"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return err
+		return listened, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var home string
 	if err := conn.QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&home); err != nil {
-		return fmt.Errorf("reading the default schema: %w", err)
+		return false, fmt.Errorf("reading the default schema: %w", err)
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgoutbox.NotifyChannel); err != nil {
-		return fmt.Errorf("LISTEN %s: %w", pgoutbox.NotifyChannel, err)
+		return false, fmt.Errorf("LISTEN %s: %w", pgoutbox.NotifyChannel, err)
 	}
+	listened = true
+	l.pid.Store(conn.PgConn().PID())
 	// Rows committed before LISTEN took effect.
 	for _, ids := range *l.schemas.Load() {
 		for _, id := range ids {
@@ -127,7 +140,7 @@ func (ls *listeners) listenOnce(ctx context.Context, url string, l *listener) er
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return listened, err
 		}
 		schemas := *l.schemas.Load()
 		if n.Payload == "" {
