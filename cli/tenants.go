@@ -112,14 +112,14 @@ func tenantsStatusFlags(fs *flag.FlagSet, env *Env) RunFunc {
 			}
 		} else {
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TENANT\tSERVED BY\tPENDING\tDUE\tOLDEST DUE\tFAILING\tPOISONED\tNEEDS A HUMAN")
+			fmt.Fprintln(tw, "TENANT\tSERVED BY\tPENDING\tDUE\tOLDEST DUE\tFAILING\tPOISONED\tPARKED\tNEEDS A HUMAN")
 			for _, s := range out {
 				by := cmp.Or(s.ServedBy, "-")
 				if s.Paused {
 					by = "paused"
 				}
 				need := strings.Join(s.Attention, "; ")
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", s.ID, by, s.Pending, s.Due, time.Duration(s.OldestDueAgeS*float64(time.Second)).Round(time.Second), s.Failing, s.Poisoned, cmp.Or(need, "-"))
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%d\t%s\n", s.ID, by, s.Pending, s.Due, time.Duration(s.OldestDueAgeS*float64(time.Second)).Round(time.Second), s.Failing, s.Poisoned, s.Parked, cmp.Or(need, "-"))
 			}
 			if err := tw.Flush(); err != nil {
 				return err

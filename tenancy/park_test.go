@@ -107,6 +107,11 @@ func TestAnOrderedPartitionParksATenantOutOfReachAndGoesOn(t *testing.T) {
 		require.NoError(t, err)
 		return len(groups) == 1 && groups[0].TenantID == "crux" && groups[0].Parked == 5
 	}, 10*time.Second, 50*time.Millisecond, "crux's five steps are parked")
+	statuses, err := a.TenantStatuses(ctx)
+	require.NoError(t, err)
+	for _, s := range statuses {
+		require.Equal(t, map[string]int{"acme": 0, "crux": 5}[s.ID], s.Parked, "%s's status counts its parked events", s.ID)
+	}
 
 	// crux's server is back: its parked steps are handled first, in
 	// order, then the ones it publishes now, each once.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgparked"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 	"github.com/ferry-dev/ferry/pipeline/pgtenants"
 )
@@ -32,6 +33,11 @@ type Status struct {
 	// Poisoned counts its messages in the poison store (the control
 	// database's, filtered by tenant_id).
 	Poisoned int `json:"poisoned"`
+	// Parked counts its events parked out of ordered partitions while
+	// its database was out of reach (Parking), and ParkedAgeS how long
+	// the oldest has waited.
+	Parked     int     `json:"parked"`
+	ParkedAgeS float64 `json:"parked_age_seconds"`
 	// Error says why its database could not be read.
 	Error string `json:"error,omitempty"`
 	// Attention says what needs a human; empty when nothing does.
@@ -73,12 +79,17 @@ func Statuses(ctx context.Context, control *pgxpool.Pool, cfg StatusConfig, ts [
 	if err != nil {
 		return nil, nil, err
 	}
+	groups, err := pgparked.Store{Pool: control}.Groups(ctx, false)
+	if err != nil {
+		return nil, nil, err
+	}
 	out := make([]Status, len(ts))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(statusReads)
 	for i, t := range ts {
 		g.Go(func() error {
 			out[i] = status(gctx, cfg, members, t)
+			parked(&out[i], groups, cmp.Or(cfg.Command, "ferry"))
 			return nil
 		})
 	}
@@ -133,4 +144,22 @@ func status(ctx context.Context, cfg StatusConfig, members []string, t pgtenants
 		s.Attention = append(s.Attention, fmt.Sprintf("an event due for %s", time.Duration(s.OldestDueAgeS*float64(time.Second)).Round(time.Second)))
 	}
 	return s
+}
+
+// parked counts s's parked events (groups, every tenant's). Parked events
+// of a tenant whose database answers are sent back within a second or
+// two: still there after StaleDue, nothing sends them (no member with
+// consumers alive) or their partition does not take them.
+func parked(s *Status, groups []pgparked.Group, cmd string) {
+	for _, g := range groups {
+		if g.TenantID != s.ID {
+			continue
+		}
+		s.Parked += g.Parked
+		s.ParkedAgeS = max(s.ParkedAgeS, time.Since(g.Since).Seconds())
+	}
+	if s.Parked > 0 && s.Error == "" && s.ParkedAgeS > StaleDue.Seconds() {
+		s.Attention = append(s.Attention, fmt.Sprintf("%d events parked out of ordered partitions for %s while its database answers (are the fleet's consumers running? %s status)",
+			s.Parked, time.Duration(s.ParkedAgeS*float64(time.Second)).Round(time.Second), cmd))
+	}
 }
