@@ -335,6 +335,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 	if f.cfg.Room != nil && f.cfg.BacklogRoom > 0 {
 		wg.Go(func() { f.watchRoom(ctx) })
 	}
+	wg.Go(func() { f.holdMembership(ctx) })
 	tick := time.NewTicker(f.cfg.Reload)
 	defer tick.Stop()
 	failures := 0
