@@ -277,6 +277,9 @@ func (a *App) Start(ctx context.Context, what Components) (stop func() error, er
 // Close releases every connection. It is safe after a failed New.
 func (a *App) Close() error {
 	var errs []error
+	if a.waker != nil {
+		a.waker.Close()
+	}
 	if a.batchPublisher != nil {
 		errs = append(errs, a.batchPublisher.Close())
 	}

@@ -920,3 +920,45 @@ func heldBehindHeads(slow []outboxRow) int {
 	}
 	return held
 }
+
+// A producer that never runs its Waker (a program that builds an app only
+// to publish, and never calls Run) still wakes a sleeping relay at the
+// commit: the first Committed starts a Run of the Waker's own, and Close
+// ends it.
+func TestAWakerNobodyRunsStartsItsOwnAtTheFirstCommit(t *testing.T) {
+	t.Parallel()
+	pool := pipelinetest.Postgres(t)
+	b := newBroker(t, "mail.send")
+	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{PollInterval: time.Hour, ProbeInterval: -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	ob := pipelinetest.Outbox(t)
+	waker := pgoutbox.NewWaker(pool, pgoutbox.WakerConfig{})
+	ob.SetWaker(waker)
+	defer waker.Close()
+	// Asleep for an hour: only a wake-up relays in time (see
+	// TestRelayWakesAfterTheCommit for the quiet wait).
+	require.Eventually(t, func() bool { return relay.Stats().Claims >= 2 }, 10*time.Second, time.Millisecond)
+	last, quietSince := relay.Stats().Claims, time.Now()
+	require.Eventually(t, func() bool {
+		if c := relay.Stats().Claims; c != last {
+			last, quietSince = c, time.Now()
+		}
+		return time.Since(quietSince) >= 500*time.Millisecond
+	}, 10*time.Second, 5*time.Millisecond)
+
+	require.NoError(t, ob.InTx(ctx, pool, func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
+		return p.PublishEvents(ctx, pipeline.Outgoing{Topic: "mail.send", Msg: event(t, "u", "unrun")})
+	}))
+	start := time.Now()
+	require.Eventually(t, func() bool { return relay.Stats().Dispatched == 1 }, 5*time.Second, time.Millisecond)
+	require.Less(t, time.Since(start), 2*time.Second, "woken at the commit")
+	require.Eventually(t, func() bool { return waker.Sent() == 1 }, time.Second, time.Millisecond)
+
+	waker.Close()
+	ob.Committed()
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, int64(1), waker.Sent(), "closed, it starts nothing")
+}

@@ -44,6 +44,19 @@ type Waker struct {
 	mu    sync.Mutex
 	local []func()
 	sent  atomic.Int64
+
+	// running counts the Runs in progress; without one, the first
+	// Committed starts one of the Waker's own (lazy), which Close ends:
+	// a program that publishes and never calls Run (a producer that
+	// only builds an app to publish) still wakes the relays at the
+	// commit, instead of leaving them to their probe or sweep.
+	running atomic.Int32
+	lazy    struct {
+		sync.Mutex
+		cancel context.CancelFunc
+		done   chan struct{}
+		closed bool
+	}
 }
 
 // NewWaker returns a Waker whose notifications go through a connection
@@ -79,6 +92,46 @@ func (w *Waker) Committed() {
 	case w.kick <- struct{}{}:
 	default:
 	}
+	if w.running.Load() == 0 {
+		w.startLazy()
+	}
+}
+
+// startLazy starts the Waker's own Run, unless one runs or it was closed.
+func (w *Waker) startLazy() {
+	w.lazy.Lock()
+	defer w.lazy.Unlock()
+	if w.lazy.cancel != nil || w.lazy.closed {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w.lazy.cancel, w.lazy.done = cancel, make(chan struct{})
+	go func(done chan struct{}) {
+		defer close(done)
+		_ = w.run(ctx)
+	}(w.lazy.done)
+}
+
+// stopLazy ends the Waker's own Run, if it started one.
+func (w *Waker) stopLazy() {
+	w.lazy.Lock()
+	cancel, done := w.lazy.cancel, w.lazy.done
+	w.lazy.cancel, w.lazy.done = nil, nil
+	w.lazy.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// Close ends the Run the Waker started of its own (see Committed); a Run
+// of the caller's ends with its context. Committed after Close starts
+// nothing.
+func (w *Waker) Close() {
+	w.lazy.Lock()
+	w.lazy.closed = true
+	w.lazy.Unlock()
+	w.stopLazy()
 }
 
 // Sent is how many notifications Run has sent.
@@ -86,10 +139,18 @@ func (w *Waker) Sent() int64 {
 	return w.sent.Load()
 }
 
-// Run sends the notifications until ctx ends. A lost connection is
+// Run sends the notifications until ctx ends (without it, the first
+// Committed starts a Run of the Waker's own, which Close ends). A lost connection is
 // reconnected after a pause; meanwhile the relays poll, so only latency
 // is lost.
 func (w *Waker) Run(ctx context.Context) error {
+	w.running.Add(1)
+	defer w.running.Add(-1)
+	w.stopLazy() // one sender per Waker is enough
+	return w.run(ctx)
+}
+
+func (w *Waker) run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		err := w.runOnce(ctx)
 		if ctx.Err() != nil {
