@@ -137,6 +137,9 @@ type TenantsReport struct {
 	// ControlLedgerRows are ledger rows of tenants' messages in the
 	// control database's ledger: crossed too.
 	ControlLedgerRows int `json:"control_ledger_rows"`
+	// PoisonedAfterRemoval are the removed tenant's messages poisoned for
+	// its removal: copies in flight when it went, its effects all in.
+	PoisonedAfterRemoval int `json:"poisoned_after_removal"`
 	// ChargeRequests counts the provider's requests, replays included;
 	// MaxChargeRequestsPerOrder the most for one charge.
 	ChargeRequests            int `json:"charge_requests"`
@@ -692,8 +695,8 @@ func printTenantsReport(w io.Writer, r TenantsReport, logDir string) {
 	fmt.Fprintln(w, "  (BATCH: orders the batch route counted once in the tenant's database; DOUBLE: effects made twice; CROSSED: its ledger rows of another tenant's messages; LEDGER: its ledger rows of its own; ORDER: audit events out of order)")
 	fmt.Fprintf(w, "  orders committed     %6d   (%d provider requests for the charges: at most %d for one)\n", r.OrdersCommitted, r.ChargeRequests, r.MaxChargeRequestsPerOrder)
 	fmt.Fprintf(w, "  handler faults seen  %6d   (%d injected failures, %d injected panics in the members' log)\n", r.HandlerFailuresSeen+r.HandlerPanicsSeen, r.HandlerFailuresSeen, r.HandlerPanicsSeen)
-	fmt.Fprintf(w, "  lost %d, duplicated %d, crossed %d (%d ledger rows of tenants' messages in the control database), order violations %d, poisoned %d, due rows left %d\n",
-		r.Lost, r.Duplicated, r.Crossed, r.ControlLedgerRows, r.OrderViolations, r.Poisoned, r.PendingDue)
+	fmt.Fprintf(w, "  lost %d, duplicated %d, crossed %d (%d ledger rows of tenants' messages in the control database), order violations %d, poisoned %d (and %d copies of the removed tenant's messages, for its removal), due rows left %d\n",
+		r.Lost, r.Duplicated, r.Crossed, r.ControlLedgerRows, r.OrderViolations, r.Poisoned, r.PoisonedAfterRemoval, r.PendingDue)
 	if r.OK() {
 		fmt.Fprintln(w, "ok: per tenant, nothing lost, nothing twice, nothing crossed, order kept")
 		return

@@ -13,6 +13,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/tenancy"
 )
 
 // tenantsCheck checks a tenants run's invariants per tenant.
@@ -174,15 +175,28 @@ func (c *tenantsCheck) run(ctx context.Context, rep *TenantsReport) (done bool, 
 
 // poisoned are the poisoned messages' orders by tenant ("" key: audit
 // events, whose aggregate is a user): each reason must be a fault the run
-// injected.
+// injected, or, for the removed tenant, its removal. The tenant is removed
+// once its effects are in, so a message of its poisoned for that reason is
+// a copy in flight when it went (a relay's second send, a deferral coming
+// back): counted apart (rep.PoisonedAfterRemoval), and not as the order's
+// effect, so that an effect missing still counts as lost.
 func (c *tenantsCheck) poisoned(ctx context.Context, rep *TenantsReport) (map[string]map[string]bool, error) {
 	recs, err := c.control.Poison().List(ctx, "", 0)
 	if err != nil {
 		return nil, err
 	}
+	removed := map[string]bool{}
+	for _, t := range c.tenants {
+		removed[t.id] = t.role == "removed"
+	}
+	rep.PoisonedAfterRemoval = 0
 	out := map[string]map[string]bool{}
 	for _, pm := range recs {
 		t := pm.Headers[pipeline.MetaTenantID]
+		if removed[t] && strings.Contains(pm.Reason, tenancy.ErrUnknownTenant.Error()) {
+			rep.PoisonedAfterRemoval++
+			continue
+		}
 		if out[t] == nil {
 			out[t] = map[string]bool{}
 		}
