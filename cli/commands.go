@@ -69,7 +69,7 @@ no intent twice; an interrupted run continues where it stopped.`,
 	cmdCDC = &Command{Name: "cdc", Summary: "the CDC relay's replication slot and publication", Sub: []*Command{
 		{Name: "drop", Summary: "remove the slot and the publication (switching CDC off for good: a slot nobody streams retains WAL)", Flags: cdcDropFlags},
 	}}
-	cmdFind = &Command{Name: "find", Args: "ID", Summary: "where is this message? a message, aggregate (order) or correlation id looked up in the outbox, retries, held partitions, ledger and poison store: where it is now and what happened to it",
+	cmdFind = &Command{Name: "find", Args: "ID", Summary: "where is this message? a message, aggregate (order) or correlation id looked up in the outbox, retries, held partitions, parked events (a tenant fleet), ledger and poison store: where it is now and what happened to it",
 		Flags: findFlags}
 	cmdPause = &Command{Name: "pause", Args: "ROUTE", Summary: "pause a handler (every partition and worker of the route) during an incident: its messages wait at the broker, in order, until resume; audited",
 		Flags: pauseFlags}

@@ -3,6 +3,7 @@ package tenancy_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgparked"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
+	"github.com/ferry-dev/ferry/pipeline/pgstatus"
 	"github.com/ferry-dev/ferry/pipeline/pgtenants"
 	"github.com/ferry-dev/ferry/testrig/pipelinetest"
 )
@@ -107,6 +109,19 @@ func TestAnOrderedPartitionParksATenantOutOfReachAndGoesOn(t *testing.T) {
 		require.NoError(t, err)
 		return len(groups) == 1 && groups[0].TenantID == "crux" && groups[0].Parked == 5
 	}, 10*time.Second, 50*time.Millisecond, "crux's five steps are parked")
+	// ferry find says where a parked event waits, and why.
+	groups, err := store.Groups(ctx, false)
+	require.NoError(t, err)
+	var first string
+	_, err = store.Send(ctx, groups[0], func(_ context.Context, events []pgparked.Event) error {
+		first = events[0].MessageID
+		return errors.New("looking only")
+	})
+	require.ErrorContains(t, err, "looking only")
+	found, err := pgstatus.Find(ctx, a.Pool(), a.OutboxTable(), nil, first, 10)
+	require.NoError(t, err)
+	require.Len(t, found.Trails, 1)
+	require.Contains(t, found.Trails[0].Now, `parked out of ordered partition tenants.ordered@0 while tenant "crux"'s database is out of reach`)
 	statuses, err := a.TenantStatuses(ctx)
 	require.NoError(t, err)
 	for _, s := range statuses {

@@ -141,6 +141,25 @@ func (s Store) Groups(ctx context.Context, waiting bool) ([]Group, error) {
 	return out, nil
 }
 
+// Reader is a pool, a connection or a transaction.
+type Reader interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// ByMessage returns the parked events of the messages ids, for ferry
+// find (without their payloads).
+func ByMessage(ctx context.Context, q Reader, ids []string) ([]Event, error) {
+	rows, err := q.Query(ctx, `SELECT seq, consumer, tenant_id, message_id, reason, parked_at, sent_at FROM `+Table+`
+		WHERE message_id = ANY($1) ORDER BY seq`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("reading the parked events: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (e Event, err error) {
+		err = r.Scan(&e.Seq, &e.Consumer, &e.TenantID, &e.MessageID, &e.Reason, &e.ParkedAt, &e.SentAt)
+		return e, err
+	})
+}
+
 // unsent are the events to send back: not sent, or sent ResendAfter ago.
 var unsent = `(sent_at IS NULL OR sent_at < now() - ` + fmt.Sprint(ResendAfter.Microseconds()) + ` * interval '1 microsecond')`
 

@@ -18,13 +18,15 @@ import (
 	"github.com/ferry-dev/ferry/pipeline/pgheld"
 	"github.com/ferry-dev/ferry/pipeline/pgledger"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
+	"github.com/ferry-dev/ferry/pipeline/pgparked"
 	"github.com/ferry-dev/ferry/pipeline/pgpoison"
 )
 
 // Sighting is one place a message was found, and what it says there.
 type Sighting struct {
 	// Store is where: outbox, outbox archive, durable retry, held
-	// partition, ledger, poison store, poison archive.
+	// partition, parked (a tenant fleet's), ledger, poison store, poison
+	// archive.
 	Store string    `json:"store"`
 	At    time.Time `json:"at"`
 	// State says what the message is or was doing there.
@@ -184,6 +186,20 @@ func Find(ctx context.Context, pool *pgxpool.Pool, t pgoutbox.Table, routes []st
 	}); err != nil {
 		return found, err
 	}
+	if err := inTx("parked events", func(tx pgx.Tx) error {
+		parked, err := pgparked.ByMessage(ctx, tx, ids)
+		for _, e := range parked {
+			s := Sighting{Store: "parked", At: e.ParkedAt, Consumer: e.Consumer, Error: pipeline.CleanText(e.Reason, 1000),
+				State: fmt.Sprintf("parked out of ordered partition %s while tenant %q's database is out of reach; sent back to it, in order, once it answers", e.Consumer, e.TenantID)}
+			if e.SentAt != nil {
+				s.State = fmt.Sprintf("parked out of ordered partition %s while tenant %q's database was out of reach; sent back to it %s, not handled yet", e.Consumer, e.TenantID, e.SentAt.UTC().Format(time.RFC3339))
+			}
+			trail(e.MessageID).Sightings = append(trail(e.MessageID).Sightings, s)
+		}
+		return err
+	}); err != nil {
+		return found, err
+	}
 	if err := inTx("ledger", func(tx pgx.Tx) error {
 		handled, err := pgledger.HandledOf(ctx, tx, ids, routes)
 		for _, h := range handled {
@@ -230,6 +246,8 @@ func now(tr *Trail) (string, bool) {
 		switch s.Store {
 		case "held partition":
 			return "holding its partition: " + s.State, false
+		case "parked":
+			return s.State, false
 		case "poison store":
 			return "in the poison store: " + s.State, false
 		case "ledger":
