@@ -91,17 +91,46 @@ func NewLedgers(fleet *Fleet, outbox *pgoutbox.Outbox, control *pgoutbox.Resched
 // (pipeline.Defer, TenantOutageDelay) instead of waiting it out in the
 // handler as a single database's outage is: the consumers are every
 // tenant's, and one tenant's outage holding them would be paid by all.
+//
+// A session lost while its database answers (terminated, reset) is not an
+// outage: the delivery is tried once more at once, on a new connection,
+// rather than deferred TenantOutageDelay (the chaos run's terminated
+// sessions cost 10 s deferrals).
 func (l *Ledgers) Once(ctx context.Context, consumer, messageID string, digest []byte, fn func(ctx context.Context) error) (bool, error) {
-	ledger, tctx, release, err := l.enter(ctx)
+	tl, tctx, release, err := l.enter(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer release()
-	ran, err := ledger.Once(tctx, consumer, messageID, digest, fn)
-	if err != nil && pipeline.IsInfrastructure(err) && pgdb.Unavailable(err) {
+	ran, err := tl.ledger.Once(tctx, consumer, messageID, digest, fn)
+	if unavailable(err) && answers(tctx, tl.pool) {
+		ran, err = tl.ledger.Once(tctx, consumer, messageID, digest, fn)
+	}
+	if unavailable(err) {
 		return ran, l.outage(ctx, err)
 	}
 	return ran, err
+}
+
+func unavailable(err error) bool {
+	return err != nil && pipeline.IsInfrastructure(err) && pgdb.Unavailable(err)
+}
+
+// answers reports whether pool's database answers a ping within a second
+// (tctx names the tenant, For). A ping that fails closes its connection,
+// so the pings go through the pool's idle connections, dead after a mass
+// termination, until one answers, a new one at the latest.
+func answers(tctx context.Context, pool *pgxpool.Pool) bool {
+	ctx, cancel := context.WithTimeout(tctx, time.Second)
+	defer cancel()
+	for range pool.Stat().MaxConns() + 1 {
+		if err := pool.Ping(ctx); err == nil {
+			return true
+		} else if ctx.Err() != nil || !pgdb.Unavailable(err) {
+			return false
+		}
+	}
+	return false
 }
 
 // OnceBatch implements middleware.BatchLedger on the ledger of ctx's
@@ -110,18 +139,18 @@ func (l *Ledgers) Once(ctx context.Context, consumer, messageID string, digest [
 // MaxHandlers slots. When the tenant's database is out of reach the batch
 // fails, and each message, tried alone, is deferred (Once).
 func (l *Ledgers) OnceBatch(ctx context.Context, consumer string, entries []pipeline.LedgerEntry, fn func(ctx context.Context, fresh []int) error) ([]pipeline.LedgerResult, error) {
-	ledger, tctx, release, err := l.enter(ctx)
+	tl, tctx, release, err := l.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	return ledger.OnceBatch(tctx, consumer, entries, fn)
+	return tl.ledger.OnceBatch(tctx, consumer, entries, fn)
 }
 
-// enter is a delivery's way into the ledger of ctx's tenant: the ledger,
-// ctx naming the tenant for its pool (For), and one of the tenant's
-// MaxHandlers slots, which release gives back.
-func (l *Ledgers) enter(ctx context.Context) (ledger *pgledger.Ledger, tctx context.Context, release func(), err error) {
+// enter is a delivery's way into the ledger of ctx's tenant: the ledger
+// and its pool, ctx naming the tenant for its pool (For), and one of the
+// tenant's MaxHandlers slots, which release gives back.
+func (l *Ledgers) enter(ctx context.Context) (tl *tenantLedger, tctx context.Context, release func(), err error) {
 	tl, t, err := l.of(ctx)
 	if err != nil {
 		return nil, nil, nil, err
@@ -129,7 +158,7 @@ func (l *Ledgers) enter(ctx context.Context) (ledger *pgledger.Ledger, tctx cont
 	if release, err = l.slot(ctx, t); err != nil {
 		return nil, nil, nil, err
 	}
-	return tl.ledger, For(ctx, t), release, nil
+	return tl, For(ctx, t), release, nil
 }
 
 // ErrOutOfReach is in the deferral of an event whose tenant's database is

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ferry-dev/ferry/pipeline"
+	"github.com/ferry-dev/ferry/pipeline/pgdb"
 	"github.com/ferry-dev/ferry/pipeline/pgoutbox"
 	"github.com/ferry-dev/ferry/pipeline/pgtenants"
 )
@@ -185,7 +186,10 @@ type cell struct {
 	backlog   bool
 	notBefore time.Time // the tenant's rate
 	failures  int
-	stats     TenantStats
+	// retried: the last batch lost its session while the database
+	// answered, and was tried again at once (once: then it backs off).
+	retried bool
+	stats   TenantStats
 }
 
 // TenantStats is what the fleet did for one tenant.
@@ -485,8 +489,18 @@ func (f *Fleet) runBatch(ctx context.Context, c *cell) (next time.Duration, back
 	}
 	f.mu.Unlock()
 	if err != nil {
+		if !c.retried && pgdb.Unavailable(err) {
+			// A session lost while the database answers (terminated,
+			// reset) is tried again at once, not after a second's backoff.
+			if pool, perr := f.pools.Pool(ctx, c.t); perr == nil && answers(ctx, pool) {
+				c.retried = true
+				return 0, false
+			}
+		}
+		c.retried = false
 		return fail(err)
 	}
+	c.retried = false
 	if c.failures > 0 {
 		f.mu.Lock()
 		c.failures, c.stats.LastError = 0, ""

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,4 +152,52 @@ func TestAnOrderedPartitionParksATenantOutOfReachAndGoesOn(t *testing.T) {
 		return len(groups) == 0
 	}, 10*time.Second, 50*time.Millisecond, "nothing stays parked")
 	require.Zero(t, pipelinetest.CountPoisoned(t, a.Pool(), pgpoison.Filter{}), "an outage is not the events' fault")
+}
+
+// A tenant session terminated under a handler (an administrator, a
+// pooler's reset) while its database answers is not an outage: the
+// delivery is tried again at once on a new connection, not deferred 10 s
+// into the control database's outbox as if the tenant's database were out
+// of reach.
+func TestATerminatedTenantSessionIsNotAnOutage(t *testing.T) {
+	ctx := context.Background()
+	server := pipelinetest.OwnPostgres(t)
+	require.NoError(t, server.Exec(ctx, "postgres", "CREATE DATABASE shop_a"))
+	acme := openTenant(t, ctx, "acme", server.URL("shop_a"))
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	routes := func(app.Deps) ([]handlers.Route, error) {
+		return []handlers.Route{{Name: "tenants.effect", Topic: "tenants.order_placed", Handler: func(msg *message.Message) error {
+			var o order
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return pipeline.Permanent(err)
+			}
+			if o.ID == "acme-1" {
+				once.Do(func() { close(entered); <-proceed })
+			}
+			tx := pgledger.TxFromContext(msg.Context())
+			_, err := tx.Exec(msg.Context(), `INSERT INTO effects (order_id, tenant) VALUES ($1, $2)`, o.ID, pipeline.TenantIDFromContext(msg.Context()))
+			return err
+		}}}, nil
+	}
+	control, rmq := ferrytest.Schema(t), ferrytest.Rabbit(t)
+	a, _ := ferrytest.AppOn(t, control, rmq, app.Options{Routes: routes}, func(c *app.Config) {
+		c.Tenants = true
+		c.Fleet.Reload = 200 * time.Millisecond
+	})
+	require.NoError(t, pgtenants.Add(ctx, a.Pool(), pgtenants.Tenant{ID: "acme", DatabaseURL: acme.url}, "test"))
+	require.NoError(t, acme.place(ctx, 0))
+	require.Eventually(t, func() bool { return len(acme.effects(t, ctx)) == 1 }, 30*time.Second, 20*time.Millisecond)
+
+	require.NoError(t, acme.place(ctx, 1))
+	<-entered
+	require.NoError(t, server.Exec(ctx, "shop_a", `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE '%-tenants' AND pid <> pg_backend_pid()`))
+	terminated := time.Now()
+	close(proceed)
+	require.Eventually(t, func() bool { return len(acme.effects(t, ctx)) == 2 }, 5*time.Second, 20*time.Millisecond,
+		"handled again at once (deferred, it would wait 10 s)")
+	t.Logf("handled %s after its session was terminated", time.Since(terminated).Round(time.Millisecond))
+	rows, err := a.OutboxTable().Rows(ctx, a.Pool(), pgoutbox.RowFilter{})
+	require.NoError(t, err)
+	require.Empty(t, rows, "nothing deferred into the control database's outbox")
 }
