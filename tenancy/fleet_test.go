@@ -47,15 +47,17 @@ type order struct {
 // effectRoute writes the effect in the ledger's transaction: in a tenant
 // fleet, the database of the event's tenant.
 func effectRoute(app.Deps) ([]handlers.Route, error) {
-	return []handlers.Route{{Name: "tenants.effect", Topic: "tenants.order_placed", Handler: func(msg *message.Message) error {
-		var o order
-		if err := json.Unmarshal(msg.Payload, &o); err != nil {
-			return pipeline.Permanent(err)
-		}
-		tx := pgledger.TxFromContext(msg.Context())
-		_, err := tx.Exec(msg.Context(), `INSERT INTO effects (order_id, tenant) VALUES ($1, $2)`, o.ID, pipeline.TenantIDFromContext(msg.Context()))
-		return err
-	}}}, nil
+	return []handlers.Route{{Name: "tenants.effect", Topic: "tenants.order_placed", Handler: writeEffect}}, nil
+}
+
+func writeEffect(msg *message.Message) error {
+	var o order
+	if err := json.Unmarshal(msg.Payload, &o); err != nil {
+		return pipeline.Permanent(err)
+	}
+	tx := pgledger.TxFromContext(msg.Context())
+	_, err := tx.Exec(msg.Context(), `INSERT INTO effects (order_id, tenant) VALUES ($1, $2)`, o.ID, pipeline.TenantIDFromContext(msg.Context()))
+	return err
 }
 
 // tenantDB is a tenant's database as its own service sees it: a pool

@@ -1,11 +1,9 @@
 package tenancy
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -20,11 +18,8 @@ import (
 // database refuses. (It doubled at every loss, however long the listener
 // had listened: after a few, the fleet swept for 30 s after each.)
 func TestAListenerTerminatedAgainAndAgainComesBackAtOnce(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs PostgreSQL (go test -short skips it)")
-	}
 	ctx := context.Background()
-	url := cmp.Or(os.Getenv("FERRY_TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	url := testDatabaseURL(t)
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err, "PostgreSQL at %s", url)
 	t.Cleanup(func() { _ = conn.Close(ctx) })

@@ -527,22 +527,7 @@ func TestRelayWakesAfterTheCommit(t *testing.T) {
 	wdone := make(chan struct{})
 	go func() { defer close(wdone); _ = waker.Run(ctx) }()
 	defer func() { cancel(); <-wdone }()
-	// The relay has claimed, found nothing and sleeps (an hour): a row
-	// committed from now on is found only by a wake-up. Twice: its
-	// listener wakes it once when LISTEN takes effect (for rows committed
-	// before), and on a loaded machine that wake can come after the first
-	// claim; the second claim is the one it makes for it.
-	require.Eventually(t, func() bool { return relay.Stats().Claims >= 2 }, 10*time.Second, time.Millisecond)
-	// And quiet: no claim for half a second (a start-up wake-up late on a
-	// loaded machine once came after the second claim, and relayed the
-	// row below).
-	last, quietSince := relay.Stats().Claims, time.Now()
-	require.Eventually(t, func() bool {
-		if c := relay.Stats().Claims; c != last {
-			last, quietSince = c, time.Now()
-		}
-		return time.Since(quietSince) >= 500*time.Millisecond
-	}, 10*time.Second, 5*time.Millisecond)
+	waitAsleep(t, relay)
 
 	// Unannounced: the row waits for the poll.
 	publish(t, pool, "mail.send", event(t, "u", "silent"))
@@ -938,16 +923,7 @@ func TestAWakerNobodyRunsStartsItsOwnAtTheFirstCommit(t *testing.T) {
 	waker := pgoutbox.NewWaker(pool, pgoutbox.WakerConfig{})
 	ob.SetWaker(waker)
 	defer waker.Close()
-	// Asleep for an hour: only a wake-up relays in time (see
-	// TestRelayWakesAfterTheCommit for the quiet wait).
-	require.Eventually(t, func() bool { return relay.Stats().Claims >= 2 }, 10*time.Second, time.Millisecond)
-	last, quietSince := relay.Stats().Claims, time.Now()
-	require.Eventually(t, func() bool {
-		if c := relay.Stats().Claims; c != last {
-			last, quietSince = c, time.Now()
-		}
-		return time.Since(quietSince) >= 500*time.Millisecond
-	}, 10*time.Second, 5*time.Millisecond)
+	waitAsleep(t, relay)
 
 	require.NoError(t, ob.InTx(ctx, pool, func(ctx context.Context, q pgoutbox.Querier, p *pgoutbox.Pending) error {
 		return p.PublishEvents(ctx, pipeline.Outgoing{Topic: "mail.send", Msg: event(t, "u", "unrun")})
@@ -961,4 +937,23 @@ func TestAWakerNobodyRunsStartsItsOwnAtTheFirstCommit(t *testing.T) {
 	ob.Committed()
 	time.Sleep(100 * time.Millisecond)
 	require.Equal(t, int64(1), waker.Sent(), "closed, it starts nothing")
+}
+
+// waitAsleep waits until relay (its poll an hour, no probe) has claimed,
+// found nothing and sleeps: a row committed from then on is found only by
+// a wake-up. Two claims: its listener wakes it once when LISTEN takes
+// effect (for rows committed before), and on a loaded machine that wake
+// can come after the first claim; the second claim is the one it makes
+// for it. Then quiet: no claim for half a second (a start-up wake-up late
+// on a loaded machine once came after the second claim).
+func waitAsleep(t *testing.T, relay *pgoutbox.Relay) {
+	t.Helper()
+	require.Eventually(t, func() bool { return relay.Stats().Claims >= 2 }, 10*time.Second, time.Millisecond)
+	last, quietSince := relay.Stats().Claims, time.Now()
+	require.Eventually(t, func() bool {
+		if c := relay.Stats().Claims; c != last {
+			last, quietSince = c, time.Now()
+		}
+		return time.Since(quietSince) >= 500*time.Millisecond
+	}, 10*time.Second, 5*time.Millisecond)
 }
