@@ -40,6 +40,9 @@ func TestBenchSmoke(t *testing.T) {
 		CPUProfile: profile, Writers: []int{2}, Rounds: 1, ProducerDuration: 300 * time.Millisecond,
 		ConsumerEvents: 300, DrainEvents: 300, UpcastIterations: 50, HeldXminEvents: 500, HeldXminRounds: 2, DiscardRows: 2500, SearchRows: 20_000,
 		HeldXminRelayOnly: true, // end_to_end_latency runs the whole app
+		// Toy tenants: a hundred schemas and a million-event backlog (the
+		// defaults) took most of this test's time.
+		Tenants: 4, TenantBacklog: 2000,
 		// A prefix with spaces and shell characters must reach the server whole.
 		ServerSettings: []string{"log_line_prefix=%m [%p] |x| ", "log_autovacuum_min_duration=0"}, ServerLog: serverLog,
 	}, &out, &human, slog.New(slog.DiscardHandler))
@@ -53,6 +56,12 @@ func TestBenchSmoke(t *testing.T) {
 		got[obj["scenario"].(string)] = obj
 	}
 	require.Len(t, got, len(bench.BenchScenarios))
+
+	tn := got[bench.ScenarioTenants]
+	require.EqualValues(t, 4, tn["tenants"])
+	require.EqualValues(t, 2000, tn["backlog"])
+	require.Positive(t, tn["quiet_alone"].(map[string]any)["p99_ms"], "the quiet tenants' effects were measured")
+	require.Zero(t, tn["handler_errors"])
 
 	rt := got[bench.ScenarioRelayThroughput]
 	runs := rt["runs"].([]any)
