@@ -41,8 +41,6 @@ type Parking struct {
 
 	mu     sync.Mutex
 	logged map[string]bool // groups whose parking this process logged
-	parked int64
-	sent   int64
 }
 
 // ParkInterval is how often the fleet looks for parked events whose
@@ -133,7 +131,6 @@ func (p *Parking) park(ctx context.Context, msg *message.Message, consumer, tena
 	}
 	key := consumer + "/" + tenant
 	p.mu.Lock()
-	p.parked++
 	first := !p.logged[key]
 	p.logged[key] = true
 	p.mu.Unlock()
@@ -190,7 +187,6 @@ func (p *Parking) sendBack(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("sending back the parked events of tenant %q in %s: %w", g.TenantID, g.Consumer, err))
 		case n > 0:
 			p.mu.Lock()
-			p.sent += int64(n)
 			delete(p.logged, g.Consumer+"/"+g.TenantID)
 			p.mu.Unlock()
 			p.logger.InfoContext(ctx, "tenant back: its parked events sent back to their partition, in order", "consumer", g.Consumer, "tenant_id", g.TenantID, "events", n)
@@ -213,7 +209,7 @@ func (p *Parking) reachable(ctx context.Context, id string) bool {
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	pool, err := p.fleet.pools.Pool(rctx, t)
-	return err == nil && pool.Ping(For(rctx, t)) == nil
+	return err == nil && answers(For(rctx, t), pool)
 }
 
 // send publishes events to their partition's queue through the retry
@@ -231,11 +227,4 @@ func (p *Parking) send(ctx context.Context, events []pgparked.Event) error {
 		msgs[i] = m
 	}
 	return p.pub.Publish(pipeline.RetryTopic, msgs...)
-}
-
-// Counts returns how many events this process parked and sent back.
-func (p *Parking) Counts() (parked, sent int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.parked, p.sent
 }
