@@ -35,7 +35,8 @@ type listener struct {
 	// outbox there; "" holds the tenants on the database's default
 	// search_path, resolved once connected.
 	schemas atomic.Pointer[map[string][]string]
-	// pid is its session's backend while it listens.
+	// pid is its session's backend while it listens, read only by the
+	// test of the retry wait, which terminates that session.
 	pid atomic.Uint32
 }
 

@@ -515,17 +515,15 @@ func TestRelayWakesAfterTheCommit(t *testing.T) {
 	// A poll interval far longer than the test, and no probe: only a
 	// wake-up is in time.
 	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{PollInterval: time.Hour, ProbeInterval: -1})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = relay.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := runRelay(t, relay)
 
 	// The producer: an outbox and a waker of its own, as in another process.
 	ob := pipelinetest.Outbox(t)
 	waker := pgoutbox.NewWaker(pool, pgoutbox.WakerConfig{})
 	ob.SetWaker(waker)
+	wctx, cancel := context.WithCancel(ctx)
 	wdone := make(chan struct{})
-	go func() { defer close(wdone); _ = waker.Run(ctx) }()
+	go func() { defer close(wdone); _ = waker.Run(wctx) }()
 	defer func() { cancel(); <-wdone }()
 	waitAsleep(t, relay)
 
@@ -583,10 +581,7 @@ func TestIdleRelayFindsUnannouncedCommits(t *testing.T) {
 	b := newBroker(t, "mail.send", "stripe.charge")
 	rec := &recorder{Publisher: b.pub}
 	relay := newRelay(t, pool, orderedRecorder{rec, []string{"stripe.charge"}}, pgoutbox.RelayConfig{PollInterval: time.Hour})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = relay.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := runRelay(t, relay)
 	time.Sleep(100 * time.Millisecond) // the relay has claimed nothing and idles
 
 	ob := pipelinetest.Outbox(t)
@@ -663,10 +658,7 @@ func TestOrderedBacklogDrainsWithoutWaitingForThePoll(t *testing.T) {
 		publish(t, pool, "stripe.charge", event(t, "A", fmt.Sprintf("a-%d", i)), event(t, "B", fmt.Sprintf("b-%d", i)))
 	}
 	relay := newRelay(t, pool, orderedRecorder{rec, []string{"stripe.charge"}}, pgoutbox.RelayConfig{PollInterval: time.Hour, PollOnly: true})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = relay.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runRelay(t, relay)
 	pipelinetest.RequireDrained(t, pool, 20*time.Second)
 	require.Len(t, rec.published, 2*perAggregate)
 }
@@ -915,10 +907,7 @@ func TestAWakerNobodyRunsStartsItsOwnAtTheFirstCommit(t *testing.T) {
 	pool := pipelinetest.Postgres(t)
 	b := newBroker(t, "mail.send")
 	relay := newRelay(t, pool, b.pub, pgoutbox.RelayConfig{PollInterval: time.Hour, ProbeInterval: -1})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = relay.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := runRelay(t, relay)
 	ob := pipelinetest.Outbox(t)
 	waker := pgoutbox.NewWaker(pool, pgoutbox.WakerConfig{})
 	ob.SetWaker(waker)
@@ -956,4 +945,15 @@ func waitAsleep(t *testing.T, relay *pgoutbox.Relay) {
 		}
 		return time.Since(quietSince) >= 500*time.Millisecond
 	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// runRelay runs relay until the test ends (its cleanups run before those
+// registered earlier, the schema's drop among them); ctx is the run's.
+func runRelay(t *testing.T, relay *pgoutbox.Relay) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = relay.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ctx
 }
